@@ -1,0 +1,3 @@
+from engramprof.cli import main
+
+main()

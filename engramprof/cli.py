@@ -1,0 +1,46 @@
+"""engramprof command line: a thin typer layer over the modules that do the work.
+
+Each command module in engramprof.commands has a ``register(app)`` that adds its commands;
+the work itself lives in the modules those commands call.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from engramprof.errors import UserError
+
+app = typer.Typer(
+    name="engramprof",
+    help=(
+        "Tell, with evidence, which of page-cache residency, memory reclaim, storage service "
+        "or Python scheduling holds back a table-on-disk reader's decode batches."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+COMMAND_MODULES = ["doctor", "lab", "syscalls", "sample", "batch_tail", "residency", "replay", "diagnose", "demo"]
+
+for _name in COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"engramprof.commands.{_name}")
+    except ModuleNotFoundError as exc:  # a command module not written yet
+        if exc.name != f"engramprof.commands.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        print(f"engramprof: {exc}", file=sys.stderr)
+        sys.exit(exc.code)
+    except KeyboardInterrupt:
+        print("engramprof: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""CLI command modules; each has register(app) and stays thin."""

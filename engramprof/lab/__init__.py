@@ -1,0 +1,1 @@
+"""The built-in Engram-shaped workload (table maker, readers, runner, scenarios)."""
