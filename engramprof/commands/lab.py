@@ -1,0 +1,137 @@
+"""`engramprof lab ...`: the built-in Engram-shaped table and workload (thin; see engramprof.lab)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from engramprof.errors import UserError
+
+lab_app = typer.Typer(
+    help="Built-in Engram-shaped workload: make a table on disk, read it like a model server.",
+    no_args_is_help=True,
+)
+
+MAKE_TABLE_EPILOG = """Examples:
+
+  engramprof lab make-table /var/tmp/engram.safetensors
+
+  engramprof lab make-table /var/tmp/big.safetensors --rows 4194304 --layers 3,17 --force
+"""
+
+RUN_EPILOG = """Examples:
+
+  engramprof lab run --table /var/tmp/engram.safetensors --warm --reader pool --steps 500
+
+  engramprof lab run --table T --reader nowait --tokens 4096 --steps 5 --json
+
+  engramprof lab run --table T --duration 30 --gap-ms 20 --start-delay 2 --markers m.jsonl
+"""
+
+
+def _parse_layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--layers must be comma-separated integers, got {text!r}") from None
+
+
+@lab_app.command("make-table", epilog=MAKE_TABLE_EPILOG)
+def make_table_cmd(
+    path: Path = typer.Argument(..., help="safetensors file to create"),
+    rows: int = typer.Option(1 << 19, "--rows", help="rows per tensor (default: 264 MiB with 2 layers, dim 256)"),
+    dim: int = typer.Option(256, "--dim", help="F8_E4M3 weights per row (a multiple of 32)"),
+    layers: str = typer.Option("3,17", "--layers", help="Engram layer numbers, comma-separated"),
+    force: bool = typer.Option(False, "--force", help="replace PATH if it exists"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="random seed for the contents"),
+) -> None:
+    """Write a safetensors Engram table (weight F8_E4M3 + scale U8 per layer) of random bytes."""
+    from engramprof.lab import table
+
+    err = Console(stderr=True)
+    t0 = time.monotonic()
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True) as prog:
+        task = prog.add_task(f"writing {path.name}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        lay = table.make_table(path, rows, dim, _parse_layers(layers), force=force, seed=seed,
+                               progress=progress)
+    secs = time.monotonic() - t0
+    out = Console()
+    out.print(f"wrote {lay.path}: {lay.size / 2**20:.1f} MiB, {len(lay.tensors)} tensors, "
+              f"{rows} rows x dim {dim}, layers {layers}, in {secs:.2f} s")
+    t = Table("tensor", "dtype", "shape", "start", "row bytes")
+    for ten in lay.tensors:
+        t.add_row(ten.name, ten.dtype, "x".join(map(str, ten.shape)), str(ten.start), str(ten.row_bytes))
+    out.print(t)
+
+
+@lab_app.command("run", epilog=RUN_EPILOG)
+def run_cmd(
+    table_path: Path = typer.Option(..., "--table", help="table made by `lab make-table`"),
+    reader: str = typer.Option("pool", "--reader", help="pool | nowait | serial"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="batches to run (default 200, or unlimited with --duration)"),
+    duration: Optional[float] = typer.Option(None, "--duration", help="stop after S seconds"),
+    tokens: int = typer.Option(4, "--tokens", help="tokens per step: a few = decode, thousands = prefill"),
+    heads: int = typer.Option(6, "--heads", help="hash heads per token (rows per token per job)"),
+    gap_ms: float = typer.Option(0.0, "--gap-ms", help="sleep between steps (stand-in for the GPU forward pass)"),
+    zipf: float = typer.Option(1.1, "--zipf", help="Zipf exponent of token popularity (0 = uniform)"),
+    markers: Optional[Path] = typer.Option(None, "--markers", help="write one JSON line per batch here"),
+    cache: Optional[bool] = typer.Option(None, "--warm/--cold", help="read the table once first / evict it first"),
+    seed: int = typer.Option(0, "--seed", help="seed of the row plan"),
+    start_delay: float = typer.Option(0.0, "--start-delay", help="sleep S seconds before the first step (attach a tracer)"),
+    threads: int = typer.Option(32, "--threads", help="pool threads"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Read Engram rows like a model server: one batch of 2 jobs per layer per step."""
+    from engramprof.lab import readers, workload
+    from engramprof.markers import MarkerFileError
+
+    if reader not in readers.READERS:
+        raise UserError(f"--reader must be one of {', '.join(readers.READERS)}, not {reader!r}")
+    if not table_path.is_file():
+        raise UserError(f"--table {table_path}: no such file")
+    print(f"lab: pid {os.getpid()}", file=sys.stderr, flush=True)
+    stop = threading.Event()
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = workload.run_workload(
+            table_path, reader, steps=steps, duration=duration, tokens=tokens, heads=heads,
+            gap_ms=gap_ms, zipf=zipf, seed=seed, markers=markers,
+            cache=None if cache is None else ("warm" if cache else "cold"),
+            start_delay=start_delay, threads=threads, stop=stop,
+            on_ready=lambda: print("lab: ready", file=sys.stderr, flush=True),
+        )
+    except MarkerFileError as exc:
+        raise UserError(f"--markers: {exc}") from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if as_json:
+        print(json.dumps(result))
+        return
+    t = Table("steps", "rows", "unique rows", "preadv2 calls", "EAGAIN", "pool fallback rows",
+              "batch ms p50", "p99", title=f"lab run: reader {result['reader']}, pid {result['pid']}")
+    bm = result["batch_ms"]
+    t.add_row(*(str(result[k]) for k in ("steps", "rows", "unique_rows", "calls", "eagain", "fallback_rows")),
+              f"{bm['p50']}", f"{bm['p99']}")
+    Console().print(t)
+    if result["nowait_unsupported"]:
+        Console(stderr=True).print("lab: RWF_NOWAIT is not supported here; the nowait reader used the pool")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(lab_app, name="lab")

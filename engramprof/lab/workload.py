@@ -1,0 +1,251 @@
+"""The Engram-shaped workload: model steps that each read one batch of table rows.
+
+A step looks up ``tokens`` token positions.  Token ids are drawn with Zipf popularity
+(rank k has weight 1/k**zipf over a 129280-token vocabulary); for every position and each
+of ``heads`` hash heads, the n-gram ending there (bigrams for even heads, trigrams for odd
+ones) is hashed to a table row, separately per Engram layer.  A step is one batch of
+2 jobs per layer (the weight rows and the scale rows of the same row ids), so a 2-layer
+table gives 4 logical jobs of ``tokens * heads`` rows each: decode (a few tokens) is tens
+of rows, prefill (thousands of tokens) tens of thousands.
+
+The row plan depends only on (table shape, tokens, heads, zipf, seed), so
+:func:`planned_reads` gives the exact (offset, size) reads of every batch without running.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from engramprof import layout
+from engramprof.errors import UserError
+from engramprof.lab import readers, table
+from engramprof.markers import MarkerWriter
+
+VOCAB = 129_280
+WARM_CHUNK = 4 << 20
+_M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser (uint64 arithmetic wraps)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M2
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M3
+    return x ^ (x >> np.uint64(31))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    tensor: str
+    offsets: np.ndarray  # int64 file offsets, one per requested row (duplicates kept)
+    row_bytes: int
+
+
+class Plan:
+    """Generates the row requests of each step, deterministically from ``seed``."""
+
+    def __init__(self, lay: layout.Layout, tokens: int, heads: int, zipf: float, seed: int):
+        if tokens < 1 or heads < 1:
+            raise UserError("--tokens and --heads must be at least 1")
+        if zipf < 0:
+            raise UserError("--zipf must be >= 0 (0 is uniform)")
+        self.layers = table.engram_layers(lay)
+        if not self.layers:
+            raise UserError(f"{lay.path}: no Engram layers (layers.N.engram.embed.weight/scale)")
+        self.tensors = [(lay.tensor(table.weight_name(L)), lay.tensor(table.scale_name(L)))
+                        for L in self.layers]
+        for w, s in self.tensors:
+            if w.rows != s.rows or w.row_bytes <= 0 or s.row_bytes <= 0:
+                raise UserError(f"{lay.path}: {w.name} and {s.name} do not have matching rows")
+        self.tokens, self.heads = tokens, heads
+        cdf = np.cumsum(1.0 / np.arange(1, VOCAB + 1, dtype=np.float64) ** zipf)
+        self._cdf = cdf / cdf[-1]
+        self._rng = np.random.default_rng(seed)
+        self._perm = self._rng.permutation(VOCAB).astype(np.uint64)  # rank -> token id
+        self._salts = [np.uint64(1 + 0x1000 * L) for L in self.layers]
+
+    def _token_ids(self, n: int) -> np.ndarray:
+        ranks = np.searchsorted(self._cdf, self._rng.random(n), side="right")
+        return self._perm[np.minimum(ranks, VOCAB - 1)]
+
+    def next_batch(self) -> list[JobSpec]:
+        t = self.tokens
+        ids = self._token_ids(t + 2)
+        bigram = ids[2:] * _M1 ^ ids[1:-1]
+        trigram = (bigram * _M1) ^ ids[:-2]
+        heads = np.arange(self.heads, dtype=np.uint64)
+        grams = np.where(heads % np.uint64(2) == 0, bigram[:, None], trigram[:, None])
+        specs = []
+        for (w, s), salt in zip(self.tensors, self._salts):
+            keys = _mix(grams ^ ((heads + salt) * _M2)[None, :]).ravel()
+            rows = (keys % np.uint64(w.rows)).astype(np.int64)
+            specs.append(JobSpec(w.name, w.start + rows * w.row_bytes, w.row_bytes))
+            specs.append(JobSpec(s.name, s.start + rows * s.row_bytes, s.row_bytes))
+        return specs
+
+    def batches(self, steps: int) -> Iterator[list[JobSpec]]:
+        for _ in range(steps):
+            yield self.next_batch()
+
+
+def batch_reads(specs: list[JobSpec]) -> list[tuple[int, int]]:
+    """The exact (offset, size) row reads of one batch: each job's rows, de-duplicated."""
+    out = []
+    for spec in specs:
+        out.extend((int(o), spec.row_bytes) for o in np.unique(spec.offsets))
+    return out
+
+
+def planned_reads(table_path: str | os.PathLike, steps: int, tokens: int = 4, heads: int = 6,
+                  zipf: float = 1.1, seed: int = 0) -> list[list[tuple[int, int]]]:
+    """Per batch, the (offset, size) reads that ``run_workload`` with the same arguments makes."""
+    plan = Plan(layout.load(table_path), tokens, heads, zipf, seed)
+    return [batch_reads(b) for b in plan.batches(steps)]
+
+
+def warm(path: str | os.PathLike) -> int:
+    """Read the whole file once, sequentially, with read(2) (not preadv2, so it does not
+    pollute a preadv2 trace).  POSIX_FADV_RANDOM avoids leaving readahead markers behind."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        total = 0
+        while chunk := os.read(fd, WARM_CHUNK):
+            total += len(chunk)
+        return total
+    finally:
+        os.close(fd)
+
+
+def evict(path: str | os.PathLike) -> None:
+    """Drop the file's pages from the page cache (written back first: dirty pages stay)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def run_workload(
+    table_path: str | os.PathLike,
+    reader: str = "pool",
+    *,
+    steps: int | None = None,
+    duration: float | None = None,
+    tokens: int = 4,
+    heads: int = 6,
+    gap_ms: float = 0.0,
+    zipf: float = 1.1,
+    seed: int = 0,
+    markers: str | os.PathLike | None = None,
+    cache: str | None = None,  # "warm" | "cold" | None
+    start_delay: float = 0.0,
+    threads: int = 32,
+    stop: threading.Event | None = None,
+    record_reads: bool = False,
+    on_ready: Callable[[], None] | None = None,
+    preadv: readers.Preadv | None = None,
+) -> dict:
+    """Run steps until ``steps`` batches, ``duration`` seconds or ``stop`` is set.
+
+    Default: 200 steps when neither ``steps`` nor ``duration`` is given.  Returns the
+    summary dict (``steps, rows, unique_rows, calls, eagain, fallback_rows, batch_ms{p50,p99,
+    mean,max}, reader, pid, table, ...``); with ``record_reads`` also ``reads``: per batch the
+    (offset, size) list of :func:`batch_reads`.
+    """
+    if steps is None and duration is None:
+        steps = 200
+    if (steps is not None and steps < 0) or (duration is not None and duration < 0) or gap_ms < 0 \
+            or start_delay < 0:
+        raise UserError("--steps, --duration, --gap-ms and --start-delay must be >= 0")
+    if cache not in (None, "warm", "cold"):
+        raise ValueError(f"cache must be 'warm', 'cold' or None, not {cache!r}")
+    path = os.path.realpath(table_path)
+    lay = layout.load(path)
+    plan = Plan(lay, tokens, heads, zipf, seed)
+    stop = stop or threading.Event()
+    try:
+        rdr = readers.make_reader(reader, threads, preadv=preadv)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    writer = MarkerWriter(markers) if markers is not None else None
+    fd = readers.open_table(path)
+    try:
+        if cache == "warm":
+            warm(path)
+        elif cache == "cold":
+            evict(path)
+        if on_ready:
+            on_ready()
+        if start_delay:
+            stop.wait(start_delay)
+        totals = readers.ReadStats()
+        batch_ns: list[int] = []
+        rows = unique = 0
+        reads = []
+        t0 = time.monotonic()
+        deadline = t0 + duration if duration is not None else None
+        while not stop.is_set():
+            if steps is not None and len(batch_ns) >= steps:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            if batch_ns and gap_ms:
+                if stop.wait(gap_ms / 1000):
+                    break
+            specs = plan.next_batch()
+            jobs = [readers.Job(fd, s.offsets, s.row_bytes,
+                                np.empty((len(s.offsets), s.row_bytes), dtype=np.uint8))
+                    for s in specs]
+            n = sum(len(s.offsets) for s in specs)
+            start = time.monotonic_ns()
+            stats = rdr.read_batch(jobs)
+            end = time.monotonic_ns()
+            if writer is not None:
+                writer.write(start, end, rows=n, reader=reader, step=len(batch_ns))
+            batch_ns.append(end - start)
+            totals.add(stats)
+            rows += n
+            if record_reads:
+                reads.append(batch_reads(specs))
+                unique += len(reads[-1])
+            else:
+                unique += sum(len(np.unique(s.offsets)) for s in specs)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.close(fd)
+        rdr.close()
+        if writer is not None:
+            writer.close()
+    ms = np.array(batch_ns, dtype=np.float64) / 1e6
+    pct = (lambda q: round(float(np.percentile(ms, q)), 4)) if len(ms) else (lambda q: None)
+    result = {
+        "steps": len(batch_ns),
+        "rows": rows,
+        "unique_rows": unique,
+        "calls": totals.calls,
+        "eagain": totals.eagain,
+        "fallback_rows": totals.fallback_rows,
+        "nowait_unsupported": totals.nowait_unsupported,
+        "batch_ms": {"p50": pct(50), "p99": pct(99),
+                     "mean": round(float(ms.mean()), 4) if len(ms) else None,
+                     "max": round(float(ms.max()), 4) if len(ms) else None},
+        "reader": reader,
+        "pid": os.getpid(),
+        "table": path,
+        "tokens": tokens,
+        "heads": heads,
+        "jobs_per_step": 2 * len(plan.layers),
+        "cache": cache,
+        "elapsed_s": round(elapsed, 3),
+    }
+    if record_reads:
+        result["reads"] = reads
+    return result
