@@ -1,0 +1,1 @@
+"""Loading the BPF probes (BCC) and decoding what they write."""

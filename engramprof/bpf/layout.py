@@ -1,0 +1,63 @@
+"""numpy views of the record structs in probes/engramprof.h.
+
+The header is the single definition: this module parses its structs into numpy dtypes, and
+:func:`check_against_compiled` compares them with the layout clang compiled (BCC's ctypes view
+of the ``*_layout`` maps), so a header edit that Python misreads fails at load time instead of
+silently decoding garbage.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+_CTYPES = {
+    "u64": "<u8", "s64": "<i8", "u32": "<u4", "s32": "<i4", "u16": "<u2", "s16": "<i2",
+    "u8": "u1", "s8": "i1",
+}
+
+
+def probe_dir():
+    return resources.files("engramprof.probes")
+
+
+def header_text() -> str:
+    return (probe_dir() / "engramprof.h").read_text()
+
+
+@lru_cache(maxsize=None)
+def struct_dtype(name: str) -> np.dtype:
+    text = re.sub(r"/\*.*?\*/", "", header_text(), flags=re.S)
+    m = re.search(r"struct\s+%s\s*\{(.*?)\};" % re.escape(name), text, flags=re.S)
+    if not m:
+        raise KeyError(f"struct {name} not in engramprof.h")
+    fields = []
+    for line in m.group(1).split(";"):
+        line = line.strip()
+        if not line:
+            continue
+        ctype, fname = line.split()
+        fields.append((fname, _CTYPES[ctype]))
+    return np.dtype(fields, align=True)
+
+
+@lru_cache(maxsize=None)
+def header_define(name: str) -> int:
+    m = re.search(r"#define\s+%s\s+(\d+)" % re.escape(name), header_text())
+    if not m:
+        raise KeyError(name)
+    return int(m.group(1))
+
+
+def check_against_compiled(dtype: np.dtype, leaf: type[ctypes.Structure]) -> None:
+    """Raise RuntimeError when the compiled struct differs from the dtype parsed from the header."""
+    if ctypes.sizeof(leaf) != dtype.itemsize:
+        raise RuntimeError(f"record layout mismatch: kernel struct is {ctypes.sizeof(leaf)} bytes, "
+                           f"engramprof.h parsed to {dtype.itemsize}")
+    for fname, _ftype in leaf._fields_:
+        off = getattr(leaf, fname).offset
+        if fname not in dtype.fields or dtype.fields[fname][1] != off:
+            raise RuntimeError(f"record layout mismatch at field {fname} (compiled offset {off})")

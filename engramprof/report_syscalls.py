@@ -1,0 +1,117 @@
+"""Terminal rendering for `engramprof syscalls`: the once-a-second live view and the summary."""
+from __future__ import annotations
+
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+
+def _fmt_us(v) -> str:
+    if v is None or v != v:
+        return "-"
+    return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
+
+
+class LiveView:
+    """rich Live on stderr, refreshed by the tracer once a second."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.live = Live(Text("waiting for calls..."), console=console, refresh_per_second=2, transient=False)
+        self.t_last = time.monotonic()
+
+    def __enter__(self):
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.live.__exit__(*exc)
+
+    def update(self, tracer) -> None:
+        now = time.monotonic()
+        dt = max(now - self.t_last, 1e-3)
+        self.t_last = now
+        s = tracer.state
+        h = s.window_hist
+        totals = tracer.probe.totals() if tracer.probe is not None else {}
+        head = Text.assemble(
+            ("calls/s ", "bold"), f"{s.window_calls / dt:,.0f}   ",
+            ("p50 ", "bold"), _fmt_us(h.quantile(0.5) / 1e3), "  ",
+            ("p99 ", "bold"), _fmt_us(h.quantile(0.99) / 1e3), "  ",
+            ("max ", "bold"), _fmt_us(h.max_ns / 1e3 if h.n else None), "   ",
+            ("EAGAIN ", "bold"), f"{(s.window_eagain / s.window_calls if s.window_calls else 0):.1%}  ",
+            ("NOWAIT ", "bold"), f"{(s.window_nowait / s.window_calls if s.window_calls else 0):.1%}   ",
+            ("lost ", "bold"), (f"{totals.get('lost_records', 0):,}", "red" if totals.get("lost_records") else ""),
+        )
+        parts = [head]
+        if tracer.sampler is not None and hasattr(tracer.sampler, "status_line"):
+            try:
+                parts.append(Text(tracer.sampler.status_line(), style="dim"))
+            except Exception:
+                pass
+        files = Table(title="top files by total time", title_justify="left", box=None)
+        for col in ("file", "calls", "total", "max", "misses"):
+            files.add_column(col, justify="left" if col == "file" else "right")
+        for path, f in sorted(s.files.items(), key=lambda kv: -kv[1].total_ns)[:5]:
+            files.add_row(_short(path), f"{f.calls:,}", f"{f.total_ns / 1e6:,.1f} ms", _fmt_us(f.max_ns / 1e3), f"{f.misses:,}")
+        parts.append(files)
+        if s.slowest is not None and len(s.slowest):
+            slow = Table(title="slowest calls", title_justify="left", box=None)
+            for col in ("dur", "tid", "file", "offset", "tensor/row", "misses", "bio", "offcpu"):
+                slow.add_column(col, justify="right" if col not in ("file", "tensor/row") else "left")
+            for r in s.slowest.head(5).itertuples():
+                slow.add_row(_fmt_us(r.dur_ns / 1e3), str(r.tid), _short(r.path), f"{r.offset:,}",
+                             f"{r.tensor}[{r.row}]" if getattr(r, "tensor", "") else "",
+                             str(r.pages_added), _fmt_us(r.bio_ns / 1e3), _fmt_us(r.offcpu_ns / 1e3))
+            parts.append(slow)
+        self.live.update(Group(*parts))
+
+
+def _short(path: str, width: int = 48) -> str:
+    if not path:
+        return "?"
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+def print_summary(console: Console, s: dict) -> None:
+    lat = s["latency_us"]
+    t = Table(title=f"preadv2/preadv/pread64 of pid {s['pid']} over {s['duration_s']:.1f} s ({s['end_reason']})",
+              title_justify="left", show_header=False, box=None)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("calls", f"{s['calls']:,} ({s['calls_per_s']:,.0f}/s), recorded {s['recorded']:,}")
+    t.add_row("lost records", Text(f"{s['lost_records']:,}", style="red" if s["lost_records"] else ""))
+    t.add_row("latency", f"p50 {_fmt_us(lat['p50'])}  p99 {_fmt_us(lat['p99'])}  max {_fmt_us(lat['max'])}"
+              + (f"  ({s['latency_source']})" if s["latency_source"] != "records" else ""))
+    t.add_row("EAGAIN / NOWAIT", f"{s['eagain_rate']:.1%} of calls returned EAGAIN; {s['nowait_share']:.1%} used RWF_NOWAIT")
+    e = s["evidence"]
+    t.add_row("misses", f"{e['calls_with_misses']:,} calls inserted {e['pages_added']:,} pages into the page cache")
+    t.add_row("in-call time", f"bio {e['bio_ms']:.1f} ms, reclaim {e['reclaim_ms']:.1f} ms, "
+              f"off-CPU {e['offcpu_ms']:.1f} ms (run queue {e['runq_ms']:.1f} ms)")
+    if s.get("missing_evidence"):
+        t.add_row("not measured", ", ".join(s["missing_evidence"]))
+    if s.get("output"):
+        t.add_row("trace", s["output"])
+    console.print(t)
+    if s["files"]:
+        ft = Table(title="files by total time", title_justify="left")
+        for col in ("file", "calls", "total ms", "max", "calls w/ misses", "EAGAIN"):
+            ft.add_column(col, justify="left" if col == "file" else "right")
+        for f in s["files"]:
+            ft.add_row(_short(f["path"], 60), f"{f['calls']:,}", f"{f['total_ms']:,.1f}", _fmt_us(f["max_us"]),
+                       f"{f['calls_with_misses']:,}", f"{f['eagain']:,}")
+        console.print(ft)
+    if s["slowest"]:
+        st = Table(title="slowest calls", title_justify="left")
+        for col in ("dur", "tid", "file", "offset", "size", "misses", "bio", "reclaim", "off-CPU", "runq"):
+            st.add_column(col, justify="left" if col == "file" else "right")
+        for r in s["slowest"][:5]:
+            st.add_row(_fmt_us(r["dur_us"]), str(r["tid"]), _short(r["path"], 40), f"{r['offset']:,}", f"{r['size']:,}",
+                       str(r["pages_added"]), _fmt_us(r["bio_us"]), _fmt_us(r["reclaim_us"]), _fmt_us(r["offcpu_us"]),
+                       _fmt_us(r["runq_us"]))
+        console.print(st)
+    for n in s.get("notes", []):
+        console.print(f"[yellow]note:[/yellow] {n}")

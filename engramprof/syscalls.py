@@ -1,0 +1,472 @@
+"""Per-call preadv2 / preadv / pread64 recording for one process (``engramprof syscalls``).
+
+The probe (probes/preadv.bpf.c) writes one fixed-size record per call into a ring buffer
+without waking user space; this module drains it every ``DRAIN_S`` in bulk (numpy over the
+mapped ring), resolves fd -> path, adds safetensors tensor/row, and streams the records to the
+trace bundle as one Parquet part per second, so memory stays flat however long it runs.  It
+keeps running aggregates for the live view and the final summary; the kernel keeps exact
+totals and per-fd log2 histograms so the summary stays right when records are lost.
+
+It ends on: the duration, SIGINT/SIGTERM (the caller sets ``stop``), or the target's exit
+(pidfd becomes readable).  In every case the trace is closed cleanly.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from engramprof import trace as tracefmt
+from engramprof.bpf import loader
+from engramprof.errors import UserError
+from engramprof.fdmap import FdResolver
+
+DRAIN_S = 0.05
+FLUSH_S = 1.0
+SYSCALL_NAMES = np.array(["preadv2", "preadv", "pread64"], dtype=object)
+RWF_NOWAIT = 0x8
+EAGAIN = -11
+
+# user-space latency histogram: 32 sub-buckets per power of two of ns (~2% resolution)
+_SUB = 32
+
+
+def _lat_index(ns: np.ndarray) -> np.ndarray:
+    ns = np.maximum(ns.astype(np.float64), 1.0)
+    e = np.floor(np.log2(ns))
+    frac = ns / np.exp2(e) - 1.0
+    return (e * _SUB + np.floor(frac * _SUB)).astype(np.int64)
+
+
+def _lat_value(idx: np.ndarray | int) -> np.ndarray:
+    idx = np.asarray(idx, dtype=np.float64)
+    e = np.floor(idx / _SUB)
+    sub = idx - e * _SUB
+    return np.exp2(e) * (1.0 + (sub + 0.5) / _SUB)
+
+
+class LatencyHist:
+    """Mergeable log-linear histogram of call durations (ns)."""
+
+    def __init__(self):
+        self.counts = np.zeros(64 * _SUB, dtype=np.int64)
+        self.max_ns = 0
+        self.n = 0
+
+    def add(self, ns: np.ndarray) -> None:
+        if len(ns) == 0:
+            return
+        self.counts += np.bincount(_lat_index(ns), minlength=len(self.counts))[: len(self.counts)]
+        self.max_ns = max(self.max_ns, int(ns.max()))
+        self.n += len(ns)
+
+    def quantile(self, q: float) -> float:
+        if self.n == 0:
+            return float("nan")
+        c = np.cumsum(self.counts)
+        i = int(np.searchsorted(c, q * self.n, side="left"))
+        return float(min(_lat_value(i), self.max_ns))
+
+
+def pid_state(pid: int) -> str | None:
+    """'R', 'S', 'Z', ... or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:][:1].decode()
+    except (OSError, ValueError):
+        return None
+
+
+def check_target(pid: int, tid: int = 0) -> None:
+    st = pid_state(pid)
+    if st is None or st in ("Z", "X"):
+        raise UserError(f"no process with pid {pid}", code=2)
+    if tid and not os.path.isdir(f"/proc/{pid}/task/{tid}"):
+        raise UserError(f"pid {pid} has no thread {tid}", code=2)
+
+
+def check_privileges() -> None:
+    if os.geteuid() == 0:
+        return
+    try:
+        with open("/proc/self/status") as f:
+            cap = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
+    except (OSError, StopIteration, ValueError):
+        cap = 0
+    missing = [name for name, bit in (("CAP_BPF", 39), ("CAP_PERFMON", 38)) if not cap >> bit & 1]
+    if missing:
+        raise UserError(f"not root: tracing needs root or {' + '.join(missing)}", code=1)
+
+
+@dataclass
+class FileStat:
+    calls: int = 0
+    total_ns: int = 0
+    max_ns: int = 0
+    misses: int = 0
+    eagain: int = 0
+
+
+@dataclass
+class LiveState:
+    """What the live view and the summary read; updated once per drain."""
+
+    started_ns: int = 0
+    recorded: int = 0
+    eagain: int = 0
+    nowait: int = 0
+    pages_added: int = 0
+    calls_with_misses: int = 0
+    bio_ns: int = 0
+    reclaim_ns: int = 0
+    offcpu_ns: int = 0
+    runq_ns: int = 0
+    hist: LatencyHist = field(default_factory=LatencyHist)
+    files: dict = field(default_factory=dict)
+    tensors: dict = field(default_factory=dict)
+    slowest: pd.DataFrame | None = None
+    # per-second window for the live view
+    window_calls: int = 0
+    window_eagain: int = 0
+    window_nowait: int = 0
+    window_hist: LatencyHist = field(default_factory=LatencyHist)
+
+
+class SyscallTracer:
+    def __init__(self, pid: int, tid: int = 0, min_us: float = 0.0, output: str | None = None,
+                 sample_hz: float = 10.0, syscall_hook: str = "auto", argv: list[str] | None = None):
+        self.pid, self.tid = pid, tid
+        self.output = output
+        self.sample_hz = sample_hz
+        self.config = loader.ProbeConfig(tgid=pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=syscall_hook)
+        self.argv = argv or []
+        self.stop = threading.Event()
+        self.end_reason = "running"
+        self.state = LiveState()
+        self.writer: tracefmt.TraceWriter | None = None
+        self.probe: loader.LoadedProbe | None = None
+        self.sampler = None
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._pidfd: int | None = None
+        self.notes: list[str] = []
+        self._fds_seen: set[int] = set()
+
+    # ---- life cycle -------------------------------------------------------------------
+    def start(self) -> None:
+        check_target(self.pid, self.tid)
+        check_privileges()
+        p = loader.plan(self.config)
+        self.plan = p
+        if p.missing:
+            self.notes.append(f"tracepoints missing, evidence not collected: {', '.join(p.missing)}")
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            raise UserError(f"no process with pid {self.pid}", code=2) from None
+        self.fds = FdResolver(self.pid)
+        cmdline = _cmdline(self.pid)
+        if self.output:
+            self.writer = tracefmt.TraceWriter(self.output, meta={
+                "pid": self.pid, "tid": self.tid or None, "target_cmdline": cmdline,
+                "engramprof_argv": self.argv, "probe": loader.PROBE_FILE,
+                "probe_version": loader.layout.header_define("ENGRAMPROF_PROBE_VERSION"),
+                "syscall_hook": "raw_syscalls" if p.raw_syscalls else "syscalls tracepoints",
+                "min_ns": self.config.min_ns, "missing_tracepoints": p.missing,
+                "missing_evidence": p.missing_columns,
+            })
+        self.probe = loader.LoadedProbe(p)
+        self.state.started_ns = time.monotonic_ns()
+        if self.writer:
+            self.writer.update_meta(start_ns=self.state.started_ns)
+            self.writer.flush_meta()
+        self._start_sampler()
+
+    def _start_sampler(self) -> None:
+        if not self.sample_hz:
+            return
+        try:
+            from engramprof.samplers import Sampler
+        except ImportError:
+            return
+        try:
+            self.sampler = Sampler(pid=self.pid, hz=self.sample_hz)
+            self.sampler.start(self.writer)
+        except Exception as exc:  # samplers are context; never lose the trace over them
+            self.sampler = None
+            self.notes.append(f"samplers not running: {exc}")
+
+    def target_exited(self) -> bool:
+        if self._pidfd is None:
+            return False
+        r, _, _ = select.select([self._pidfd], [], [], 0)
+        return bool(r)
+
+    def run(self, duration: float | None = None, on_tick=None) -> None:
+        """Drain until duration / stop / target exit; call on_tick(self) about once a second."""
+        t0 = time.monotonic()
+        last_flush = t0
+        while True:
+            if self.stop.wait(DRAIN_S):
+                self.end_reason = self.end_reason if self.end_reason != "running" else "signal"
+                break
+            self.drain()
+            now = time.monotonic()
+            if now - last_flush >= FLUSH_S:
+                self.flush()
+                if on_tick:
+                    on_tick(self)
+                self._reset_window()
+                last_flush = now
+            if duration is not None and now - t0 >= duration:
+                self.end_reason = "duration"
+                break
+            if self.target_exited():
+                self.end_reason = "target-exit"
+                break
+
+    def finish(self) -> dict:
+        """Detach, drain what is left, write the closing metadata; return the summary."""
+        probe = self.probe
+        totals, hists = {}, {}
+        if probe is not None:
+            probe.detach()
+            self.drain()
+            totals = probe.totals()
+            hists = probe.histograms(self._fds_seen)
+        if self.sampler is not None:
+            try:
+                self.sampler.stop()
+            except Exception as exc:
+                self.notes.append(f"sampler stop failed: {exc}")
+        self.flush()
+        end_ns = time.monotonic_ns()
+        summary = self.summary(totals, hists, end_ns)
+        if self.writer:
+            self._write_hist_table(hists)
+            self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
+                              lost_records=totals.get("lost_records", 0), notes=self.notes,
+                              fd_history={str(k): v for k, v in self.fds.history.items()})
+        if probe is not None:
+            probe.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return summary
+
+    # ---- data path --------------------------------------------------------------------
+    def drain(self) -> None:
+        recs = self.probe.ring.drain()
+        if len(recs) == 0:
+            return
+        table = self._to_table(recs)
+        self._account(recs, table)
+        self._pending.append(table)
+        self._pending_rows += len(recs)
+        if self._pending_rows >= 500_000:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        table = pa.concat_tables(self._pending)
+        self._pending, self._pending_rows = [], 0
+        if self.writer:
+            self.writer.append_calls(_annotate(table))
+
+    def _to_table(self, recs: np.ndarray) -> pa.Table:
+        fds = recs["fd"]
+        self._fds_seen.update(np.unique(fds).tolist())
+        paths, stale = self.fds.resolve(fds, recs["ts_ns"].astype(np.int64))
+        cols = {
+            "ts_ns": recs["ts_ns"].astype(np.int64),
+            "dur_ns": recs["dur_ns"].astype(np.int64),
+            "pid": recs["pid"].astype(np.int32),
+            "tid": recs["tid"].astype(np.int32),
+            "path": paths,
+            "offset": recs["offset"],
+            "size": recs["size"].astype(np.int64),
+            "ret": recs["ret"],
+            "flags": recs["flags"].astype(np.int64),
+            "syscall": SYSCALL_NAMES[np.minimum(recs["syscall"], 2)],
+            "fd": fds,
+            "pages_added": recs["pages_added"].astype(np.int32),
+            "bio_count": recs["bio_count"].astype(np.int32),
+            "bio_ns": recs["bio_ns"].astype(np.int64),
+            "reclaim_ns": recs["reclaim_ns"].astype(np.int64),
+            "offcpu_ns": recs["offcpu_ns"].astype(np.int64),
+            "runq_ns": recs["runq_ns"].astype(np.int64),
+            "path_stale": stale,
+        }
+        arrays = [pa.array(cols[n], type=tracefmt.CALL_SCHEMA.field(n).type) for n in cols]
+        return pa.Table.from_arrays(arrays, names=list(cols))
+
+    def _account(self, recs: np.ndarray, table: pa.Table) -> None:
+        s = self.state
+        dur = recs["dur_ns"].astype(np.int64)
+        n = len(recs)
+        eagain = int((recs["ret"] == EAGAIN).sum())
+        nowait = int(((recs["flags"] & RWF_NOWAIT) != 0).sum())
+        misses = recs["pages_added"]
+        s.recorded += n
+        s.eagain += eagain
+        s.nowait += nowait
+        s.pages_added += int(misses.sum())
+        s.calls_with_misses += int((misses > 0).sum())
+        s.bio_ns += int(recs["bio_ns"].sum())
+        s.reclaim_ns += int(recs["reclaim_ns"].sum())
+        s.offcpu_ns += int(recs["offcpu_ns"].sum())
+        s.runq_ns += int(recs["runq_ns"].sum())
+        s.hist.add(dur)
+        s.window_calls += n
+        s.window_eagain += eagain
+        s.window_nowait += nowait
+        s.window_hist.add(dur)
+        df = pd.DataFrame({"path": table.column("path").to_numpy(zero_copy_only=False), "dur_ns": dur,
+                           "miss": misses > 0, "eagain": recs["ret"] == EAGAIN})
+        g = df.groupby("path", sort=False).agg(calls=("dur_ns", "size"), total=("dur_ns", "sum"),
+                                               mx=("dur_ns", "max"), misses=("miss", "sum"), eagain=("eagain", "sum"))
+        for path, row in g.iterrows():
+            fs = s.files.setdefault(path, FileStat())
+            fs.calls += int(row.calls)
+            fs.total_ns += int(row.total)
+            fs.max_ns = max(fs.max_ns, int(row.mx))
+            fs.misses += int(row.misses)
+            fs.eagain += int(row.eagain)
+        k = min(10, n)
+        top = np.argpartition(dur, n - k)[n - k:]
+        cand = table.take(pa.array(top)).to_pandas()
+        s.slowest = (pd.concat([s.slowest, cand]) if s.slowest is not None else cand).nlargest(10, "dur_ns")
+
+    def _reset_window(self) -> None:
+        s = self.state
+        s.window_calls = s.window_eagain = s.window_nowait = 0
+        s.window_hist = LatencyHist()
+
+    def _write_hist_table(self, hists: dict[int, np.ndarray]) -> None:
+        rows = []
+        for fdslot, counts in hists.items():
+            path = self.fds.history.get(fdslot, [(0, "")])[-1][1]
+            for slot in np.nonzero(counts)[0]:
+                rows.append((fdslot, path, int(slot), 1 << int(slot), int(counts[slot])))
+        df = pd.DataFrame(rows, columns=["fd_slot", "path", "log2_slot", "ns_lower", "count"])
+        self.writer.write_table("latency_log2_by_fd", df)
+
+    # ---- summary ----------------------------------------------------------------------
+    def summary(self, totals: dict, hists: dict, end_ns: int) -> dict:
+        s = self.state
+        dur_s = max((end_ns - s.started_ns) / 1e9, 1e-9)
+        calls = int(totals.get("calls", s.recorded))
+        lost = int(totals.get("lost_records", 0))
+        filtered = int(totals.get("filtered", 0))
+        lat = {"p50": _us(s.hist.quantile(0.5)), "p99": _us(s.hist.quantile(0.99)), "max": _us(s.hist.max_ns)}
+        lat_source = "records"
+        if lost or filtered:
+            kh = sum(hists.values()) if hists else None
+            if kh is not None and kh.sum():
+                lat = {"p50": _us(_log2_quantile(kh, 0.5)), "p99": _us(_log2_quantile(kh, 0.99)),
+                       "max": _us(totals.get("max_ns", 0))}
+                lat_source = "kernel log2 histogram (records were lost or filtered)"
+        files = sorted(s.files.items(), key=lambda kv: -kv[1].total_ns)
+        slow = []
+        if s.slowest is not None:
+            for r in s.slowest.itertuples():
+                slow.append({"ts_ns": int(r.ts_ns), "tid": int(r.tid), "path": r.path, "offset": int(r.offset),
+                             "size": int(r.size), "ret": int(r.ret), "dur_us": round(r.dur_ns / 1e3, 1),
+                             "pages_added": int(r.pages_added), "bio_count": int(r.bio_count),
+                             "bio_us": round(r.bio_ns / 1e3, 1), "reclaim_us": round(r.reclaim_ns / 1e3, 1),
+                             "offcpu_us": round(r.offcpu_ns / 1e3, 1), "runq_us": round(r.runq_ns / 1e3, 1)})
+        out = {
+            "pid": self.pid,
+            "tid": self.tid or None,
+            "duration_s": round(dur_s, 3),
+            "end_reason": self.end_reason,
+            "calls": calls,
+            "calls_per_s": round(calls / dur_s, 1),
+            "recorded": s.recorded,
+            "lost_records": lost,
+            "filtered_short": filtered,
+            "eagain": int(totals.get("eagain", s.eagain)),
+            "eagain_rate": round(int(totals.get("eagain", s.eagain)) / calls, 4) if calls else 0.0,
+            "nowait_share": round(int(totals.get("nowait", s.nowait)) / calls, 4) if calls else 0.0,
+            "latency_us": lat,
+            "latency_source": lat_source,
+            "evidence": {
+                "calls_with_misses": s.calls_with_misses,
+                "pages_added": s.pages_added,
+                "bio_ms": round(s.bio_ns / 1e6, 3),
+                "reclaim_ms": round(s.reclaim_ns / 1e6, 3),
+                "offcpu_ms": round(s.offcpu_ns / 1e6, 3),
+                "runq_ms": round(s.runq_ns / 1e6, 3),
+            },
+            "files": [{"path": p, "calls": f.calls, "total_ms": round(f.total_ns / 1e6, 3),
+                       "max_us": round(f.max_ns / 1e3, 1), "calls_with_misses": f.misses, "eagain": f.eagain}
+                      for p, f in files[:10]],
+            "slowest": slow,
+            "missing_evidence": self.plan.missing_columns if self.probe else [],
+            "syscall_hook": "raw_syscalls" if self.plan.raw_syscalls else "syscalls tracepoints",
+            "output": self.output,
+            "notes": self.notes,
+        }
+        if self.sampler is not None:
+            try:
+                out["context"] = self.sampler.summary()
+            except Exception as exc:
+                self.notes.append(f"sampler summary failed: {exc}")
+        return out
+
+
+def _us(ns: float) -> float | None:
+    return None if ns != ns else round(ns / 1e3, 2)
+
+
+def _log2_quantile(counts: np.ndarray, q: float) -> float:
+    c = np.cumsum(counts)
+    i = int(np.searchsorted(c, q * c[-1], side="left"))
+    return float(1 << i)  # upper bound of slot i ([2^i, 2^(i+1)) ns)... reported as its lower edge
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return shlex.join(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+    except OSError:
+        return ""
+
+
+_NOT_SAFETENSORS: set[str] = set()
+
+
+def _annotate(table: pa.Table) -> pa.Table:
+    """Add safetensors tensor/row columns (engramprof.layout), empty where not a safetensors file."""
+    n = table.num_rows
+    tensor = np.full(n, "", dtype=object)
+    row = np.full(n, -1, dtype=np.int64)
+    try:
+        from engramprof import layout
+    except ImportError:
+        layout = None
+    if layout is not None and hasattr(layout, "map_offsets"):
+        paths = table.column("path").to_numpy(zero_copy_only=False)
+        offsets = table.column("offset").to_numpy()
+        for p in pd.unique(paths):
+            if not p or p in _NOT_SAFETENSORS:
+                continue
+            sel = paths == p
+            try:
+                t, r = layout.map_offsets(p, offsets[sel])
+            except Exception:  # not (or no longer) a readable safetensors file: don't retry it
+                _NOT_SAFETENSORS.add(p)
+                continue
+            tensor[sel] = t
+            row[sel] = r
+    return table.append_column("tensor", pa.array(tensor, type=pa.string())).append_column(
+        "row", pa.array(row, type=pa.int64()))

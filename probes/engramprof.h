@@ -1,0 +1,53 @@
+/* engramprof.h - records shared by the BPF programs and user space.
+ *
+ * engramprof/bpf/layout.py parses the structs below to build the numpy dtypes it decodes
+ * ring-buffer memory with, and checks them at load time against the layout clang actually
+ * compiled (the *_layout maps).  Keep: fixed-width types only, explicit padding, 8-byte
+ * multiples.  Bump ENGRAMPROF_PROBE_VERSION when a struct changes.
+ */
+#ifndef ENGRAMPROF_H
+#define ENGRAMPROF_H
+
+#define ENGRAMPROF_PROBE_VERSION 1
+
+#define SYSCALL_PREADV2 0
+#define SYSCALL_PREADV  1
+#define SYSCALL_PREAD64 2
+
+#define LAT_SLOTS 40       /* log2(ns) latency histogram slots: up to 2^40 ns (~18 min) */
+#define FD_SLOTS  512      /* per-fd histograms for fd 0..510; fd >= 511 share slot 511 */
+
+/* One completed read call: written once, at syscall exit, into the `call_records` ring. */
+struct call_record {
+	u64 ts_ns;        /* entry, CLOCK_MONOTONIC (bpf_ktime_get_ns) */
+	u64 dur_ns;       /* entry -> exit */
+	s64 offset;       /* file offset; -1 = current position (preadv2 only) */
+	u64 size;         /* bytes requested (sum of iov_len, first MAX_IOV iovecs) */
+	s64 ret;          /* bytes read, or -errno */
+	u64 flags;        /* RWF_* (preadv2), 0 otherwise */
+	u64 offcpu_ns;    /* time switched out during the call (includes runq_ns) */
+	u64 runq_ns;      /* of which runnable, waiting for a CPU */
+	u64 reclaim_ns;   /* direct + memcg reclaim inside the call, on this thread */
+	u64 bio_ns;       /* sum of queue -> complete of bios this thread queued in the call */
+	u32 pid;          /* tgid */
+	u32 tid;
+	s32 fd;
+	u32 pages_added;  /* page-cache insertions on this thread during the call */
+	u32 bio_count;    /* bios queued on this thread during the call */
+	u16 syscall;      /* SYSCALL_* */
+	u16 __pad0;
+};
+
+/* Totals kept in the kernel, so the summary is right even when records were lost. */
+struct call_totals {
+	u64 calls;
+	u64 eagain;
+	u64 nowait;        /* calls with RWF_NOWAIT */
+	u64 lost_records;  /* ring buffer full: record dropped (call still counted here) */
+	u64 filtered;      /* shorter than MIN_NS: counted, not recorded */
+	u64 sum_ns;
+	u64 max_ns;
+	u64 bio_unmatched; /* bio completions that found no queued bio of ours */
+};
+
+#endif

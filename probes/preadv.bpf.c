@@ -1,0 +1,435 @@
+/* preadv.bpf.c - per-call preadv2 / preadv / pread64 tracing with each call's cause evidence.
+ *
+ * Tracepoints only (no kprobes, no fentry).  The enter hook stores the call in task-local
+ * storage; evidence hooks that fire in the reading thread's context while the call is in
+ * flight (page-cache insertions, bio queueing, direct/memcg reclaim, being switched out) add
+ * to that storage; the exit hook writes one fixed-size record into the `call_records` ring
+ * buffer without waking user space (it drains on a timer) and updates in-kernel totals and
+ * per-fd log2 latency histograms.
+ *
+ * Constants filled in before load (-D):
+ *   TARGET_TGID   process to trace (required)          TARGET_TID  one thread, 0 = all
+ *   MIN_NS        record only calls at least this long (all calls are still counted)
+ *   RING_PAGES    ring buffer size in pages
+ *   USE_RAW_SYSCALLS  1: hook raw_syscalls sys_enter/sys_exit (x86_64 only, cheaper);
+ *                     0: the syscalls:sys_{enter,exit}_{preadv2,preadv,pread64} tracepoints
+ *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
+ *   HAVE_SCHED    feature-probed tracepoints; evidence for a missing one is left at 0 and the
+ *                 trace says which columns are absent
+ */
+#include <linux/fs.h>
+#include <linux/ptrace.h>
+#include <linux/uio.h>
+#include "engramprof.h"
+
+#define MAX_IOV 8
+#define RWF_NOWAIT_BIT 0x00000008
+#define EAGAIN_RET (-11)
+
+struct inflight {
+	u64 ts;           /* entry ns; 0 = no call in flight */
+	s64 offset;
+	u64 size;
+	u64 flags;
+	u64 reclaim_start;
+	u64 reclaim_ns;
+	s32 fd;
+	u32 pages_added;
+	u32 bio_count;
+	u16 syscall;
+	u8 switched;      /* switched out during the call: collect offcpu_by_tid at exit */
+	u8 __pad0;
+};
+
+/* off-CPU bookkeeping for threads switched out in the middle of a traced call */
+struct offcpu_state {
+	u64 out_ts;       /* switched out at; 0 = running */
+	u64 wake_ts;      /* woken at (blocked -> runnable) */
+	u64 offcpu_ns;
+	u64 runq_ns;
+	u32 preempted;    /* switched out while runnable: all of the gap is run-queue wait */
+	u32 __pad0;
+};
+
+struct bio_key {
+	u32 dev;
+	u32 __pad0;
+	u64 end_sector;   /* sector + nr_sector: where bi_sector stands at completion */
+};
+
+struct bio_start {
+	u64 ts;
+	u32 tid;
+	u32 __pad0;
+};
+
+struct bio_wait {
+	u64 ns;
+	u64 count;
+};
+
+BPF_TASK_STORAGE(inflight_by_task, struct inflight);
+BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
+BPF_HASH(bio_start_by_sector, struct bio_key, struct bio_start, 16384);
+BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
+BPF_RINGBUF_OUTPUT(call_records, RING_PAGES);
+BPF_PERCPU_ARRAY(call_totals, struct call_totals, 1);
+BPF_PERCPU_ARRAY(latency_log2_by_fd, u64, FD_SLOTS * LAT_SLOTS);
+/* never written: lets user space read the layout clang compiled */
+BPF_ARRAY(call_record_layout, struct call_record, 1);
+BPF_ARRAY(call_totals_layout, struct call_totals, 1);
+
+static __always_inline int is_target(u64 pid_tgid)
+{
+	if ((pid_tgid >> 32) != TARGET_TGID)
+		return 0;
+#if TARGET_TID
+	if ((u32)pid_tgid != TARGET_TID)
+		return 0;
+#endif
+	return 1;
+}
+
+static __always_inline struct inflight *current_call(void)
+{
+	struct inflight *s = inflight_by_task.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+	if (s && s->ts)
+		return s;
+	return 0;
+}
+
+static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
+{
+	struct inflight *s = inflight_by_task.task_storage_get(bpf_get_current_task_btf(), 0,
+							     BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!s)
+		return;
+	s->offset = offset;
+	s->size = size;
+	s->flags = flags;
+	s->reclaim_start = 0;
+	s->reclaim_ns = 0;
+	s->fd = fd;
+	s->pages_added = 0;
+	s->bio_count = 0;
+	s->syscall = sc;
+	s->switched = 0;
+	s->ts = bpf_ktime_get_ns();
+}
+
+static __always_inline u64 iov_bytes(const struct iovec *vec, u64 vlen)
+{
+	u64 total = 0;
+	struct iovec iov;
+#pragma unroll
+	for (int i = 0; i < MAX_IOV; i++) {
+		if (i >= vlen)
+			break;
+		if (bpf_probe_read_user(&iov, sizeof(iov), &vec[i]))
+			break;
+		total += iov.iov_len;
+	}
+	return total;
+}
+
+static __always_inline void call_exit(s64 ret)
+{
+	u64 now = bpf_ktime_get_ns();
+	struct inflight *s = current_call();
+	if (!s)
+		return;      /* entered before we attached, or not a traced call */
+	u64 dur = now - s->ts;
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+
+	u64 offcpu = 0, runq = 0;
+	if (s->switched) {
+		struct offcpu_state *o = offcpu_by_tid.lookup(&tid);
+		if (o) {
+			offcpu = o->offcpu_ns;
+			runq = o->runq_ns;
+			offcpu_by_tid.delete(&tid);
+		}
+	}
+	u64 bio_ns = 0;
+	if (s->bio_count) {
+		struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
+		if (w) {
+			bio_ns = w->ns;
+			bio_wait_by_tid.delete(&tid);
+		}
+	}
+
+	int zero = 0;
+	struct call_totals *t = call_totals.lookup(&zero);
+	if (t) {
+		t->calls++;
+		t->sum_ns += dur;
+		if (dur > t->max_ns)
+			t->max_ns = dur;
+		if (ret == EAGAIN_RET)
+			t->eagain++;
+		if (s->flags & RWF_NOWAIT_BIT)
+			t->nowait++;
+	}
+	u32 fdslot = (u32)s->fd < FD_SLOTS - 1 ? (u32)s->fd : FD_SLOTS - 1;
+	u32 slot = bpf_log2l(dur);
+	if (slot >= LAT_SLOTS)
+		slot = LAT_SLOTS - 1;
+	u32 idx = fdslot * LAT_SLOTS + slot;
+	u64 *h = latency_log2_by_fd.lookup(&idx);
+	if (h)
+		(*h)++;
+
+	if (dur >= MIN_NS) {
+		struct call_record *r = call_records.ringbuf_reserve(sizeof(struct call_record));
+		if (r) {
+			u64 pid_tgid = bpf_get_current_pid_tgid();
+			r->ts_ns = s->ts;
+			r->dur_ns = dur;
+			r->offset = s->offset;
+			r->size = s->size;
+			r->ret = ret;
+			r->flags = s->flags;
+			r->offcpu_ns = offcpu;
+			r->runq_ns = runq;
+			r->reclaim_ns = s->reclaim_ns;
+			r->bio_ns = bio_ns;
+			r->pid = pid_tgid >> 32;
+			r->tid = (u32)pid_tgid;
+			r->fd = s->fd;
+			r->pages_added = s->pages_added;
+			r->bio_count = s->bio_count;
+			r->syscall = s->syscall;
+			r->__pad0 = 0;
+			call_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+		} else if (t) {
+			t->lost_records++;
+		}
+	} else if (t) {
+		t->filtered++;
+	}
+	s->ts = 0;
+}
+
+#if USE_RAW_SYSCALLS
+/* raw_syscalls: one cheap hook for every syscall; the id filter runs first.  x86_64 only. */
+#define NR_PREAD64 17
+#define NR_PREADV 295
+#define NR_PREADV2 327
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	u64 id = ctx->args[1];
+	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
+		return 0;
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	u64 a0 = 0, a1 = 0, a2 = 0, a3 = 0, a5 = 0;
+	bpf_probe_read_kernel(&a0, sizeof(a0), &regs->di);
+	bpf_probe_read_kernel(&a1, sizeof(a1), &regs->si);
+	bpf_probe_read_kernel(&a2, sizeof(a2), &regs->dx);
+	bpf_probe_read_kernel(&a3, sizeof(a3), &regs->r10);
+	if (id == NR_PREAD64) {
+		call_enter(SYSCALL_PREAD64, (s32)a0, (s64)a3, a2, 0);
+		return 0;
+	}
+	if (id == NR_PREADV2)
+		bpf_probe_read_kernel(&a5, sizeof(a5), &regs->r9);
+	call_enter(id == NR_PREADV2 ? SYSCALL_PREADV2 : SYSCALL_PREADV, (s32)a0, (s64)a3,
+		   iov_bytes((const struct iovec *)a1, a2), a5);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sys_exit)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_exit((s64)ctx->args[1]);
+	return 0;
+}
+#else
+TRACEPOINT_PROBE(syscalls, sys_enter_preadv2)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_PREADV2, (s32)args->fd, (s64)args->pos_l,
+		   iov_bytes((const struct iovec *)args->vec, args->vlen), (u64)args->flags);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_preadv2)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_exit(args->ret);
+	return 0;
+}
+
+#if HAVE_PREADV
+TRACEPOINT_PROBE(syscalls, sys_enter_preadv)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_PREADV, (s32)args->fd, (s64)args->pos_l,
+		   iov_bytes((const struct iovec *)args->vec, args->vlen), 0);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_preadv)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_exit(args->ret);
+	return 0;
+}
+#endif
+
+#if HAVE_PREAD64
+TRACEPOINT_PROBE(syscalls, sys_enter_pread64)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_PREAD64, (s32)args->fd, (s64)args->pos, args->count, 0);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_pread64)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_exit(args->ret);
+	return 0;
+}
+#endif
+#endif /* USE_RAW_SYSCALLS */
+
+#if HAVE_FILEMAP
+/* Fires in the context of the thread inserting the page: for a buffered read miss, the
+ * reader itself (sync readahead).  Pages inserted by another thread's readahead that this
+ * call then waits on are NOT counted here (they show up as off-CPU time instead). */
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct inflight *s = current_call();
+	if (s)
+		s->pages_added += 1 << args->order;
+	return 0;
+}
+#endif
+
+#if HAVE_BIO
+/* bio queued by the reading thread during the call; completion (interrupt context) is
+ * matched back by device and end sector.  Bios held by a throttle are queued later from a
+ * worker thread and are not attributed (the wait appears as off-CPU time). */
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct inflight *s = current_call();
+	if (!s)
+		return 0;
+	s->bio_count++;
+	struct bio_key k = {.dev = args->dev, .end_sector = args->sector + args->nr_sector};
+	struct bio_start v = {.ts = bpf_ktime_get_ns(), .tid = (u32)bpf_get_current_pid_tgid()};
+	bio_start_by_sector.update(&k, &v);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	struct bio_key k = {.dev = args->dev, .end_sector = args->sector};
+	struct bio_start *b = bio_start_by_sector.lookup(&k);
+	if (!b) {
+		k.end_sector = args->sector + args->nr_sector;  /* completion before advance */
+		b = bio_start_by_sector.lookup(&k);
+		if (!b)
+			return 0;
+	}
+	u64 delta = bpf_ktime_get_ns() - b->ts;
+	u32 tid = b->tid;
+	bio_start_by_sector.delete(&k);
+	struct bio_wait zero = {};
+	struct bio_wait *w = bio_wait_by_tid.lookup_or_try_init(&tid, &zero);
+	if (w) {
+		__sync_fetch_and_add(&w->ns, delta);
+		__sync_fetch_and_add(&w->count, 1);
+	}
+	return 0;
+}
+#endif
+
+static __always_inline void reclaim_begin(void)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return;
+	struct inflight *s = current_call();
+	if (s)
+		s->reclaim_start = bpf_ktime_get_ns();
+}
+
+static __always_inline void reclaim_end(void)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return;
+	struct inflight *s = current_call();
+	if (s && s->reclaim_start) {
+		s->reclaim_ns += bpf_ktime_get_ns() - s->reclaim_start;
+		s->reclaim_start = 0;
+	}
+}
+
+#if HAVE_VMSCAN_DIRECT
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { reclaim_begin(); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end) { reclaim_end(); return 0; }
+#endif
+#if HAVE_VMSCAN_MEMCG
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin) { reclaim_begin(); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0; }
+#endif
+
+#if HAVE_SCHED
+/* sched_switch runs in the context of the task being switched out (prev = current). */
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 next = args->next_pid;
+	struct offcpu_state *o = offcpu_by_tid.lookup(&next);
+	if (o && o->out_ts) {
+		u64 gap = now - o->out_ts;
+		o->offcpu_ns += gap;
+		if (o->preempted)
+			o->runq_ns += gap;
+		else if (o->wake_ts)
+			o->runq_ns += now - o->wake_ts;
+		o->out_ts = 0;
+		o->wake_ts = 0;
+	}
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct inflight *s = current_call();
+	if (!s)
+		return 0;
+	u32 prev = (u32)bpf_get_current_pid_tgid();
+	struct offcpu_state init = {};
+	if (!s->switched)
+		offcpu_by_tid.update(&prev, &init);
+	o = offcpu_by_tid.lookup(&prev);
+	if (!o)
+		return 0;
+	s->switched = 1;
+	o->out_ts = now;
+	o->wake_ts = 0;
+	o->preempted = args->prev_state == 0;  /* TASK_RUNNING: preempted, still runnable */
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+	u32 pid = args->pid;
+	struct offcpu_state *o = offcpu_by_tid.lookup(&pid);
+	if (o && o->out_ts && !o->wake_ts)
+		o->wake_ts = bpf_ktime_get_ns();
+	return 0;
+}
+#endif
