@@ -143,6 +143,15 @@ def batch(target: MarkerWriter | str | os.PathLike, **extra) -> _Batch:
     return _Batch(target, extra)
 
 
+def close_all() -> None:
+    """Close the writers that :func:`batch` opened for paths (flushing their lines)."""
+    with _writers_lock:
+        writers = list(_writers.values())
+        _writers.clear()
+    for w in writers:
+        w.close()
+
+
 def _valid_ns(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
