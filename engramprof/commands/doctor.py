@@ -1,0 +1,62 @@
+"""`engramprof doctor [--json] [--path DIR]`: can this machine trace?"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from engramprof import doctor as doc
+from engramprof.errors import UserError
+
+_STYLE = {doc.PASS: "green", doc.INFO: "blue", doc.WARN: "yellow", doc.FAIL: "bold red"}
+
+
+def render(report: doc.Report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    table = Table(title="engramprof doctor")
+    table.add_column("status", no_wrap=True, min_width=6)
+    longest_word = max((len(w) for c in report.checks for w in c.name.split()), default=10)
+    table.add_column("check", style="bold", overflow="fold", width=max(12, min(longest_word, 30)))
+    table.add_column("detail / fix", overflow="fold")
+    for c in report.checks:
+        cell = Text(c.detail)
+        if c.fix:
+            cell.append("\nfix: ", style="bold")
+            cell.append(c.fix)
+        table.add_row(Text(c.status, style=_STYLE[c.status]), c.name, cell)
+    console.print(table)
+    counts = {s: sum(1 for c in report.checks if c.status == s) for s in doc.STATUSES}
+    tally = ", ".join(f"{counts[s]} {s}" for s in doc.STATUSES if counts[s])
+    if report.ok:
+        console.print(f"[green]OK[/]: engramprof syscalls can run here ({tally}).")
+    else:
+        names = ", ".join(c.name for c in report.failed)
+        console.print(f"[bold red]NOT OK[/]: engramprof syscalls cannot run here ({tally}); fix: {names}.")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor(
+        json_out: bool = typer.Option(False, "--json", help='Print {"ok": bool, "checks": [{name, status, detail, fix}]}.'),
+        path: Path = typer.Option(
+            Path("."), "--path",
+            help="Directory on the tables' filesystem: RWF_NOWAIT and cachestat are tried on a temporary "
+                 "file of the doctor's own there (default: current directory)."),
+    ) -> None:
+        """Can this machine trace? One row per check with a fix; exit 0 only when `syscalls` can run."""
+        if not path.exists():
+            raise UserError(f"--path {path}: no such file or directory", code=2)
+        directory = path if path.is_dir() else path.parent
+        if not os.access(directory, os.X_OK):
+            raise UserError(f"--path {directory}: not accessible", code=2)
+        report = doc.run_checks(directory)
+        if json_out:
+            typer.echo(report.to_json())
+        else:
+            render(report)
+        raise typer.Exit(0 if report.ok else 1)
