@@ -123,8 +123,8 @@ def run_cmd(
     if as_json:
         print(json.dumps(result))
         return
-    t = Table("steps", "rows", "unique rows", "preadv2 calls", "EAGAIN", "pool fallback rows",
-              "batch ms p50", "p99", title=f"lab run: reader {result['reader']}, pid {result['pid']}")
+    t = Table("steps", "rows", "unique rows", "preadv2 calls", "EAGAIN", "fallback rows",
+              "batch p50 ms", "p99 ms", title=f"lab run: reader {result['reader']}, pid {result['pid']}")
     bm = result["batch_ms"]
     t.add_row(*(str(result[k]) for k in ("steps", "rows", "unique_rows", "calls", "eagain", "fallback_rows")),
               f"{bm['p50']}", f"{bm['p99']}")
