@@ -1,0 +1,107 @@
+"""`engramprof residency PATH... [--tensors] [--ranges N] [--rows TRACE] [--json]`."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+from engramprof.errors import UserError
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def _pct(resident: int, pages: int) -> str:
+    return f"{100.0 * resident / pages:.1f}%" if pages else "-"
+
+
+def residency(
+    paths: Optional[List[str]] = typer.Argument(None, help="Files to report on (not read: cachestat/mincore only)."),
+    tensors: bool = typer.Option(False, "--tensors", help="Also per safetensors tensor."),
+    ranges: int = typer.Option(0, "--ranges", min=0, help="Also per N row ranges of each tensor (implies --tensors)."),
+    rows: Optional[str] = typer.Option(None, "--rows", help="Classify the distinct rows a TRACE read as resident / partly / cold."),
+    method: str = typer.Option("auto", "--method", help="auto (cachestat, else mincore) | cachestat | mincore."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Non-perturbing page-cache residency per file / tensor (never reads a data page)."""
+    from engramprof import residency as res
+
+    if not paths and rows is None:
+        raise UserError("give at least one PATH, or --rows TRACE")
+    if method not in res.METHODS:
+        raise UserError(f"--method must be one of {', '.join(res.METHODS)}")
+    rows_summary = None
+    file_list = [str(p) for p in (paths or [])]
+    if rows is not None:
+        from engramprof.trace import load_bundle
+
+        trace = load_bundle(rows)
+        rows_summary = res.classify_trace_rows(trace.calls, file_list or None, method)
+        rows_summary.notes[:0] = trace.notes
+        if not file_list:
+            file_list = [f["path"] for f in rows_summary.files]
+    files = [res.file_residency(p, method, tensors=tensors or ranges > 0, ranges=ranges) for p in file_list]
+
+    if as_json:
+        out = {"page_size": res.PAGE_SIZE, "files": [f.to_dict() for f in files],
+               "notes": [res.RACE_NOTE]}
+        if rows_summary is not None:
+            out["rows"] = rows_summary.to_dict()
+        print(json.dumps(out, indent=2))
+        return
+    _print(files, rows_summary, res)
+
+
+def _print(files, rows_summary, res) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 140)
+    if files:
+        t = Table(title=f"page-cache residency (page size {res.PAGE_SIZE} B)", title_justify="left")
+        for c in ("path", "pages", "resident", "dirty", "writeback", "evicted", "recently evicted", "method"):
+            t.add_column(c, justify="left" if c in ("path", "method") else "right")
+        for f in files:
+            r = f.residency
+            t.add_row(f.path, _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
+                      _fmt(r.dirty), _fmt(r.writeback), _fmt(r.evicted), _fmt(r.recently_evicted), r.method)
+        con.print(t)
+        for f in files:
+            if f.tensor_note:
+                con.print(f"{f.path}: {f.tensor_note}")
+            if not f.tensors:
+                continue
+            tt = Table(title=f"{f.path}: per tensor", title_justify="left")
+            for c in ("tensor", "rows", "pages", "resident", "dirty", "evicted", "recently evicted"):
+                tt.add_column(c, justify="left" if c == "tensor" else "right")
+            for tr in f.tensors:
+                r = tr.residency
+                tt.add_row(tr.name, _fmt(tr.rows), _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
+                           _fmt(r.dirty), _fmt(r.evicted), _fmt(r.recently_evicted))
+                for rg in tr.ranges:
+                    tt.add_row(f"  rows {rg['row_start']:,}-{rg['row_end'] - 1:,}", _fmt(rg["row_end"] - rg["row_start"]),
+                               _fmt(rg["pages"]), f"{_fmt(rg['resident'])} ({_pct(rg['resident'], rg['pages'])})",
+                               _fmt(rg["dirty"]), _fmt(rg["evicted"]), _fmt(rg["recently_evicted"]))
+            con.print(tt)
+    if rows_summary is not None:
+        t = Table(title="rows of the trace, by residency now (page-granular, not read)", title_justify="left")
+        for c in ("file / tensor", "rows", "resident", "partly", "cold"):
+            t.add_column(c, justify="left" if c == "file / tensor" else "right")
+        for f in rows_summary.files:
+            t.add_row(f["path"], _fmt(f["rows"]), f"{_fmt(f['resident'])} ({_pct(f['resident'], f['rows'])})",
+                      _fmt(f["partly"]), f"{_fmt(f['cold'])} ({_pct(f['cold'], f['rows'])})")
+            for tr in f.get("tensors", []):
+                t.add_row(f"  {tr['tensor']}", _fmt(tr["rows"]), f"{_fmt(tr['resident'])} ({_pct(tr['resident'], tr['rows'])})",
+                          _fmt(tr["partly"]), f"{_fmt(tr['cold'])} ({_pct(tr['cold'], tr['rows'])})")
+        con.print(t)
+        for n in rows_summary.notes:
+            con.print(f"note: {n}")
+    else:
+        con.print(f"note: {res.RACE_NOTE}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("residency")(residency)

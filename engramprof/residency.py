@@ -1,0 +1,550 @@
+"""Page-cache residency of files, tensors and trace rows, without reading a data page.
+
+Two kernel interfaces answer "which pages of this file are in the page cache" without
+faulting anything in:
+
+- ``cachestat(2)`` (Linux 6.5+, syscall 451, no libc/Python wrapper: called with ctypes)
+  returns counts for a byte range: cached, dirty, under writeback, evicted and recently
+  evicted pages.
+- ``mincore(2)`` over a read-only shared mapping of the file returns one bit per page.  The
+  mapping is made with ``mmap(PROT_READ, MAP_SHARED)`` in bounded windows (1 GiB) and its
+  memory is never touched, so no page is faulted in; the kernel answers from the page cache.
+
+Per file / tensor counts use cachestat (falling back to mincore where the syscall is missing,
+``ENOSYS``); per-row classification (:func:`classify_rows`) uses mincore's per-page bitmap over
+only the windows that contain rows, with cachestat per row as the fallback where a file cannot
+be mapped.  Either way the result is page-granular and only true at the instant it was
+observed: residency can change right after (another reader, reclaim, readahead).
+
+Both interfaces only reveal residency of files the caller owns or could open for writing
+(Linux hides other files' page cache: cachestat fails with EPERM, mincore reports every page
+resident).  Such files are refused with a clear error rather than reported wrongly.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import stat
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from engramprof.errors import UserError
+
+PAGE_SIZE = mmap.PAGESIZE
+WINDOW_BYTES = 1 << 30  # mincore mapping window: bounded address space per mmap
+SYS_CACHESTAT = 451  # the same number on every architecture (unified syscall table)
+METHODS = ("auto", "cachestat", "mincore")
+
+# row classes returned by row_classes()
+COLD, PARTLY, RESIDENT = 0, 1, 2
+CLASS_NAMES = {COLD: "cold", PARTLY: "partly", RESIDENT: "resident"}
+
+RACE_NOTE = (
+    "residency is a snapshot: pages can be cached or evicted right after they are observed"
+)
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                  ctypes.c_long]
+_munmap = _libc.munmap
+_munmap.restype = ctypes.c_int
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_mincore = _libc.mincore
+_mincore.restype = ctypes.c_int
+_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+@dataclass
+class CacheStat:
+    """What cachestat(2) reports for a range, in pages."""
+
+    nr_cache: int
+    nr_dirty: int
+    nr_writeback: int
+    nr_evicted: int
+    nr_recently_evicted: int
+
+
+def cachestat(fd: int, off: int = 0, length: int = 0) -> CacheStat:
+    """cachestat(2) of ``[off, off+length)`` of ``fd`` (``length=0``: to the end of the file).
+
+    Raises OSError (ENOSYS on kernels without it, EPERM for files the caller may not inspect).
+    """
+    rng = _CachestatRange(off, length)
+    cs = _Cachestat()
+    r = _syscall(ctypes.c_long(SYS_CACHESTAT), ctypes.c_uint(fd), ctypes.byref(rng),
+                 ctypes.byref(cs), ctypes.c_uint(0))
+    if r != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return CacheStat(cs.nr_cache, cs.nr_dirty, cs.nr_writeback, cs.nr_evicted,
+                     cs.nr_recently_evicted)
+
+
+_CACHESTAT_OK: bool | None = None
+
+
+def cachestat_available(fd: int | None = None) -> bool:
+    """Whether this kernel has cachestat(2); probed once, on ``fd`` (or stdin's number, which
+    fails with EBADF rather than ENOSYS when the syscall exists)."""
+    global _CACHESTAT_OK
+    if _CACHESTAT_OK is None:
+        try:
+            cachestat(fd if fd is not None else -1, 0, 1)
+            _CACHESTAT_OK = True
+        except OSError as exc:
+            _CACHESTAT_OK = exc.errno != errno.ENOSYS
+    return _CACHESTAT_OK
+
+
+def mincore_bitmap(fd: int, first_page: int, npages: int) -> np.ndarray:
+    """Per-page residency (bool array of ``npages``) of pages ``[first_page, first_page+npages)``.
+
+    Maps the file read-only and shared in windows of at most :data:`WINDOW_BYTES`, asks
+    mincore(2), unmaps.  The mapping's memory is never touched, so nothing is faulted in.
+    Raises OSError when the file cannot be mapped (e.g. ENODEV on filesystems without mmap).
+    """
+    out = np.zeros(npages, dtype=bool)
+    win_pages = WINDOW_BYTES // PAGE_SIZE
+    vec = np.empty(min(npages, win_pages), dtype=np.uint8)
+    done = 0
+    while done < npages:
+        n = min(win_pages, npages - done)
+        length = n * PAGE_SIZE
+        addr = _mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd,
+                     (first_page + done) * PAGE_SIZE)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            raise OSError(e, f"mmap: {os.strerror(e)}")
+        try:
+            if _mincore(addr, length, vec.ctypes.data) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"mincore: {os.strerror(e)}")
+        finally:
+            _munmap(addr, length)
+        out[done:done + n] = (vec[:n] & 1).astype(bool)
+        done += n
+    return out
+
+
+# --------------------------------------------------------------------------- opening files
+
+
+@dataclass
+class OpenFile:
+    path: str
+    fd: int
+    size: int
+    st: os.stat_result
+
+    @property
+    def pages(self) -> int:
+        return -(-self.size // PAGE_SIZE)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "OpenFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _may_inspect(path: str, st: os.stat_result) -> bool:
+    """The kernel's rule for revealing another file's page cache (owner, capable, or writer)."""
+    euid = os.geteuid()
+    if euid == 0 or st.st_uid == euid:
+        return True
+    try:
+        return os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+    except OSError:
+        return False
+
+
+def open_file(path: str | os.PathLike, *, allow_empty: bool = False) -> OpenFile:
+    """Open a regular file read-only for residency queries, with one-line UserErrors."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{p}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{p}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{p}: not a regular file")
+    try:
+        # O_NONBLOCK: never hang if a FIFO is swapped in after the stat
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except PermissionError:
+        raise UserError(f"{p}: permission denied (cannot open it for reading)") from None
+    except OSError as exc:
+        raise UserError(f"{p}: {exc.strerror}") from None
+    st2 = os.fstat(fd)
+    if not stat.S_ISREG(st2.st_mode) or (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise UserError(f"{p}: changed while being opened")
+    if st2.st_size == 0 and not allow_empty:
+        os.close(fd)
+        raise UserError(f"{p}: empty file (no pages to report on)")
+    if not _may_inspect(p, st2):
+        os.close(fd)
+        raise UserError(
+            f"{p}: the kernel reveals page-cache residency only of files you own or could open "
+            f"for writing; run as the file's owner or root", 1)
+    return OpenFile(p, fd, st2.st_size, st2)
+
+
+# --------------------------------------------------------------------------- counts per range
+
+
+@dataclass
+class RangeResidency:
+    """Page counts for one byte range (a file, a tensor, a row range).
+
+    ``dirty``, ``writeback``, ``evicted`` and ``recently_evicted`` are None when the method
+    was mincore (it only knows resident / not resident).
+    """
+
+    pages: int
+    resident: int
+    dirty: int | None
+    writeback: int | None
+    evicted: int | None
+    recently_evicted: int | None
+    method: str
+
+    @property
+    def fraction(self) -> float:
+        return self.resident / self.pages if self.pages else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _resolve_method(method: str, fd: int | None = None) -> str:
+    if method not in METHODS:
+        raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "auto":
+        return "cachestat" if cachestat_available(fd) else "mincore"
+    return method
+
+
+def _page_span(off: int, length: int) -> tuple[int, int]:
+    """(first page, page count) covering bytes ``[off, off+length)``; length > 0."""
+    first = off // PAGE_SIZE
+    last = (off + length - 1) // PAGE_SIZE
+    return first, last - first + 1
+
+
+def range_residency(f: OpenFile, off: int, length: int, method: str = "auto") -> RangeResidency:
+    """Page counts of bytes ``[off, off+length)`` of an open file (page-granular: a page
+    partly inside the range counts as a page of the range)."""
+    asked = method
+    method = _resolve_method(method, f.fd)
+    if length <= 0:
+        return RangeResidency(0, 0, 0, 0, 0, 0, method)
+    first, n = _page_span(off, length)
+    if method == "cachestat":
+        try:
+            cs = cachestat(f.fd, first * PAGE_SIZE, n * PAGE_SIZE)
+        except OSError as exc:
+            if asked == "auto" and exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+                return range_residency(f, off, length, "mincore")
+            if exc.errno == errno.EPERM:
+                raise UserError(f"{f.path}: cachestat refused (EPERM): the kernel reveals page-cache "
+                                "residency only of files you own or could open for writing", 1) from None
+            raise UserError(f"{f.path}: cachestat failed: {exc.strerror}", 1) from None
+        return RangeResidency(n, cs.nr_cache, cs.nr_dirty, cs.nr_writeback, cs.nr_evicted,
+                              cs.nr_recently_evicted, "cachestat")
+    try:
+        bits = mincore_bitmap(f.fd, first, n)
+    except OSError as exc:
+        raise UserError(f"{f.path}: cannot map it for mincore ({exc.strerror})", 1) from None
+    return RangeResidency(n, int(bits.sum()), None, None, None, None, "mincore")
+
+
+# --------------------------------------------------------------------------- files and tensors
+
+
+@dataclass
+class TensorResidency:
+    name: str
+    start: int
+    end: int
+    rows: int
+    residency: RangeResidency
+    ranges: list[dict] = field(default_factory=list)  # [{row_start, row_end, ...counts}]
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "start": self.start, "end": self.end, "rows": self.rows}
+        d.update(self.residency.to_dict())
+        if self.ranges:
+            d["ranges"] = self.ranges
+        return d
+
+
+@dataclass
+class FileResidency:
+    path: str
+    size: int
+    residency: RangeResidency
+    tensors: list[TensorResidency] | None = None
+    tensor_note: str | None = None
+
+    def to_dict(self) -> dict:
+        d = {"path": self.path, "size": self.size}
+        d.update(self.residency.to_dict())
+        if self.tensors is not None:
+            d["tensors"] = [t.to_dict() for t in self.tensors]
+        if self.tensor_note:
+            d["tensor_note"] = self.tensor_note
+        return d
+
+
+def _tensor_residency(f: OpenFile, method: str, ranges: int) -> list[TensorResidency]:
+    from engramprof import layout
+
+    lay = layout.load(f.path)
+    out = []
+    for t in lay.tensors:
+        res = range_residency(f, t.start, t.end - t.start, method)
+        tr = TensorResidency(t.name, t.start, t.end, t.rows, res)
+        if ranges and ranges > 0 and t.rows > 0 and t.row_bytes > 0:
+            bounds = np.linspace(0, t.rows, min(ranges, t.rows) + 1).round().astype(np.int64)
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                if b <= a:
+                    continue
+                r = range_residency(f, t.start + int(a) * t.row_bytes, int(b - a) * t.row_bytes, method)
+                tr.ranges.append({"row_start": int(a), "row_end": int(b), **r.to_dict()})
+        out.append(tr)
+    return out
+
+
+def file_residency(path: str | os.PathLike, method: str = "auto", *, tensors: bool = False,
+                   ranges: int = 0) -> FileResidency:
+    """Residency of a whole file (and of each safetensors tensor / row range if asked)."""
+    with open_file(path) as f:
+        method = _resolve_method(method, f.fd)
+        res = range_residency(f, 0, f.size, method)
+        fr = FileResidency(f.path, f.size, res)
+        if tensors or ranges:
+            try:
+                fr.tensors = _tensor_residency(f, method, ranges)
+            except UserError as exc:
+                fr.tensors, fr.tensor_note = [], f"no tensors: {exc}"
+        return fr
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _row_pages(offsets: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    first = offsets // PAGE_SIZE
+    last = (offsets + np.maximum(sizes, 1) - 1) // PAGE_SIZE
+    return first, last - first + 1
+
+
+def _pages_of_rows(first: np.ndarray, npages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every page of every row, flattened, plus the start index of each row in that array."""
+    starts = np.zeros(len(npages), dtype=np.int64)
+    if len(npages) > 1:
+        np.cumsum(npages[:-1], out=starts[1:])
+    total = int(npages.sum())
+    # page = first[row] + (position within the row)
+    row_of = np.repeat(np.arange(len(npages)), npages)
+    pages = first[row_of] + (np.arange(total, dtype=np.int64) - starts[row_of])
+    return pages, starts
+
+
+def _bits_mincore(fd: int, pages: np.ndarray) -> np.ndarray:
+    """Residency bit of each page in ``pages`` via mincore over only the windows holding them."""
+    bits = np.zeros(len(pages), dtype=bool)
+    if not len(pages):
+        return bits
+    uniq, inv = np.unique(pages, return_inverse=True)
+    ubits = np.zeros(len(uniq), dtype=bool)
+    win_pages = WINDOW_BYTES // PAGE_SIZE
+    win = uniq // win_pages
+    cuts = np.flatnonzero(np.diff(win)) + 1
+    for seg in np.split(np.arange(len(uniq)), cuts):
+        lo, hi = int(uniq[seg[0]]), int(uniq[seg[-1]])
+        bm = mincore_bitmap(fd, lo, hi - lo + 1)  # only [lowest, highest] page of the window
+        ubits[seg] = bm[uniq[seg] - lo]
+    return ubits[inv]
+
+
+def _bits_cachestat(fd: int, pages: np.ndarray) -> np.ndarray:
+    """Residency bit per page with one cachestat call per run of consecutive pages."""
+    bits = np.zeros(len(pages), dtype=bool)
+    if not len(pages):
+        return bits
+    uniq, inv = np.unique(pages, return_inverse=True)
+    ubits = np.zeros(len(uniq), dtype=bool)
+    for i, p in enumerate(uniq.tolist()):
+        ubits[i] = cachestat(fd, p * PAGE_SIZE, PAGE_SIZE).nr_cache > 0
+    return ubits[inv]
+
+
+def classify_rows(path: str | os.PathLike | int, offsets, sizes, method: str = "auto") -> np.ndarray:
+    """Resident fraction (0..1, page-granular) of each row ``[offset, offset+size)`` of a file.
+
+    ``path`` may be an open fd.  ``auto`` uses mincore over the windows that contain rows
+    (one bit per page), and cachestat per page where the file cannot be mapped.  Never reads
+    or faults in a data page.  Pages past the end of the file count as not resident.  Use
+    :func:`row_classes` to turn fractions into cold / partly / resident.
+    """
+    if method not in METHODS:
+        raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
+    sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    if offsets.shape != sizes.shape:
+        raise ValueError("offsets and sizes must have the same length")
+    if len(offsets) == 0:
+        return np.zeros(0, dtype=np.float64)
+    if (offsets < 0).any():
+        raise ValueError("negative offset")
+    if isinstance(path, int):
+        return _classify_fd(path, offsets, sizes, method)
+    with open_file(path, allow_empty=True) as f:
+        return _classify_fd(f.fd, offsets, sizes, method)
+
+
+def _classify_fd(fd: int, offsets: np.ndarray, sizes: np.ndarray, method: str) -> np.ndarray:
+    first, npages = _row_pages(offsets, sizes)
+    pages, starts = _pages_of_rows(first, npages)
+    if method == "cachestat":
+        bits = _bits_cachestat(fd, pages)
+    else:
+        try:
+            bits = _bits_mincore(fd, pages)
+        except OSError:
+            if method == "mincore":
+                raise
+            bits = _bits_cachestat(fd, pages)
+    resident = np.add.reduceat(bits.astype(np.int64), starts)
+    return resident / npages
+
+
+def row_classes(fractions: np.ndarray) -> np.ndarray:
+    """COLD (0) / PARTLY (1) / RESIDENT (2) per row from resident fractions."""
+    f = np.asarray(fractions)
+    return np.where(f >= 1.0, RESIDENT, np.where(f <= 0.0, COLD, PARTLY)).astype(np.int8)
+
+
+# --------------------------------------------------------------------------- trace rows
+
+
+@dataclass
+class RowsSummary:
+    files: list[dict]
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return {"files": self.files, "notes": self.notes}
+
+
+def _summ(fr: np.ndarray, sizes: np.ndarray) -> dict:
+    cls = row_classes(fr)
+    n = len(fr)
+    return {
+        "rows": int(n),
+        "resident": int((cls == RESIDENT).sum()),
+        "partly": int((cls == PARTLY).sum()),
+        "cold": int((cls == COLD).sum()),
+        "resident_frac": float((cls == RESIDENT).sum() / n) if n else 0.0,
+        "bytes": int(sizes.sum()),
+    }
+
+
+def distinct_rows(calls) -> "object":
+    """The distinct (path, offset, size) rows of a per-call table (positional reads only),
+    with the tensor column kept when the trace has one."""
+    import pandas as pd
+
+    df = calls
+    keep = (df["offset"] >= 0) & (df["size"] > 0) & df["path"].astype(str).ne("")
+    cols = ["path", "offset", "size"] + (["tensor"] if "tensor" in df.columns else [])
+    rows = df.loc[keep, cols].drop_duplicates(["path", "offset", "size"]).reset_index(drop=True)
+    if "tensor" not in rows.columns:
+        rows["tensor"] = ""
+    rows["tensor"] = rows["tensor"].fillna("").astype(str)
+    return rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+
+
+def classify_trace_rows(calls, paths: Iterable[str] | None = None,
+                        method: str = "auto") -> RowsSummary:
+    """Classify each distinct (path, offset, size) of a per-call table as resident / partly /
+    cold, and summarise per file and tensor.  Files that no longer exist are skipped with a
+    note; ``paths`` restricts to those files."""
+    from engramprof import layout
+
+    rows = distinct_rows(calls)
+    want = None if paths is None else {os.path.abspath(os.fspath(p)) for p in paths}
+    notes = [RACE_NOTE + " (classified page-granular, without reading)"]
+    files = []
+    for path, grp in rows.groupby("path", sort=True):
+        if want is not None and os.path.abspath(path) not in want:
+            continue
+        try:
+            f = open_file(path, allow_empty=True)
+        except UserError as exc:
+            notes.append(f"skipped {exc}")
+            continue
+        with f:
+            offs = grp["offset"].to_numpy(np.int64)
+            sizes = grp["size"].to_numpy(np.int64)
+            fr = _classify_fd(f.fd, offs, sizes, "mincore" if method == "auto" else method)
+            past = int(((offs + sizes) > f.size).sum())
+            if past:
+                notes.append(f"{path}: {past} rows end past the end of the file (shrank since the "
+                             "trace?); their missing pages count as cold")
+            entry = {"path": path, **_summ(fr, sizes)}
+            tensor = grp["tensor"].to_numpy(dtype=object)
+            if not (tensor != "").any():
+                try:
+                    tensor, _ = layout.load(path).map_offsets(offs)
+                except UserError:
+                    pass
+            tensor = np.asarray(tensor, dtype=object)
+            if (tensor != "").any():
+                tl = []
+                names, first_idx = np.unique(tensor.astype(str), return_index=True)
+                for name in names[np.argsort(offs[first_idx])].tolist():  # file order
+                    m = tensor.astype(str) == name
+                    tl.append({"tensor": name or "(outside tensors)", **_summ(fr[m], sizes[m])})
+                entry["tensors"] = tl
+            files.append(entry)
+    if want is not None:
+        seen = {os.path.abspath(e["path"]) for e in files}
+        for p in sorted(want - seen):
+            notes.append(f"{p}: no rows of this file in the trace")
+    return RowsSummary(files, notes)
