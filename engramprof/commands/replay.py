@@ -1,0 +1,80 @@
+"""`engramprof replay TRACE [--strategies pool,nowait,serial] [--cold-frac F] [--repeat N]
+[--rows-per-batch K] [--allow-evict] [--json]`."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from engramprof.errors import UserError
+
+
+def replay(
+    trace: str = typer.Argument(..., help="Trace bundle written by `engramprof syscalls` / `diagnose`."),
+    strategies: str = typer.Option("pool,nowait,serial", "--strategies", help="Comma-separated reader arms: pool, nowait, serial."),
+    cold_frac: float = typer.Option(0.0, "--cold-frac", help="Fraction of each job's rows that must be cold (not in the page cache) when its arm starts."),
+    repeat: int = typer.Option(5, "--repeat", help="Timed runs of every batch per arm."),
+    rows_per_batch: Optional[int] = typer.Option(None, "--rows-per-batch", help="Re-batch the trace's distinct rows into batches of K rows (default: the trace's own batches)."),
+    allow_evict: bool = typer.Option(False, "--allow-evict", help="With --cold-frac: evict (POSIX_FADV_DONTNEED) the pages of the rows chosen as cold before each timed batch. Drops those pages of the data file from the page cache."),
+    threads: int = typer.Option(32, "--threads", help="Pool size of the pool / nowait-fallback readers."),
+    batches: int = typer.Option(8, "--batches", help="Replay at most this many of the trace's batches (evenly spaced)."),
+    markers: Optional[str] = typer.Option(None, "--markers", help="Application batch markers (JSON lines with start_ns/end_ns) for the trace's batch boundaries."),
+    gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="Without markers: a gap this long with no read in flight starts a new batch (default: chosen from the trace's gaps, as batch-tail does)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the row sampling."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Component A/B of reader strategies on the trace's recorded files, offsets and sizes."""
+    from engramprof import replay as rp
+
+    arms = [s.strip() for s in strategies.split(",") if s.strip()]
+    progress = None
+    if not as_json and sys.stderr.isatty():
+        progress = lambda msg: print(f"\r\033[K{msg}", end="", file=sys.stderr, flush=True)  # noqa: E731
+    res = rp.replay(trace, arms, cold_frac=cold_frac, repeat=repeat, rows_per_batch=rows_per_batch,
+                    allow_evict=allow_evict, threads=threads, max_batches=batches, markers=markers,
+                    gap_ms=gap_ms, seed=seed, progress=progress)
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    if as_json:
+        print(json.dumps(res, indent=2))
+    else:
+        _print(res)
+    if res["mismatches"]:
+        bad = ", ".join(f"{a} ({v['mismatched_rows']:,} rows)" for a, v in res["arms"].items() if v["mismatched_rows"])
+        raise UserError(f"byte-for-byte check FAILED: {res['mismatches']:,} rows differ from the reference read: {bad}", 1)
+
+
+def _print(res: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 140)
+    rpb = res["rows_per_batch"]
+    rows_desc = f"{rpb['median']:,}" if rpb["min"] == rpb["max"] else f"{rpb['min']:,}-{rpb['max']:,} (median {rpb['median']:,})"
+    jpb = res["jobs_per_batch"]
+    jobs_desc = str(jpb["min"]) if jpb["min"] == jpb["max"] else f"{jpb['min']}-{jpb['max']}"
+    con.print(f"replay of {res['trace']}: {res['batches']} batch(es) of {rows_desc} rows in {jobs_desc} jobs, "
+              f"{res['repeat']} run(s) per arm, cold fraction {res['cold_frac']:g}, pool of {res['threads']} threads")
+    t = Table(title_justify="left")
+    for c in ("arm", "batch p50 ms", "p90 ms", "speedup vs pool", "vol ctx/batch", "invol ctx/batch",
+              "user ms/batch", "sys ms/batch", "fallback rows", "cold at start"):
+        t.add_column(c, justify="left" if c == "arm" else "right")
+    for name, a in res["arms"].items():
+        sp = res["speedup"].get(name)
+        pb = a["per_batch"]
+        cold = a["cold_frac_observed"]
+        t.add_row(name, f"{a['batch_ms']['p50']:.2f}", f"{a['batch_ms']['p90']:.2f}",
+                  f"{sp:.2f}x" if sp else "-", f"{pb['ctx_voluntary']:,.1f}", f"{pb['ctx_involuntary']:,.1f}",
+                  f"{pb['cpu_user_ms']:.1f}", f"{pb['cpu_sys_ms']:.1f}", f"{a['fallback_rows']:,}",
+                  f"{100 * cold:.1f}%" if cold is not None else "-")
+    con.print(t)
+    ok = "all identical" if not res["mismatches"] else f"{res['mismatches']:,} MISMATCHED"
+    con.print(f"byte-for-byte vs a reference read after each arm: {res['rows_verified']:,} rows, {ok}")
+    for n in res["notes"]:
+        con.print(f"note: {n}", soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("replay")(replay)

@@ -1,0 +1,692 @@
+"""Component A/B: replay a trace's recorded row reads through reader strategies.
+
+The replay reads the trace's real files at the trace's real offsets and sizes, shaped like
+the trace's batches (one job per (file, tensor, row size), as a table reader issues them),
+through each reader strategy of :mod:`engramprof.lab.readers` ("arms"), and reports batch
+time, context switches, CPU and fallbacks per arm.
+
+Method (the field report's corrected harness, not its first, invalid one):
+
+- Residency is classified with mincore (:func:`engramprof.residency.classify_rows`), never by
+  reading: a read-based classifier warms the very pages it classifies.
+- Every arm gets its own sample of rows with the requested resident/cold mix.  The rows of
+  each file are split into page-disjoint partitions (stripes of pages, randomly interleaved),
+  one per arm (plus a shared "hot" partition when evicting), so one arm's cold reads cannot
+  warm another arm's cold rows; without eviction each arm also never reuses a page it has
+  already read as "cold".  Hot (resident) rows may be shared between arms when the trace has
+  too few of them: reading a resident page does not change its residency.
+- Files are opened with POSIX_FADV_RANDOM (no readahead), so a cold read brings in only the
+  pages it asks for.
+- Immediately before each timed batch the arm's rows are re-classified (mincore) and the
+  observed mix is reported next to the requested one: residency can still change between
+  that check and the read (the residual race).
+- Each arm reads into its own destination buffers; there is no user-space row cache.
+- After each timed batch (never before: it would warm the arm's rows) the same rows are read
+  again with a plain blocking preadv loop and compared byte for byte; any mismatch fails the
+  run.
+- Cold mixes need cold rows.  Rows already cold are used first; evicting more
+  (``posix_fadvise(POSIX_FADV_DONTNEED)`` on the pages of the rows selected as cold, just
+  before each timed batch) happens only with ``allow_evict=True``: on a production host that
+  drops those pages of the production table from the page cache (the arm reads them back).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from engramprof import residency
+from engramprof.errors import UserError
+
+DEFAULT_STRATEGIES = ("pool", "nowait", "serial")
+DEFAULT_GAP_MS = 1.0
+SENTINEL = 0x5A
+MAX_STRIPE_PAGES = 256  # 1 MiB stripes at most
+
+RACE_NOTE = (
+    "residual race: residency can change between the mincore check just before an arm's timed "
+    "batch and its reads (other processes, reclaim); 'observed cold' is the mix at that check"
+)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclass
+class JobKey:
+    path: str
+    tensor: str
+    size: int
+
+    def label(self) -> str:
+        t = self.tensor or "(no tensor)"
+        return f"{os.path.basename(self.path)}:{t}:{self.size}B"
+
+
+@dataclass
+class Population:
+    """The distinct rows of one job key in the trace, and what we know about them."""
+
+    key: JobKey
+    offsets: np.ndarray  # sorted unique int64
+    frac: np.ndarray | None = None  # resident fraction at planning time
+    part: np.ndarray | None = None  # partition per row (-1: on a page shared between partitions)
+    first_page: np.ndarray | None = None
+    npages: np.ndarray | None = None
+
+
+@dataclass
+class Shape:
+    """One batch to replay: rows per job key (distinct rows, as in the trace batch)."""
+
+    index: int
+    counts: list[tuple[int, int]]  # (population index, distinct rows)
+
+    @property
+    def rows(self) -> int:
+        return sum(n for _, n in self.counts)
+
+
+def infer_batches(ts_ns: np.ndarray, dur_ns: np.ndarray, gap_ns: int) -> np.ndarray:
+    """Batch id per call (input sorted by ts): a new batch starts when a call begins more than
+    ``gap_ns`` after every earlier call has ended (no read in flight for a while)."""
+    n = len(ts_ns)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    end = np.maximum.accumulate(ts_ns + np.maximum(dur_ns, 0))
+    new = np.zeros(n, dtype=bool)
+    new[1:] = ts_ns[1:] > end[:-1] + gap_ns
+    return np.cumsum(new)
+
+
+def batches_from_markers(ts_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Batch id per call from marker intervals; -1 for calls outside every marker."""
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    idx = np.searchsorted(s, ts_ns, side="right") - 1
+    ok = (idx >= 0) & (ts_ns <= e[np.maximum(idx, 0)])
+    return np.where(ok, idx, -1)
+
+
+def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
+               rows_per_batch: int | None, notes: list[str]) -> pd.DataFrame:
+    """One line per distinct row per batch: batch, path, tensor, offset, size (trace order)."""
+    from engramprof import layout
+
+    calls = trace.calls
+    keep = (calls["offset"] >= 0) & (calls["size"] > 0) & calls["path"].astype(str).ne("")
+    df = calls.loc[keep].copy()
+    if df.empty:
+        raise UserError(f"{trace.path}: the trace has no positional row reads (offset >= 0, size > 0, "
+                        "known path) to replay")
+    ts = df["ts_ns"].to_numpy(np.int64)
+    end_ns = ts + np.maximum(df["dur_ns"].to_numpy(np.int64), 0)
+    try:  # the project's segmentation (shared with batch-tail), when present
+        from engramprof import batches as seg
+    except ImportError:
+        seg = None
+    if rows_per_batch:
+        df["batch"] = 0  # re-batched below from the distinct rows in trace order
+        notes.append(f"batches: the trace's distinct rows in trace order, {rows_per_batch} rows each "
+                     "(--rows-per-batch)")
+    elif markers is not None:
+        if seg is not None:
+            mk, bad = seg.read_markers(markers)
+            b = seg.from_markers(ts, end_ns, mk, getattr(trace, "meta", None), bad)
+            df["batch"] = b.call_batch
+            notes.extend(b.notes)
+        else:
+            from engramprof.markers import read_markers_df
+
+            try:
+                mk, bad = read_markers_df(markers)
+            except OSError as exc:
+                raise UserError(f"--markers {markers}: {exc.strerror or exc}") from None
+            if mk.empty:
+                raise UserError(f"--markers {markers}: no valid markers")
+            df["batch"] = batches_from_markers(ts, mk["start_ns"].to_numpy(np.int64), mk["end_ns"].to_numpy(np.int64))
+        df = df[df["batch"] >= 0]
+        notes.append("batches: from the application's markers")
+        if df.empty:
+            raise UserError("no trace call falls inside a marker interval (markers from another run?)")
+    elif seg is not None:
+        b = seg.infer(ts, end_ns, gap_ms)
+        df["batch"] = b.call_batch
+        notes.extend(b.notes)
+        if b.gap_ns:
+            notes.append(f"batches: {b.n} inferred, split at read-stream gaps over {b.gap_ns / 1e6:.3g} ms "
+                         f"({b.gap_source})")
+    else:
+        g = DEFAULT_GAP_MS if gap_ms is None else gap_ms
+        df["batch"] = infer_batches(ts, end_ns - ts, int(g * 1e6))
+        notes.append(f"batches: inferred from gaps of more than {g:g} ms with no read in flight "
+                     "(pass --markers for the application's own batch boundaries)")
+    if "tensor" not in df.columns:
+        df["tensor"] = ""
+    df["tensor"] = df["tensor"].fillna("").astype(str)
+    # the tensor a row belongs to: the trace's column, else the safetensors header
+    for path, pos in df.groupby("path", sort=False).indices.items():
+        sub = df["tensor"].iloc[pos]
+        if (sub == "").all():
+            try:
+                names, _ = layout.load(path).map_offsets(df["offset"].iloc[pos].to_numpy(np.int64))
+            except UserError:
+                continue
+            df.iloc[pos, df.columns.get_loc("tensor")] = names
+    rows = df.drop_duplicates(["batch", "path", "offset", "size"])[["batch", "path", "tensor", "offset", "size"]]
+    if rows_per_batch:
+        rows = rows.drop_duplicates(["path", "offset", "size"]).reset_index(drop=True)
+        rows["batch"] = np.arange(len(rows)) // rows_per_batch
+    return rows.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass
+class ReplayFile:
+    path: str
+    size: int
+    fd_read: int  # POSIX_FADV_RANDOM fd the arms and the reference read through
+    fd_probe: int  # fd residency queries use
+
+    def close(self) -> None:
+        for fd in (self.fd_read, self.fd_probe):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _open_files(rows: pd.DataFrame) -> dict[str, ReplayFile]:
+    """Open every file of the trace; one UserError naming every file that moved, shrank or
+    cannot be read."""
+    from engramprof.lab import readers
+
+    ends = (rows["offset"] + rows["size"]).groupby(rows["path"]).max()
+    problems, files = [], {}
+    for path, need in ends.items():
+        try:
+            f = residency.open_file(path, allow_empty=True)
+        except UserError as exc:
+            msg = str(exc)
+            if "no such file" in msg:
+                msg = f"{path}: no longer exists (moved or deleted since the trace)"
+            problems.append(msg)
+            continue
+        if f.size < need:
+            problems.append(f"{path}: shrank since the trace ({f.size:,} bytes now, the trace read up to byte {need:,})")
+            f.close()
+            continue
+        try:
+            fd = readers.open_table(path)
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror}")
+            f.close()
+            continue
+        if os.fstat(fd).st_ino != f.st.st_ino:
+            os.close(fd)
+            f.close()
+            problems.append(f"{path}: replaced while being opened")
+            continue
+        files[path] = ReplayFile(path, f.size, fd, f.fd)
+    if problems:
+        for rf in files.values():
+            rf.close()
+        raise UserError("cannot replay: " + "; ".join(problems))
+    return files
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _pages(offsets: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    first = offsets // residency.PAGE_SIZE
+    last = (offsets + sizes - 1) // residency.PAGE_SIZE
+    return first, last - first + 1
+
+
+def _flat_pages(first: np.ndarray, npages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return residency._pages_of_rows(first, npages)
+
+
+def _assign_partitions(pops: list[Population], weights: np.ndarray, rng: np.random.Generator) -> None:
+    """Split each file's rows into page-disjoint partitions with the given weights.
+
+    Per job key: pages are grouped into stripes (at most 1 MiB, at least one page, about 64
+    stripes per partition over the key's extent), stripes are dealt to partitions in random
+    order with exact proportions.  Rows on a page that ends up holding rows of two partitions
+    (a row straddling stripes, tensors sharing a page) get -1 and are never used as cold."""
+    nparts = len(weights)
+    cum = np.cumsum(weights) / weights.sum()
+    by_path: dict[str, list[Population]] = {}
+    for p in pops:
+        p.first_page, p.npages = _pages(p.offsets, np.full(len(p.offsets), p.key.size, dtype=np.int64))
+        span = int(p.first_page[-1] + p.npages[-1] - p.first_page[0]) if len(p.offsets) else 1
+        stripe = int(np.clip(span // (64 * nparts), 1, MAX_STRIPE_PAGES))
+        sid = p.first_page // stripe
+        uniq, inv = np.unique(sid, return_inverse=True)
+        order = rng.permutation(len(uniq))
+        slot = np.searchsorted(cum, (np.arange(len(uniq)) + 0.5) / len(uniq), side="right")
+        part_of_stripe = np.empty(len(uniq), dtype=np.int64)
+        part_of_stripe[order] = np.minimum(slot, nparts - 1)
+        p.part = part_of_stripe[inv]
+        by_path.setdefault(p.key.path, []).append(p)
+    for plist in by_path.values():
+        pages, parts, owners = [], [], []
+        for i, p in enumerate(plist):
+            fp, starts = _flat_pages(p.first_page, p.npages)
+            pages.append(fp)
+            parts.append(np.repeat(p.part, p.npages))
+        allp, allpart = np.concatenate(pages), np.concatenate(parts)
+        pairs = np.unique(np.stack([allp, allpart], axis=1), axis=0)
+        pg, cnt = np.unique(pairs[:, 0], return_counts=True)
+        contested = pg[cnt > 1]
+        if not len(contested):
+            continue
+        for p in plist:
+            fp, starts = _flat_pages(p.first_page, p.npages)
+            bad = np.add.reduceat(np.isin(fp, contested).astype(np.int64), starts) > 0
+            p.part = np.where(bad, -1, p.part)
+
+
+@dataclass
+class PlannedBatch:
+    arm: str
+    repeat: int
+    shape: int
+    jobs: list[tuple[int, np.ndarray, np.ndarray]]  # (population index, offsets, is_cold per row)
+    evict: bool = False
+
+
+class _Shortage(Exception):
+    pass
+
+
+def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac: float, repeat: int,
+         allow_evict: bool, rng: np.random.Generator, notes: list[str]) -> list[PlannedBatch]:
+    """Choose, for every timed batch of every arm, which rows it reads (see the module doc)."""
+    evict = allow_evict and cold_frac > 0
+    na = len(arms)
+    hot_part = na  # the shared hot partition (only when evicting)
+    if evict and cold_frac < 1:
+        # each arm reuses its own cold share (re-evicted every batch); the hot share is common
+        weights = np.array([cold_frac] * na + [1 - cold_frac])
+    else:
+        weights = np.ones(na)
+    _assign_partitions(pops, weights, rng)
+    # per file, pages already planned to be read as cold (no-evict only)
+    used: dict[str, np.ndarray] = {}
+    shared_hot = False
+    out: list[PlannedBatch] = []
+    for r in range(repeat):
+        k = r % na
+        order = arms[k:] + arms[:k]  # rotate the arm order every repeat
+        for sh in shapes:
+            for ai_name in order:
+                ai = arms.index(ai_name)
+                jobs = []
+                for pi, n in sh.counts:
+                    p = pops[pi]
+                    n_cold = int(round(cold_frac * n))
+                    n_hot = n - n_cold
+                    hot = p.frac >= 1.0
+                    cold_sel = np.zeros(0, dtype=np.int64)
+                    if n_cold:
+                        if evict:
+                            cand = np.flatnonzero(p.part == ai)
+                        else:
+                            cand = np.flatnonzero((p.part == ai) & (p.frac <= 0.0))
+                            u = used.get(p.key.path)
+                            if u is not None and len(cand):
+                                fp, starts = _flat_pages(p.first_page[cand], p.npages[cand])
+                                seen = np.add.reduceat(np.isin(fp, u).astype(np.int64), starts) > 0
+                                cand = cand[~seen]
+                        if len(cand) < n_cold:
+                            raise _Shortage(
+                                f"cold rows: arm {ai_name} needs {n_cold:,} cold rows of {p.key.label()} for "
+                                f"batch {sh.index} (repeat {r + 1}) but only {len(cand):,} of its page-disjoint "
+                                "share are still cold")
+                        cold_sel = rng.choice(cand, n_cold, replace=False)
+                        if not evict:  # these pages will be cached once read: never "cold" again
+                            fp, _ = _flat_pages(p.first_page[cold_sel], p.npages[cold_sel])
+                            prev = used.get(p.key.path)
+                            used[p.key.path] = np.unique(fp) if prev is None else np.union1d(prev, fp)
+                    hot_sel = np.zeros(0, dtype=np.int64)
+                    if n_hot:
+                        if evict:
+                            cand = np.flatnonzero(hot & (p.part == hot_part))
+                        else:
+                            cand = np.flatnonzero(hot & (p.part == ai))
+                            if len(cand) < n_hot:
+                                cand = np.flatnonzero(hot)
+                                shared_hot = True
+                        if len(cand) < n_hot:
+                            raise _Shortage(
+                                f"resident rows: {ai_name} needs {n_hot:,} resident rows of {p.key.label()} "
+                                f"for batch {sh.index} but only {len(cand):,} are resident now")
+                        hot_sel = rng.choice(cand, n_hot, replace=False)
+                    sel = np.concatenate([hot_sel, cold_sel])
+                    is_cold = np.concatenate([np.zeros(len(hot_sel), bool), np.ones(len(cold_sel), bool)])
+                    perm = rng.permutation(len(sel))  # hot and cold interleaved, as in a real batch
+                    jobs.append((pi, p.offsets[sel[perm]], is_cold[perm]))
+                out.append(PlannedBatch(ai_name, r, sh.index, jobs, evict))
+    if shared_hot:
+        notes.append("resident rows: the trace has too few resident rows for page-disjoint per-arm samples, "
+                     "so arms draw their resident rows from all of them (reading a resident page does not "
+                     "change its residency)")
+    return out
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _evict_rows(fd: int, offsets: np.ndarray, size: int) -> int:
+    """DONTNEED the pages of the given rows (merged into runs); returns pages advised."""
+    if not len(offsets):
+        return 0
+    first, npages = _pages(offsets, np.full(len(offsets), size, dtype=np.int64))
+    pages, _ = _flat_pages(first, npages)
+    pages = np.unique(pages)
+    breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+    ps = residency.PAGE_SIZE
+    for run in np.split(pages, breaks):
+        os.posix_fadvise(fd, int(run[0]) * ps, len(run) * ps, os.POSIX_FADV_DONTNEED)
+    return len(pages)
+
+
+def _reference_read(fd: int, offsets: np.ndarray, size: int, out: np.ndarray) -> None:
+    """Plain blocking full-read loop, independent of the readers under test."""
+    for i, off in enumerate(offsets.tolist()):
+        view = memoryview(out[i])
+        done = 0
+        while done < size:
+            n = os.preadv(fd, [view[done:]], off + done)
+            if n <= 0:
+                raise UserError(f"reference read hit end of file at offset {off + done} (file changed during the replay?)", 1)
+            done += n
+
+
+@dataclass
+class ArmResult:
+    name: str
+    batch_ns: list[int] = field(default_factory=list)
+    rows: int = 0
+    nvcsw: int = 0
+    nivcsw: int = 0
+    utime: float = 0.0
+    stime: float = 0.0
+    calls: int = 0
+    eagain: int = 0
+    fallback_rows: int = 0
+    nowait_unsupported: bool = False
+    mismatched_rows: int = 0
+    cold_requested: int = 0
+    cold_observed: int = 0  # rows fully non-resident at the pre-batch check
+    resident_observed: int = 0
+    race_rows: int = 0  # rows planned hot found not resident, or planned cold found resident
+    evicted_pages: int = 0
+
+    def to_dict(self) -> dict:
+        ms = np.array(self.batch_ns, dtype=np.float64) / 1e6
+        q = (lambda x: round(float(np.percentile(ms, x)), 3)) if len(ms) else (lambda x: None)
+        nb = max(len(ms), 1)
+        return {
+            "batch_ms": {"p50": q(50), "p90": q(90), "p10": q(10),
+                         "min": round(float(ms.min()), 3) if len(ms) else None,
+                         "max": round(float(ms.max()), 3) if len(ms) else None},
+            "batches": len(ms),
+            "rows": self.rows,
+            "ctx_voluntary": self.nvcsw,
+            "ctx_involuntary": self.nivcsw,
+            "cpu_user_s": round(self.utime, 4),
+            "cpu_sys_s": round(self.stime, 4),
+            "per_batch": {"ctx_voluntary": round(self.nvcsw / nb, 1), "ctx_involuntary": round(self.nivcsw / nb, 1),
+                          "cpu_user_ms": round(1e3 * self.utime / nb, 3), "cpu_sys_ms": round(1e3 * self.stime / nb, 3)},
+            "calls": self.calls,
+            "eagain": self.eagain,
+            "fallback_rows": self.fallback_rows,
+            "nowait_unsupported": self.nowait_unsupported,
+            "mismatched_rows": self.mismatched_rows,
+            "cold_frac_observed": round(self.cold_observed / self.rows, 4) if self.rows else None,
+            "resident_frac_observed": round(self.resident_observed / self.rows, 4) if self.rows else None,
+            "race_rows": self.race_rows,
+            "evicted_pages": self.evicted_pages,
+        }
+
+
+def _warmup(reader, threads: int) -> None:
+    """Start a pool reader's threads on an anonymous memfd (never on the user's files).
+
+    Only the blocking pool is warmed this way (the process-wide executor that the pool and
+    nowait arms share): a NOWAIT read of a memfd may be refused, and the nowait reader would
+    then remember "unsupported" for the real files."""
+    from engramprof.lab.readers import Job
+
+    fd = os.memfd_create("engramprof-replay-warmup", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, b"\0" * 65536)
+        n = max(64, 4 * threads)
+        offs = (np.arange(n, dtype=np.int64) * 64) % 65536
+        reader.read_batch([Job(fd, offs, 64, np.empty((n, 64), dtype=np.uint8))])
+    finally:
+        os.close(fd)
+
+
+def replay(
+    trace_path: str | os.PathLike,
+    strategies: list[str] | tuple[str, ...] = DEFAULT_STRATEGIES,
+    *,
+    cold_frac: float = 0.0,
+    repeat: int = 5,
+    rows_per_batch: int | None = None,
+    allow_evict: bool = False,
+    threads: int = 32,
+    max_batches: int = 8,
+    markers: str | os.PathLike | None = None,
+    gap_ms: float | None = None,
+    seed: int = 0,
+    preadv=None,
+    progress=None,
+) -> dict:
+    """Run the component A/B; returns the result dict (``mismatches`` > 0 means failure).
+
+    ``preadv`` is passed to every reader (forced-path tests); the reference read always uses
+    ``os.preadv``.  ``progress(msg)`` is called between batches if given.
+    """
+    from engramprof.lab import readers
+    from engramprof.trace import load_bundle
+
+    strategies = list(dict.fromkeys(strategies))
+    bad = [s for s in strategies if s not in readers.READERS]
+    if not strategies or bad:
+        raise UserError(f"--strategies: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(readers.READERS)}")
+    if not 0.0 <= cold_frac <= 1.0:
+        raise UserError("--cold-frac must be between 0 and 1")
+    if repeat < 1 or max_batches < 1 or threads < 1:
+        raise UserError("--repeat, --batches and --threads must be at least 1")
+    if rows_per_batch is not None and rows_per_batch < 1:
+        raise UserError("--rows-per-batch must be at least 1")
+    notes: list[str] = []
+    trace = load_bundle(trace_path)
+    notes.extend(trace.notes)
+    rows = _row_table(trace, markers, gap_ms, rows_per_batch, notes)
+    files = _open_files(rows)
+    try:
+        return _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, threads,
+                    max_batches, seed, preadv, progress, notes, rows_per_batch)
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, threads, max_batches,
+         seed, preadv, progress, notes, rows_per_batch) -> dict:
+    from engramprof.lab import readers
+
+    rng = np.random.default_rng(seed)
+    # populations: distinct rows per (path, tensor, size), classified by mincore (not read)
+    keys = rows[["path", "tensor", "size"]].drop_duplicates().reset_index(drop=True)
+    pops: list[Population] = []
+    key_index: dict[tuple, int] = {}
+    for path, tensor, size in keys.itertuples(index=False):
+        m = (rows["path"] == path) & (rows["tensor"] == tensor) & (rows["size"] == size)
+        offs = np.unique(rows.loc[m, "offset"].to_numpy(np.int64))
+        key_index[(path, tensor, int(size))] = len(pops)
+        pops.append(Population(JobKey(path, tensor, int(size)), offs))
+    for p in pops:
+        p.frac = residency.classify_rows(files[p.key.path].fd_probe, p.offsets,
+                                         np.full(len(p.offsets), p.key.size), method="mincore")
+    # batch shapes: distinct rows per job key in each trace batch, jobs in trace order
+    all_shapes = []
+    for b, grp in rows.groupby("batch", sort=True):
+        counts: dict[int, int] = {}
+        for path, tensor, size in grp[["path", "tensor", "size"]].itertuples(index=False):
+            pi = key_index[(path, tensor, int(size))]
+            counts[pi] = counts.get(pi, 0) + 1
+        all_shapes.append(Shape(int(b), list(counts.items())))
+    if len(all_shapes) > max_batches:
+        pick = np.unique(np.linspace(0, len(all_shapes) - 1, max_batches).round().astype(int))
+        notes.append(f"replaying {len(pick)} of the trace's {len(all_shapes)} batches, evenly spaced (--batches)")
+        shapes = [all_shapes[i] for i in pick]
+    else:
+        shapes = all_shapes
+    total_resident = sum(int((p.frac >= 1).sum()) for p in pops)
+    total_cold = sum(int((p.frac <= 0).sum()) for p in pops)
+    total_rows = sum(len(p.offsets) for p in pops)
+    try:
+        planned = plan(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes)
+    except _Shortage as exc:
+        hint = ""
+        if str(exc).startswith("cold"):
+            hint = ("; pass --allow-evict to evict the pages of the rows selected as cold just before each "
+                    "timed batch (drops those pages of the data file from the page cache: on a production host "
+                    "only if you mean it), or lower --cold-frac / --repeat / --batches")
+        else:
+            hint = ("; warm the file first (e.g. engramprof lab warm, or read it once) or raise --cold-frac; "
+                    "replay never warms rows itself")
+        raise UserError(f"{exc} (of the trace's {total_rows:,} distinct rows {total_resident:,} are resident "
+                        f"and {total_cold:,} cold now){hint}") from None
+    if cold_frac > 0 and planned and planned[0].evict:
+        for rf in files.values():
+            dirty = residency.cachestat(rf.fd_probe).nr_dirty if residency.cachestat_available(rf.fd_probe) else 1
+            if dirty:
+                os.fdatasync(rf.fd_read)  # dirty pages cannot be evicted: write them back first
+                notes.append(f"{rf.path}: written back (fdatasync) first: dirty pages cannot be evicted")
+        notes.append("--allow-evict: before each timed batch the pages of the rows selected as cold were evicted "
+                     "(POSIX_FADV_DONTNEED) from the page cache; the arms read them back")
+    notes.append("files read with POSIX_FADV_RANDOM (no readahead): a cold read brings in only its own pages")
+    notes.append(RACE_NOTE)
+    notes.append("component benchmark of the reader alone on this host now: not a model or endpoint result")
+
+    # destination buffers: one set per arm (separate destinations, reused across its batches:
+    # a batch uses the leading rows), and one for the reference read
+    most = {}
+    for sh in shapes:
+        for pi, n in sh.counts:
+            most[pi] = max(most.get(pi, 0), n)
+    bufs = {a: {pi: np.empty((n, pops[pi].key.size), dtype=np.uint8) for pi, n in most.items()}
+            for a in strategies + ["reference"]}
+    results = {a: ArmResult(a) for a in strategies}
+    rdrs = {a: readers.make_reader(a, threads, preadv=preadv) for a in strategies}
+    # holds the shared executor and starts its threads before any timed batch
+    rdrs_warm = readers.make_reader("pool", threads)
+    try:
+        _warmup(rdrs_warm, threads)
+        for i, pb in enumerate(planned):
+            res = results[pb.arm]
+            jobs = []
+            for pi, offs, is_cold in pb.jobs:
+                p = pops[pi]
+                out = bufs[pb.arm][pi][:len(offs)]
+                rf = files[p.key.path]
+                if pb.evict and is_cold.any():
+                    res.evicted_pages += _evict_rows(rf.fd_read, offs[is_cold], p.key.size)
+                out.fill(SENTINEL)  # fault the buffer in (untimed) and mark rows not written
+                jobs.append(readers.Job(rf.fd_read, offs, p.key.size, out))
+            # the residency the arm actually starts from (mincore, no read)
+            for (pi, offs, is_cold) in pb.jobs:
+                p = pops[pi]
+                fr = residency.classify_rows(files[p.key.path].fd_probe, offs, np.full(len(offs), p.key.size),
+                                             method="mincore")
+                res.cold_requested += int(is_cold.sum())
+                res.cold_observed += int((fr <= 0).sum())
+                res.resident_observed += int((fr >= 1).sum())
+                res.race_rows += int(((fr < 1) & ~is_cold).sum() + ((fr > 0) & is_cold).sum())
+            gc.collect()
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
+            t0 = time.perf_counter_ns()
+            stats = rdrs[pb.arm].read_batch(jobs)
+            t1 = time.perf_counter_ns()
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            res.batch_ns.append(t1 - t0)
+            res.rows += sum(len(j.offsets) for j in jobs)
+            res.nvcsw += ru1.ru_nvcsw - ru0.ru_nvcsw
+            res.nivcsw += ru1.ru_nivcsw - ru0.ru_nivcsw
+            res.utime += ru1.ru_utime - ru0.ru_utime
+            res.stime += ru1.ru_stime - ru0.ru_stime
+            res.calls += stats.calls
+            res.eagain += stats.eagain
+            res.fallback_rows += stats.fallback_rows
+            res.nowait_unsupported |= stats.nowait_unsupported
+            # byte-for-byte check against a reference read made after the timed arm
+            for (pi, _, _), job in zip(pb.jobs, jobs):
+                ref = bufs["reference"][pi][:len(job.offsets)]
+                _reference_read(job.fd, job.offsets, job.row_bytes, ref)
+                res.mismatched_rows += int((ref != job.out).any(axis=1).sum())
+            if progress:
+                progress(f"{i + 1}/{len(planned)} {pb.arm} batch {pb.shape} repeat {pb.repeat + 1}: "
+                         f"{(t1 - t0) / 1e6:.2f} ms")
+    finally:
+        for rdr in rdrs.values():
+            rdr.close()
+        rdrs_warm.close()
+
+    pool_p50 = float(np.median(results["pool"].batch_ns)) / 1e6 if "pool" in results else None
+    arms = {a: results[a].to_dict() for a in strategies}
+    speedup = {}
+    for a in strategies:
+        p50 = arms[a]["batch_ms"]["p50"]
+        speedup[a] = round(pool_p50 / p50, 2) if pool_p50 and p50 else None
+    if pool_p50 is None:
+        notes.append("no pool arm: speedups are relative to the pool and so are not given")
+    for a, r in results.items():
+        if r.nowait_unsupported:
+            notes.append(f"{a}: RWF_NOWAIT is not supported for these files (filesystem or kernel): the whole "
+                         "batch fell back to the pool, so this arm measured the fallback path")
+        if r.cold_requested and r.cold_observed < 0.8 * r.cold_requested:
+            why = (" (POSIX_FADV_DONTNEED drops only whole folios inside the advised range: pages cached as "
+                   "large folios, e.g. after the file was written or read sequentially, survive per-row eviction; "
+                   "evict the whole file once and let random reads bring the rows back)") if planned and planned[0].evict else ""
+            notes.append(f"WARNING {a}: only {r.cold_observed:,} rows were cold at the start of their batches, "
+                         f"{r.cold_requested:,} were requested cold: this arm did not measure the requested mix{why}")
+        if r.rows and r.race_rows:
+            notes.append(f"{a}: {r.race_rows:,} of {r.rows:,} rows were not in the requested state at the "
+                         "pre-batch check (residency changed after classification)")
+    mismatches = sum(r.mismatched_rows for r in results.values())
+    verified = sum(r.rows for r in results.values())
+    shape_rows = [sh.rows for sh in shapes]
+    return {
+        "trace": str(trace_path),
+        "strategies": strategies,
+        "cold_frac": cold_frac,
+        "repeat": repeat,
+        "threads": threads,
+        "batches": len(shapes),
+        "rows_per_batch": {"min": min(shape_rows), "max": max(shape_rows), "median": int(np.median(shape_rows))},
+        "jobs_per_batch": {"min": min(len(s.counts) for s in shapes), "max": max(len(s.counts) for s in shapes)},
+        "jobs": [{"key": p.key.label(), "path": p.key.path, "tensor": p.key.tensor, "row_bytes": p.key.size,
+                  "distinct_rows": len(p.offsets), "resident_now": int((p.frac >= 1).sum()),
+                  "cold_now": int((p.frac <= 0).sum())} for p in pops],
+        "arms": arms,
+        "speedup": speedup,
+        "mismatches": mismatches,
+        "rows_verified": verified,
+        "allow_evict": bool(allow_evict),
+        "notes": notes,
+    }
