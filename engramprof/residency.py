@@ -385,25 +385,56 @@ def _pages_of_rows(first: np.ndarray, npages: np.ndarray) -> tuple[np.ndarray, n
     return pages, starts
 
 
-def _bits_mincore(fd: int, pages: np.ndarray) -> np.ndarray:
-    """Residency bit of each page in ``pages`` via mincore over only the windows holding them."""
-    bits = np.zeros(len(pages), dtype=bool)
-    if not len(pages):
-        return bits
-    uniq, inv = np.unique(pages, return_inverse=True)
+CLUSTER_GAP_PAGES = 64  # asking about this many unneeded pages costs about one extra syscall
+
+
+def _mincore_sparse(fd: int, uniq: np.ndarray) -> np.ndarray:
+    """Residency bit of each page of the sorted unique page numbers ``uniq``.
+
+    Per 1 GiB window holding any of them: one read-only shared mapping of the span from the
+    window's lowest to highest wanted page, then one mincore(2) per cluster of wanted pages
+    (clusters split at gaps over :data:`CLUSTER_GAP_PAGES`), so sparse rows over a large
+    file cost per row, not per page of the file.  The mapping is never touched."""
     ubits = np.zeros(len(uniq), dtype=bool)
     win_pages = WINDOW_BYTES // PAGE_SIZE
     win = uniq // win_pages
-    cuts = np.flatnonzero(np.diff(win)) + 1
-    for seg in np.split(np.arange(len(uniq)), cuts):
-        lo, hi = int(uniq[seg[0]]), int(uniq[seg[-1]])
-        bm = mincore_bitmap(fd, lo, hi - lo + 1)  # only [lowest, highest] page of the window
-        ubits[seg] = bm[uniq[seg] - lo]
-    return ubits[inv]
+    for seg in np.split(np.arange(len(uniq)), np.flatnonzero(np.diff(win)) + 1):
+        pg = uniq[seg]
+        lo, hi = int(pg[0]), int(pg[-1])
+        length = (hi - lo + 1) * PAGE_SIZE
+        addr = _mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, lo * PAGE_SIZE)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            raise OSError(e, f"mmap: {os.strerror(e)}")
+        try:
+            cuts = np.flatnonzero(np.diff(pg) > CLUSTER_GAP_PAGES) + 1
+            starts = np.r_[0, cuts]
+            ends = np.r_[cuts, len(pg)]
+            vec = np.empty(int((pg[ends - 1] - pg[starts]).max()) + 1, dtype=np.uint8)
+            vptr = vec.ctypes.data
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                c_lo, c_hi = int(pg[a]), int(pg[b - 1])
+                n = c_hi - c_lo + 1
+                if _mincore(addr + (c_lo - lo) * PAGE_SIZE, n * PAGE_SIZE, vptr) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, f"mincore: {os.strerror(e)}")
+                ubits[seg[a:b]] = (vec[pg[a:b] - c_lo] & 1).astype(bool)
+        finally:
+            _munmap(addr, length)
+    return ubits
+
+
+def _bits_mincore(fd: int, pages: np.ndarray) -> np.ndarray:
+    """Residency bit of each page in ``pages`` via mincore near the wanted pages only."""
+    if not len(pages):
+        return np.zeros(0, dtype=bool)
+    uniq, inv = np.unique(pages, return_inverse=True)
+    return _mincore_sparse(fd, uniq)[inv]
 
 
 def _bits_cachestat(fd: int, pages: np.ndarray) -> np.ndarray:
-    """Residency bit per page with one cachestat call per run of consecutive pages."""
+    """Residency bit per page with one cachestat call per distinct page (the fallback where a
+    file cannot be mapped)."""
     bits = np.zeros(len(pages), dtype=bool)
     if not len(pages):
         return bits
