@@ -236,12 +236,13 @@ class SyscallTracer:
     def finish(self) -> dict:
         """Detach, drain what is left, write the closing metadata; return the summary."""
         probe = self.probe
-        totals, hists = {}, {}
+        totals, hists, bio_hist = {}, {}, None
         if probe is not None:
             probe.detach()
             self.drain()
             totals = probe.totals()
             hists = probe.histograms(self._fds_seen)
+            bio_hist = probe.bio_histogram() if self.plan.features.get("HAVE_BIO") else None
         if self.sampler is not None:
             try:
                 self.sampler.stop()
@@ -249,9 +250,13 @@ class SyscallTracer:
                 self.notes.append(f"sampler stop failed: {exc}")
         self.flush()
         end_ns = time.monotonic_ns()
-        summary = self.summary(totals, hists, end_ns)
+        summary = self.summary(totals, hists, end_ns, bio_hist)
         if self.writer:
             self._write_hist_table(hists)
+            if bio_hist is not None:
+                slots = np.nonzero(bio_hist)[0]
+                self.writer.write_table("bio_latency_log2", pd.DataFrame(
+                    {"log2_slot": slots, "ns_lower": [1 << int(i) for i in slots], "count": bio_hist[slots]}))
             self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
                               lost_records=totals.get("lost_records", 0), notes=self.notes,
                               fd_history={str(k): v for k, v in self.fds.history.items()})
@@ -361,7 +366,7 @@ class SyscallTracer:
         self.writer.write_table("latency_log2_by_fd", df)
 
     # ---- summary ----------------------------------------------------------------------
-    def summary(self, totals: dict, hists: dict, end_ns: int) -> dict:
+    def summary(self, totals: dict, hists: dict, end_ns: int, bio_hist: np.ndarray | None = None) -> dict:
         s = self.state
         dur_s = max((end_ns - s.started_ns) / 1e9, 1e-9)
         calls = int(totals.get("calls", s.recorded))
@@ -407,6 +412,7 @@ class SyscallTracer:
                 "offcpu_ms": round(s.offcpu_ns / 1e6, 3),
                 "runq_ms": round(s.runq_ns / 1e6, 3),
             },
+            "device": _bio_summary(bio_hist),
             "files": [{"path": p, "calls": f.calls, "total_ms": round(f.total_ns / 1e6, 3),
                        "max_us": round(f.max_ns / 1e3, 1), "calls_with_misses": f.misses, "eagain": f.eagain}
                       for p, f in files[:10]],
@@ -424,6 +430,15 @@ class SyscallTracer:
         return out
 
 
+def _bio_summary(h: np.ndarray | None) -> dict | None:
+    """Device service (bio queue -> complete) of the target's bios, from the kernel histogram."""
+    if h is None or not h.sum():
+        return None
+    return {"bios": int(h.sum()), "p50_us_lower": _us(_log2_quantile(h, 0.5)),
+            "p99_us_lower": _us(_log2_quantile(h, 0.99)),
+            "note": "log2 buckets: true value is between the figure and twice it"}
+
+
 def _us(ns: float) -> float | None:
     return None if ns != ns else round(ns / 1e3, 2)
 
@@ -431,7 +446,7 @@ def _us(ns: float) -> float | None:
 def _log2_quantile(counts: np.ndarray, q: float) -> float:
     c = np.cumsum(counts)
     i = int(np.searchsorted(c, q * c[-1], side="left"))
-    return float(1 << i)  # upper bound of slot i ([2^i, 2^(i+1)) ns)... reported as its lower edge
+    return float(1 << i)  # the lower edge of log2 slot i, which holds [2^i, 2^(i+1)) ns
 
 
 def _cmdline(pid: int) -> str:

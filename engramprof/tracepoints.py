@@ -24,7 +24,8 @@ SYSCALL_VARIANTS = {
 EVIDENCE = {
     "filemap:mm_filemap_add_to_page_cache": "page-cache insertions (misses) inside a call",
     "block:block_bio_queue": "bios queued by the reading thread",
-    "block:block_bio_complete": "bio completion (queue -> complete time)",
+    "block:block_bio_backmerge": "bio merged into an earlier request (not matched)",
+    "block:block_rq_complete": "request completion: bio queue -> complete time",
     "vmscan:mm_vmscan_direct_reclaim_begin": "direct reclaim inside a call",
     "vmscan:mm_vmscan_direct_reclaim_end": "direct reclaim inside a call",
     "vmscan:mm_vmscan_memcg_reclaim_begin": "memcg reclaim inside a call",

@@ -47,7 +47,6 @@ struct call_totals {
 	u64 filtered;      /* shorter than MIN_NS: counted, not recorded */
 	u64 sum_ns;
 	u64 max_ns;
-	u64 bio_unmatched; /* bio completions that found no queued bio of ours */
 };
 
 #endif

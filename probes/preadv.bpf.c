@@ -54,27 +54,33 @@ struct offcpu_state {
 struct bio_key {
 	u32 dev;
 	u32 __pad0;
-	u64 end_sector;   /* sector + nr_sector: where bi_sector stands at completion */
+	u64 sector;       /* first sector: equals the request's when the bio starts a request */
 };
 
 struct bio_start {
 	u64 ts;
+	u64 call_ts;      /* entry time of the call that queued it: identifies the call */
 	u32 tid;
 	u32 __pad0;
 };
 
+/* bios of one call that completed while it was still in flight (the call waited for them) */
 struct bio_wait {
+	u64 call_ts;
 	u64 ns;
 	u64 count;
 };
 
 BPF_TASK_STORAGE(inflight_by_task, struct inflight);
 BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
-BPF_HASH(bio_start_by_sector, struct bio_key, struct bio_start, 16384);
+BPF_TABLE("lru_hash", struct bio_key, struct bio_start, bio_start_by_sector, 16384);
 BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
 BPF_RINGBUF_OUTPUT(call_records, RING_PAGES);
 BPF_PERCPU_ARRAY(call_totals, struct call_totals, 1);
 BPF_PERCPU_ARRAY(latency_log2_by_fd, u64, FD_SLOTS * LAT_SLOTS);
+/* queue -> complete of every bio the target's threads queued inside a traced call: the
+ * device's own service time, the baseline a slow miss is compared against */
+BPF_ARRAY(bio_latency_log2, u64, LAT_SLOTS);
 /* never written: lets user space read the layout clang compiled */
 BPF_ARRAY(call_record_layout, struct call_record, 1);
 BPF_ARRAY(call_totals_layout, struct call_totals, 1);
@@ -154,7 +160,8 @@ static __always_inline void call_exit(s64 ret)
 	if (s->bio_count) {
 		struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
 		if (w) {
-			bio_ns = w->ns;
+			if (w->call_ts == s->ts)
+				bio_ns = w->ns;
 			bio_wait_by_tid.delete(&tid);
 		}
 	}
@@ -319,9 +326,13 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 #endif
 
 #if HAVE_BIO
-/* bio queued by the reading thread during the call; completion (interrupt context) is
- * matched back by device and end sector.  Bios held by a throttle are queued later from a
- * worker thread and are not attributed (the wait appears as off-CPU time). */
+/* A bio queued by the reading thread during the call.  Its completion is seen at the request
+ * level (block_rq_complete, interrupt context; block_bio_complete only fires for bio-based
+ * drivers): a bio that starts its request matches it by device and first sector.  A bio
+ * back-merged into an earlier request is dropped from matching (counted in bio_count, not in
+ * bio_ns).  bio_ns counts only bios that completed while their call was still in flight: the
+ * I/O the call actually waited for.  Bios held by a throttle are queued later from a worker
+ * thread and are not attributed (the wait appears as off-CPU time). */
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
 	if (!is_target(bpf_get_current_pid_tgid()))
@@ -330,31 +341,49 @@ TRACEPOINT_PROBE(block, block_bio_queue)
 	if (!s)
 		return 0;
 	s->bio_count++;
-	struct bio_key k = {.dev = args->dev, .end_sector = args->sector + args->nr_sector};
-	struct bio_start v = {.ts = bpf_ktime_get_ns(), .tid = (u32)bpf_get_current_pid_tgid()};
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	struct bio_start v = {.ts = bpf_ktime_get_ns(), .call_ts = s->ts, .tid = (u32)bpf_get_current_pid_tgid()};
 	bio_start_by_sector.update(&k, &v);
 	return 0;
 }
 
-TRACEPOINT_PROBE(block, block_bio_complete)
+TRACEPOINT_PROBE(block, block_bio_backmerge)
 {
-	struct bio_key k = {.dev = args->dev, .end_sector = args->sector};
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	bio_start_by_sector.delete(&k);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
 	struct bio_start *b = bio_start_by_sector.lookup(&k);
-	if (!b) {
-		k.end_sector = args->sector + args->nr_sector;  /* completion before advance */
-		b = bio_start_by_sector.lookup(&k);
-		if (!b)
-			return 0;
-	}
+	if (!b)
+		return 0;
 	u64 delta = bpf_ktime_get_ns() - b->ts;
 	u32 tid = b->tid;
+	u64 call_ts = b->call_ts;
 	bio_start_by_sector.delete(&k);
-	struct bio_wait zero = {};
-	struct bio_wait *w = bio_wait_by_tid.lookup_or_try_init(&tid, &zero);
-	if (w) {
-		__sync_fetch_and_add(&w->ns, delta);
-		__sync_fetch_and_add(&w->count, 1);
+	u32 slot = bpf_log2l(delta);
+	if (slot >= LAT_SLOTS)
+		slot = LAT_SLOTS - 1;
+	u64 *h = bio_latency_log2.lookup(&slot);
+	if (h)
+		__sync_fetch_and_add(h, 1);
+	/* credit the call that queued it; if that call already returned (an RWF_NOWAIT call that
+	 * started readahead and got EAGAIN), the exit hook will see a different call_ts and drop it */
+	struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
+	if (!w || w->call_ts != call_ts) {
+		struct bio_wait fresh = {.call_ts = call_ts};
+		bio_wait_by_tid.update(&tid, &fresh);
+		w = bio_wait_by_tid.lookup(&tid);
+		if (!w)
+			return 0;
 	}
+	__sync_fetch_and_add(&w->ns, delta);
+	__sync_fetch_and_add(&w->count, 1);
 	return 0;
 }
 #endif

@@ -28,7 +28,7 @@ FEATURES = {
     "HAVE_PREADV": ["syscalls:sys_enter_preadv", "syscalls:sys_exit_preadv"],
     "HAVE_PREAD64": ["syscalls:sys_enter_pread64", "syscalls:sys_exit_pread64"],
     "HAVE_FILEMAP": ["filemap:mm_filemap_add_to_page_cache"],
-    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_complete"],
+    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete"],
     "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
     "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],
     "HAVE_SCHED": ["sched:sched_switch", "sched:sched_wakeup"],
@@ -180,6 +180,11 @@ class LoadedProbe:
             if counts.any():
                 out[fdslot] = counts
         return out
+
+    def bio_histogram(self) -> np.ndarray:
+        """log2(ns) counts of queue -> complete of the bios the target queued inside calls."""
+        table = self.bpf["bio_latency_log2"]
+        return np.array([table[ctypes.c_int(i)].value for i in range(self.lat_slots)], dtype=np.int64)
 
     def detach(self) -> None:
         """Stop the programs; the maps (ring, totals, histograms) stay readable until close()."""

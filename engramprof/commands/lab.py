@@ -92,7 +92,7 @@ def run_cmd(
     markers: Optional[Path] = typer.Option(None, "--markers", help="write one JSON line per batch here"),
     cache: Optional[bool] = typer.Option(None, "--warm/--cold", help="read the table once first / evict it first"),
     seed: int = typer.Option(0, "--seed", help="seed of the row plan"),
-    start_delay: float = typer.Option(0.0, "--start-delay", help="sleep S seconds before the first step (attach a tracer)"),
+    start_delay: float = typer.Option(0.0, "--start-delay", help="sleep S seconds before the first step (attach a tracer); SIGUSR1 ends the wait early"),
     threads: int = typer.Option(32, "--threads", help="pool threads"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
@@ -106,13 +106,20 @@ def run_cmd(
         raise UserError(f"--table {table_path}: no such file")
     print(f"lab: pid {os.getpid()}", file=sys.stderr, flush=True)
     stop = threading.Event()
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    go = threading.Event()  # SIGUSR1: start now (a tracer is attached)
+
+    def on_stop(*_):
+        stop.set()
+        go.set()
+
+    old = {s: signal.signal(s, on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: go.set())
     try:
         result = workload.run_workload(
             table_path, reader, steps=steps, duration=duration, tokens=tokens, heads=heads,
             gap_ms=gap_ms, zipf=zipf, seed=seed, markers=markers,
             cache=None if cache is None else ("warm" if cache else "cold"),
-            start_delay=start_delay, threads=threads, stop=stop,
+            start_delay=start_delay, threads=threads, stop=stop, start_event=go,
             on_ready=lambda: print("lab: ready", file=sys.stderr, flush=True),
         )
     except MarkerFileError as exc:

@@ -152,6 +152,7 @@ def run_workload(
     record_reads: bool = False,
     on_ready: Callable[[], None] | None = None,
     preadv: readers.Preadv | None = None,
+    start_event: threading.Event | None = None,
 ) -> dict:
     """Run steps until ``steps`` batches, ``duration`` seconds or ``stop`` is set.
 
@@ -184,8 +185,8 @@ def run_workload(
             evict(path)
         if on_ready:
             on_ready()
-        if start_delay:
-            stop.wait(start_delay)
+        if start_delay:  # ends early when start_event (or stop) is set
+            (start_event if start_event is not None else stop).wait(start_delay)
         totals = readers.ReadStats()
         batch_ns: list[int] = []
         rows = unique = 0

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""What does `engramprof syscalls --output` add to each traced preadv2 call?
+
+A worker process runs a cached RWF_NOWAIT preadv2 loop (the cheapest call a reader makes, so
+the worst case for per-call overhead).  Arms, interleaved round by round in one run so the
+shared machine's noise hits them alike:
+
+  untraced     the loop alone
+  engramprof   under `engramprof syscalls --pid W --output TRACE` (every call recorded)
+  bpftrace     under a bpftrace one-liner that keeps only a latency histogram keyed by tid
+               start times (the reference the target is stated against)
+
+Prints ns per call (median over rounds), the ns each tracer adds, the ratio of the two, and
+the lost-event count of every engramprof run.  Target: engramprof adds <= 70% of what the
+bpftrace one-liner adds, with 0 lost events.  `--rss-seconds S` also runs engramprof for S
+seconds on a continuous loop and prints the collector's RSS every few seconds (flat = good).
+`--lab` adds the lab pool reader's batch time traced vs untraced.
+
+Needs root.  Usage: benchmarks/syscalls_overhead.py [--rounds 5] [--calls 400000] [--rss-seconds 120] [--lab]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PY = sys.executable
+WORKER = r"""
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+buf = bytearray(4096)
+n = os.fstat(fd).st_size // 4096
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "run":
+        N = int(cmd[1]); t = time.perf_counter_ns()
+        for i in range(N):
+            os.preadv(fd, [buf], (i % n) * 4096, os.RWF_NOWAIT)
+        print((time.perf_counter_ns() - t) / N, flush=True)
+    elif cmd[0] == "spin":
+        end = time.monotonic() + float(cmd[1]); k = 0
+        while time.monotonic() < end:
+            for i in range(10000):
+                os.preadv(fd, [buf], (i % n) * 4096, os.RWF_NOWAIT)
+            k += 10000
+        print(k, flush=True)
+"""
+BPFTRACE = ("tracepoint:syscalls:sys_enter_preadv2 /pid == {pid}/ {{ @s[tid] = nsecs; }} "
+            "tracepoint:syscalls:sys_exit_preadv2 /@s[tid]/ {{ @h = hist(nsecs - @s[tid]); delete(@s[tid]); }}")
+
+
+def start_tracer(cmd: list[str], ready: str, stream: str = "stderr") -> subprocess.Popen:
+    """Start a tracer and return once it printed `ready` (engramprof: stderr; bpftrace: stdout)."""
+    if stream == "stderr":
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    else:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in getattr(p, stream):
+        if ready in line:
+            return p
+    raise RuntimeError(f"tracer did not start: {cmd}")
+
+
+def stop_tracer(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGINT)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    for s in (p.stdout, p.stderr):
+        if s:
+            s.read()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=400_000)
+    ap.add_argument("--rss-seconds", type=float, default=0)
+    ap.add_argument("--hook", default="auto", help="engramprof --hook (auto|raw|tracepoint)")
+    ap.add_argument("--lab", action="store_true", help="also measure the lab pool reader traced vs untraced")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root", file=sys.stderr)
+        return 1
+    have_bpftrace = shutil.which("bpftrace") is not None
+    tmp = tempfile.mkdtemp(prefix="engramprof-bench-")
+    try:
+        data = os.path.join(tmp, "table.bin")
+        with open(data, "wb") as f:
+            f.write(os.urandom(4 << 20))
+        with open(data, "rb") as f:
+            f.read()
+        w = subprocess.Popen([PY, "-c", WORKER, data], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+        def loop(n: int) -> float:
+            w.stdin.write(f"run {n}\n")
+            w.stdin.flush()
+            return float(w.stdout.readline())
+
+        loop(50_000)  # warm up
+        res: dict[str, list[float]] = {"untraced": [], "engramprof": [], "bpftrace": []}
+        lost, recorded = [], []
+        for r in range(a.rounds):
+            res["untraced"].append(loop(a.calls))
+            out = os.path.join(tmp, f"trace{r}")
+            p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(w.pid), "--output", out,
+                              "--hook", a.hook], "Tracing")
+            res["engramprof"].append(loop(a.calls))
+            stop_tracer(p)
+            meta = json.load(open(os.path.join(out, "meta.json")))
+            lost.append(meta.get("lost_records"))
+            recorded.append(meta.get("calls_written"))
+            shutil.rmtree(out)
+            if have_bpftrace:
+                p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=w.pid)], "Attaching", stream="stdout")
+                time.sleep(0.5)
+                res["bpftrace"].append(loop(a.calls))
+                stop_tracer(p)
+        med = {k: statistics.median(v) for k, v in res.items() if v}
+        print(f"cached RWF_NOWAIT preadv2 loop, {a.calls:,} calls x {a.rounds} rounds (interleaved), median ns/call:")
+        for k, v in med.items():
+            add = f"  (+{v - med['untraced']:.0f} ns)" if k != "untraced" else ""
+            print(f"  {k:11s} {v:8.0f}{add}   rounds: {', '.join(f'{x:.0f}' for x in res[k])}")
+        if "bpftrace" in med:
+            ea = med["engramprof"] - med["untraced"]
+            ba = med["bpftrace"] - med["untraced"]
+            print(f"engramprof adds {ea:.0f} ns/call, bpftrace one-liner adds {ba:.0f} ns/call: "
+                  f"ratio {ea / ba:.2f} (target <= 0.70)")
+        print(f"engramprof lost records per run: {lost}; records written per run: {recorded}")
+
+        if a.rss_seconds:
+            import psutil
+
+            out = os.path.join(tmp, "trace-rss")
+            p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(w.pid), "--output", out,
+                              "--hook", a.hook], "Tracing")
+            w.stdin.write(f"spin {a.rss_seconds}\n")
+            w.stdin.flush()
+            proc = psutil.Process(p.pid)
+            t0 = time.monotonic()
+            samples = []
+            while time.monotonic() - t0 < a.rss_seconds:
+                time.sleep(min(10, a.rss_seconds / 12))
+                samples.append((time.monotonic() - t0, proc.memory_info().rss / 2**20))
+            calls = int(w.stdout.readline())
+            stop_tracer(p)
+            meta = json.load(open(os.path.join(out, "meta.json")))
+            print(f"RSS of the collector over {a.rss_seconds:.0f} s ({calls:,} calls, {calls / a.rss_seconds:,.0f}/s, "
+                  f"lost {meta.get('lost_records')}, written {meta.get('calls_written'):,}):")
+            print("  " + "  ".join(f"{t:.0f}s:{m:.0f}MiB" for t, m in samples))
+            first = samples[len(samples) // 4][1]
+            print(f"  growth after the first quarter: {samples[-1][1] - first:+.1f} MiB")
+        w.stdin.close()
+        w.wait()
+
+        if a.lab:
+            lab_overhead(tmp, a.hook)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def lab_overhead(tmp: str, hook: str) -> None:
+    """Batch time of the lab's pool reader (decode shape, cached table), untraced vs traced."""
+    table = os.path.join(tmp, "lab.safetensors")
+    subprocess.run([PY, "-m", "engramprof", "lab", "make-table", table, "--rows", "65536"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = [PY, "-m", "engramprof", "lab", "run", "--table", table, "--reader", "pool", "--steps", "300",
+            "--tokens", "4", "--warm", "--json"]
+    res = {"untraced": [], "traced": []}
+    for r in range(3):
+        res["untraced"].append(json.loads(subprocess.run(base, capture_output=True, text=True, check=True).stdout)["batch_ms"]["p50"])
+        lab = subprocess.Popen(base + ["--start-delay", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out = os.path.join(tmp, f"labtrace{r}")
+        p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(lab.pid), "--output", out, "--hook", hook], "Tracing")
+        so, _ = lab.communicate()
+        stop_tracer(p)
+        res["traced"].append(json.loads(so)["batch_ms"]["p50"])
+    u, t = statistics.median(res["untraced"]), statistics.median(res["traced"])
+    print(f"lab pool reader, decode batches on a cached table: batch p50 untraced {u:.3f} ms, traced {t:.3f} ms "
+          f"({t / u:.2f}x); rounds untraced {res['untraced']}, traced {res['traced']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""`engramprof syscalls`: real probes on the lab workload, plus the parts testable without root."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engramprof import trace as tracefmt
+from engramprof.bpf import layout
+from tests.tracing import PY, Proc, engramprof, traced_lab
+
+RWF_NOWAIT = 0x8
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tbl") / "engram.safetensors"
+    subprocess.run(engramprof("lab", "make-table", path, "--rows", "32768"), check=True, capture_output=True)
+    return path
+
+
+def _planned(table: Path, steps: int, tokens: int, seed: int = 0) -> set[tuple[int, int]]:
+    from engramprof.lab.workload import planned_reads
+
+    return {rw for batch in planned_reads(str(table), steps, tokens, 6, 1.1, seed) for rw in batch}
+
+
+# ---- without root --------------------------------------------------------------------------
+
+def test_ebpf_flag_prints_program_with_constants():
+    r = subprocess.run(engramprof("syscalls", "--pid", "4242", "--tid", "7", "--min-us", "3", "--ebpf"),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "#define TARGET_TGID 4242" in text and "#define TARGET_TID 7" in text and "#define MIN_NS 3000" in text
+    assert "struct call_record {" in text  # shared header inlined
+    assert '#include "engramprof.h"' not in text
+    assert "kprobe" not in text.lower().replace("no kprobes", "")
+
+
+def test_record_dtype_matches_header_layout():
+    dt = layout.struct_dtype("call_record")
+    assert dt.itemsize % 8 == 0
+    assert dt.itemsize == 104
+    assert dt.fields["ts_ns"][1] == 0 and dt.fields["pid"][1] == 80 and dt.fields["syscall"][1] == 100
+
+
+def test_latency_hist_quantiles_close_to_exact():
+    from engramprof.syscalls import LatencyHist
+
+    rng = np.random.default_rng(1)
+    ns = rng.lognormal(8, 1.5, 100_000).astype(np.int64) + 1
+    h = LatencyHist()
+    h.add(ns[:50_000])
+    h.add(ns[50_000:])
+    for q in (0.5, 0.9, 0.99):
+        exact = np.quantile(ns, q)
+        assert abs(h.quantile(q) - exact) / exact < 0.04
+    assert h.max_ns == ns.max()
+
+
+def test_fd_resolver_history_and_stale(tmp_path):
+    from engramprof.fdmap import FdResolver
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x")
+    b.write_bytes(b"y")
+    fd = os.open(a, os.O_RDONLY)
+    try:
+        r = FdResolver(os.getpid())
+        t_a = time.monotonic_ns()
+        os.close(fd)
+        fd2 = os.open(b, os.O_RDONLY)  # same number, other file
+        assert fd2 == fd
+        time.sleep(0.001)
+        r.refresh()
+        t_b = time.monotonic_ns()
+        paths, stale = r.resolve(np.array([fd, fd]), np.array([t_a, t_b]))
+        assert paths.tolist() == [str(a), str(b)]
+        assert not stale.any()
+        os.close(fd2)
+        r.refresh()
+        paths, stale = r.resolve(np.array([fd]), np.array([t_b]))
+        assert paths.tolist() == [str(b)] and stale.tolist() == [True]
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_nonexistent_pid_one_line_exit_2():
+    r = subprocess.run(engramprof("syscalls", "--pid", "999999999", "--duration", "1"), capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "engramprof: no process with pid 999999999"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to drop to an unprivileged user")
+def test_not_root_names_what_is_missing(tmp_path):
+    env = dict(os.environ, HOME=str(tmp_path))
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                        *engramprof("syscalls", "--pid", str(os.getpid()), "--duration", "1")],
+                       capture_output=True, text=True, env=env, cwd="/")
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "CAP_BPF" in r.stderr and "CAP_PERFMON" in r.stderr
+
+
+# ---- real eBPF -----------------------------------------------------------------------------
+
+@pytest.mark.bpf
+def test_pool_warm_every_call_traced_and_nothing_else(tmp_path, table):
+    steps, tokens = 40, 4
+    run = traced_lab(tmp_path, table, "--reader", "pool", "--steps", str(steps), "--tokens", str(tokens), "--warm")
+    assert run.tracer_rc == 0, run.tracer_err
+    df = tracefmt.load(run.trace)
+    meta = json.loads((run.trace / "meta.json").read_text())
+    assert meta["complete"] and meta["end_reason"] == "target-exit"
+    assert meta["lost_records"] == 0
+    assert len(df) == run.lab["calls"], (len(df), run.lab["calls"])
+    assert run.summary["calls"] == run.lab["calls"]
+    assert set(df["path"]) == {os.path.realpath(table)}
+    seen = set(zip(df["offset"].tolist(), df["size"].tolist()))
+    assert seen == _planned(table, steps, tokens)
+    assert (df["ret"] == df["size"]).all()
+    assert (df["syscall"] == "preadv2").all() and (df["flags"] == 0).all()
+    # a cached table: no misses, no block I/O
+    assert df["pages_added"].sum() == 0 and df["bio_ns"].sum() == 0
+    # the pool's threads made the calls, not the main thread
+    assert df["tid"].nunique() > 1 and run.lab["pid"] not in set(df["tid"])
+
+
+@pytest.mark.bpf
+def test_nowait_cold_shows_eagain_misses_and_bio(tmp_path, table):
+    run = traced_lab(tmp_path, table, "--reader", "nowait", "--steps", "30", "--tokens", "4", "--cold")
+    df = tracefmt.load(run.trace)
+    assert len(df) == run.lab["calls"]
+    eagain = df[df["ret"] == -11]
+    assert len(eagain) == run.lab["eagain"] > 0
+    assert ((eagain["flags"] & RWF_NOWAIT) != 0).all()
+    blocking = df[(df["flags"] & RWF_NOWAIT) == 0]
+    assert len(blocking) == run.lab["fallback_rows"] > 0
+    # The NOWAIT call that misses starts the I/O (pages inserted, bios queued in its context)
+    # and returns EAGAIN without waiting: bio_ns stays 0, because it counts only bios that
+    # completed while their call was in flight.
+    assert eagain["pages_added"].sum() > 0 and eagain["bio_count"].sum() > 0
+    assert (eagain["bio_ns"] == 0).all()
+    # By the blocking retry the I/O those EAGAIN calls started has often finished: the
+    # retries are mostly cheap hits, which is why the nowait reader hides cold latency.
+    assert blocking["pages_added"].sum() < eagain["pages_added"].sum()
+
+
+@pytest.mark.bpf
+def test_pool_cold_misses_have_pages_and_bio_time(tmp_path, table):
+    run = traced_lab(tmp_path, table, "--reader", "pool", "--steps", "20", "--tokens", "4", "--cold")
+    df = tracefmt.load(run.trace)
+    assert len(df) == run.lab["calls"]
+    miss = df[df["pages_added"] > 0]
+    assert len(miss) > 0.5 * len(df)  # random rows of an evicted table: most calls miss
+    assert (miss["bio_count"] > 0).mean() > 0.9
+    assert (miss["bio_ns"] > 0).mean() > 0.9
+    # a call that waited for its own bio was off CPU at least that long, minus the overlap of
+    # parallel bios (bio_ns sums them): check the weaker bound that it was off CPU at all
+    assert (miss["offcpu_ns"] > 0).mean() > 0.9
+    # every matched bio is in the device histogram (back-merged ones are not matched)
+    assert run.summary["device"] and run.summary["device"]["bios"] >= 0.9 * miss["bio_count"].sum()
+    hits = df[df["pages_added"] == 0]
+    if len(hits) > 10:
+        assert miss["dur_ns"].median() > 5 * hits["dur_ns"].median()
+
+
+@pytest.mark.bpf
+def test_nowait_warm_no_eagain_no_misses(tmp_path, table):
+    run = traced_lab(tmp_path, table, "--reader", "nowait", "--steps", "30", "--warm")
+    df = tracefmt.load(run.trace)
+    assert len(df) == run.lab["calls"]
+    assert ((df["flags"] & RWF_NOWAIT) != 0).all()
+    # the lab counts EAGAIN too; a stray one on a cached table (readahead marker) must agree
+    assert (df["ret"] == -11).sum() == run.lab["eagain"]
+    assert df["pages_added"].sum() == 0 and df["bio_count"].sum() == 0
+
+
+@pytest.mark.bpf
+def test_tensor_and_row_resolved_from_safetensors_header(tmp_path, table):
+    run = traced_lab(tmp_path, table, "--reader", "serial", "--steps", "10", "--warm")
+    df = tracefmt.load(run.trace)
+    raw = table.read_bytes()[:1 << 16]
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = (base + o for o in t["data_offsets"])
+        row_bytes = (end - start) // t["shape"][0]
+        sub = df[(df["offset"] >= start) & (df["offset"] < end)]
+        assert (sub["tensor"] == name).all()
+        assert (sub["row"] == (sub["offset"] - start) // row_bytes).all()
+    assert (df["tensor"] != "").all()
+
+
+@pytest.mark.bpf
+@pytest.mark.skipif(not shutil.which("syscount-bpfcc"), reason="syscount-bpfcc (bpfcc-tools) not installed")
+def test_count_matches_bcc_syscount(tmp_path, table):
+    lab = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "120", "--reader", "nowait",
+                          "--steps", "60", "--warm"))
+    lab.wait_line("lab: ready")
+    sc = subprocess.Popen(["syscount-bpfcc", "-p", str(lab.pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ours = Proc(engramprof("syscalls", "--pid", lab.pid, "--json", "--sample-hz", "0"))
+    ours.wait_line("Tracing")
+    for line in sc.stdout:
+        if "Tracing" in line:
+            break
+    os.kill(lab.pid, signal.SIGUSR1)
+    rc, lab_out, _ = lab.finish()
+    trc, tout, terr = ours.finish()
+    assert trc == 0, terr
+    sc.send_signal(signal.SIGINT)
+    sc_out = sc.communicate(timeout=60)[0]
+    m = re.search(r"^preadv2\s+(\d+)", sc_out, flags=re.M)
+    assert m, sc_out
+    theirs, mine = int(m.group(1)), json.loads(tout)["calls"]
+    assert abs(theirs - mine) <= max(1, 0.01 * theirs), (theirs, mine)
+    assert mine == json.loads(lab_out)["calls"]
+
+
+def _long_lab(table: Path) -> Proc:
+    lab = Proc(engramprof("lab", "run", "--table", table, "--duration", "60", "--gap-ms", "2", "--warm", "--json"))
+    lab.wait_line("lab: ready")
+    return lab
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("how", ["duration", "SIGTERM", "SIGINT", "target-exit"])
+def test_every_ending_leaves_a_complete_trace(tmp_path, table, how):
+    lab = _long_lab(table)
+    out = tmp_path / "t"
+    args = ["--duration", "3"] if how == "duration" else []
+    tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--output", out, "--json", *args))
+    tracer.wait_line("Tracing")
+    time.sleep(2)
+    if how in ("SIGTERM", "SIGINT"):
+        tracer.p.send_signal(getattr(signal, how))
+    elif how == "target-exit":
+        lab.p.kill()
+    rc, stdout, err = tracer.finish(timeout=90)
+    lab.p.kill()
+    lab.finish()
+    assert rc == 0, err
+    assert "Traceback" not in err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["complete"] is True
+    assert meta["end_reason"] == {"duration": "duration", "SIGTERM": "signal", "SIGINT": "signal",
+                                  "target-exit": "target-exit"}[how]
+    df = tracefmt.load(out)
+    summary = json.loads(stdout)
+    assert len(df) == summary["recorded"] == meta["calls_written"] > 0
+    assert summary["calls"] == summary["recorded"] + summary["lost_records"] + summary["filtered_short"]
