@@ -449,7 +449,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	s->switched = 1;
 	o->out_ts = now;
 	o->wake_ts = 0;
-	o->preempted = args->prev_state == 0;  /* TASK_RUNNING: preempted, still runnable */
+	/* no sleep-state bit (S D T t X Z P): preempted, still runnable.  Kernels report a
+	 * preemption as 0 or as TASK_REPORT_MAX (0x80); both pass this test. */
+	o->preempted = (args->prev_state & 0x7f) == 0;
 	return 0;
 }
 

@@ -265,3 +265,4 @@ def test_every_ending_leaves_a_complete_trace(tmp_path, table, how):
     summary = json.loads(stdout)
     assert len(df) == summary["recorded"] == meta["calls_written"] > 0
     assert summary["calls"] == summary["recorded"] + summary["lost_records"] + summary["filtered_short"]
+
