@@ -308,6 +308,33 @@ class _Shortage(Exception):
     pass
 
 
+def _cold_quota(n: np.ndarray, cold_frac: float, cold_avail: np.ndarray, hot_avail: np.ndarray):
+    """Cold rows per job so that the batch has ``round(cold_frac * rows)`` cold rows, each job
+    as close to ``cold_frac`` as its candidates allow.  Returns the quota array, or "cold" /
+    "resident" naming what is short."""
+    total = int(round(cold_frac * n.sum()))
+    lo = np.maximum(0, n - np.minimum(n, hot_avail))  # rows that cannot be resident
+    hi = np.minimum(n, cold_avail)
+    if lo.sum() > total or (lo > hi).any():
+        return "resident" if (lo > hi).any() or lo.sum() > total else "cold"
+    if hi.sum() < total:
+        return "cold"
+    cur = np.clip(np.round(cold_frac * n).astype(np.int64), lo, hi)
+    diff = total - int(cur.sum())
+    if diff:
+        room = (hi - cur) if diff > 0 else (cur - lo)  # how far each job can move
+        share = np.minimum(room, np.floor(abs(diff) * room / room.sum()).astype(np.int64))
+        cur += np.sign(diff) * share
+        diff -= int(np.sign(diff) * share.sum())
+        for j in np.argsort(-(room - share), kind="stable"):  # the remainder, one row at a time
+            if diff == 0:
+                break
+            if (diff > 0 and cur[j] < hi[j]) or (diff < 0 and cur[j] > lo[j]):
+                cur[j] += np.sign(diff)
+                diff -= int(np.sign(diff))
+    return cur
+
+
 def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac: float, repeat: int,
          allow_evict: bool, rng: np.random.Generator, notes: list[str]) -> list[PlannedBatch]:
     """Choose, for every timed batch of every arm, which rows it reads (see the module doc)."""
@@ -322,7 +349,7 @@ def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac
     _assign_partitions(pops, weights, rng)
     # per file, pages already planned to be read as cold (no-evict only)
     used: dict[str, np.ndarray] = {}
-    shared_hot = False
+    shared_hot = spread = False
     out: list[PlannedBatch] = []
     for r in range(repeat):
         k = r % na
@@ -331,51 +358,62 @@ def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac
             for ai_name in order:
                 ai = arms.index(ai_name)
                 jobs = []
+                # candidates per job: cold rows of this arm's share (page-disjoint from the
+                # other arms'), resident rows of its share, and all resident rows
+                cands = []
                 for pi, n in sh.counts:
                     p = pops[pi]
-                    n_cold = int(round(cold_frac * n))
-                    n_hot = n - n_cold
                     hot = p.frac >= 1.0
-                    cold_sel = np.zeros(0, dtype=np.int64)
-                    if n_cold:
-                        if evict:
-                            cand = np.flatnonzero(p.part == ai)
-                        else:
-                            cand = np.flatnonzero((p.part == ai) & (p.frac <= 0.0))
-                            u = used.get(p.key.path)
-                            if u is not None and len(cand):
-                                fp, starts = _flat_pages(p.first_page[cand], p.npages[cand])
-                                seen = np.add.reduceat(np.isin(fp, u).astype(np.int64), starts) > 0
-                                cand = cand[~seen]
-                        if len(cand) < n_cold:
-                            raise _Shortage(
-                                f"cold rows: arm {ai_name} needs {n_cold:,} cold rows of {p.key.label()} for "
-                                f"batch {sh.index} (repeat {r + 1}) but only {len(cand):,} of its page-disjoint "
-                                "share are still cold")
-                        cold_sel = rng.choice(cand, n_cold, replace=False)
-                        if not evict:  # these pages will be cached once read: never "cold" again
-                            fp, _ = _flat_pages(p.first_page[cold_sel], p.npages[cold_sel])
-                            prev = used.get(p.key.path)
-                            used[p.key.path] = np.unique(fp) if prev is None else np.union1d(prev, fp)
-                    hot_sel = np.zeros(0, dtype=np.int64)
-                    if n_hot:
-                        if evict:
-                            cand = np.flatnonzero(hot & (p.part == hot_part))
-                        else:
-                            cand = np.flatnonzero(hot & (p.part == ai))
-                            if len(cand) < n_hot:
-                                cand = np.flatnonzero(hot)
-                                shared_hot = True
-                        if len(cand) < n_hot:
-                            raise _Shortage(
-                                f"resident rows: {ai_name} needs {n_hot:,} resident rows of {p.key.label()} "
-                                f"for batch {sh.index} but only {len(cand):,} are resident now")
-                        hot_sel = rng.choice(cand, n_hot, replace=False)
+                    if cold_frac <= 0:
+                        cold_c = np.zeros(0, dtype=np.int64)
+                    elif evict:
+                        cold_c = np.flatnonzero(p.part == ai)
+                    else:
+                        cold_c = np.flatnonzero((p.part == ai) & (p.frac <= 0.0))
+                        u = used.get(p.key.path)
+                        if u is not None and len(cold_c):
+                            fp, starts = _flat_pages(p.first_page[cold_c], p.npages[cold_c])
+                            seen = np.add.reduceat(np.isin(fp, u).astype(np.int64), starts) > 0
+                            cold_c = cold_c[~seen]
+                    if evict:
+                        hot_own = hot_all = np.flatnonzero(hot & (p.part == hot_part))
+                    else:
+                        hot_own, hot_all = np.flatnonzero(hot & (p.part == ai)), np.flatnonzero(hot)
+                    cands.append((cold_c, hot_own, hot_all))
+                quota = _cold_quota(np.array([n for _, n in sh.counts]), cold_frac,
+                                    np.array([len(c[0]) for c in cands]), np.array([len(c[2]) for c in cands]))
+                if isinstance(quota, str):
+                    nn = np.array([n for _, n in sh.counts])
+                    most = int(np.minimum(nn, [len(c[0]) for c in cands]).sum())
+                    least = int(np.maximum(0, nn - np.array([len(c[2]) for c in cands])).sum())
+                    labels = ", ".join(f"{pops[pi].key.label()}: {n:,} rows, {len(c[0]):,} cold / {len(c[2]):,} "
+                                       "resident candidates" for (pi, n), c in zip(sh.counts, cands))
+                    raise _Shortage(f"{quota} rows: arm {ai_name}, batch {sh.index} (repeat {r + 1}): "
+                                    f"{int(round(cold_frac * sh.rows)):,} of its {sh.rows:,} rows should be cold, "
+                                    f"but its page-disjoint share allows {least:,} to {most:,} ({labels})")
+                for (pi, n), (cold_c, hot_own, hot_all), n_cold in zip(sh.counts, cands, quota.tolist()):
+                    p = pops[pi]
+                    n_hot = n - n_cold
+                    if n_cold != int(round(cold_frac * n)):
+                        spread = True
+                    cold_sel = rng.choice(cold_c, n_cold, replace=False) if n_cold else np.zeros(0, np.int64)
+                    if n_cold and not evict:  # these pages will be cached once read: never "cold" again
+                        fp, _ = _flat_pages(p.first_page[cold_sel], p.npages[cold_sel])
+                        prev = used.get(p.key.path)
+                        used[p.key.path] = np.unique(fp) if prev is None else np.union1d(prev, fp)
+                    hot_c = hot_own
+                    if len(hot_own) < n_hot:
+                        hot_c = hot_all
+                        shared_hot = True
+                    hot_sel = rng.choice(hot_c, n_hot, replace=False) if n_hot else np.zeros(0, np.int64)
                     sel = np.concatenate([hot_sel, cold_sel])
                     is_cold = np.concatenate([np.zeros(len(hot_sel), bool), np.ones(len(cold_sel), bool)])
                     perm = rng.permutation(len(sel))  # hot and cold interleaved, as in a real batch
                     jobs.append((pi, p.offsets[sel[perm]], is_cold[perm]))
                 out.append(PlannedBatch(ai_name, r, sh.index, jobs, evict))
+    if spread:
+        notes.append(f"cold rows: some jobs have too few cold (or resident) rows for a {cold_frac:g} mix each, so "
+                     "the batch's cold rows were spread over the jobs that have them (the batch mix is as asked)")
     if shared_hot:
         notes.append("resident rows: the trace has too few resident rows for page-disjoint per-arm samples, "
                      "so arms draw their resident rows from all of them (reading a resident page does not "

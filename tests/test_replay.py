@@ -261,3 +261,13 @@ def test_cli_human_output(lab):
     assert out.returncode == 0, out.stderr
     for word in ("pool", "nowait", "serial", "speedup", "byte-for-byte", "all identical", "residual race"):
         assert word in out.stdout
+
+
+def test_cold_quota_spreads_over_jobs_that_have_cold_rows():
+    n = np.array([100, 100, 10, 10])
+    # the small jobs (scale rows, say) are all resident: their cold share moves to the others
+    q = rp._cold_quota(n, 0.5, cold_avail=np.array([500, 500, 0, 0]), hot_avail=np.array([500, 500, 10, 10]))
+    assert q.tolist() == [55, 55, 0, 0] and q.sum() == 110
+    assert rp._cold_quota(n, 0.5, np.array([50, 50, 0, 0]), np.array([500] * 4)) == "cold"
+    assert rp._cold_quota(n, 0.0, np.array([0] * 4), np.array([100, 100, 10, 5])) == "resident"
+    assert rp._cold_quota(n, 0.0, np.array([0] * 4), np.array([100, 100, 10, 10])).tolist() == [0, 0, 0, 0]
