@@ -44,30 +44,44 @@ class FdResolver:
         self.open_now = seen
         self.refreshes += 1
 
-    def resolve(self, fds: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Paths (object array) and stale flags for records with these fds and entry times."""
+    def resolve_codes(self, fds: np.ndarray, ts: np.ndarray, intern) -> tuple[np.ndarray, np.ndarray]:
+        """Path codes (``intern(path) -> int``) and stale flags for records with these fds
+        and entry times; vectorised per distinct fd (a process has few)."""
         n = len(fds)
-        paths = np.full(n, "", dtype=object)
+        codes = np.full(n, intern(""), dtype=np.int32)
         stale = np.zeros(n, dtype=bool)
         if n == 0:
-            return paths, stale
-        uniq = np.unique(fds)
+            return codes, stale
+        uniq, inverse = np.unique(fds, return_inverse=True)
         if any(int(fd) not in self.history for fd in uniq):
             self.refresh()
-        for fd in uniq:
-            fd = int(fd)
-            sel = fds == fd
+        for i, fd in enumerate(uniq.tolist()):
+            sel = inverse == i
             hist = self.history.get(fd)
             if not hist:
                 stale[sel] = True
                 continue
             if len(hist) == 1:
-                paths[sel] = hist[0][1]
+                codes[sel] = intern(hist[0][1])
             else:
                 since = np.array([h[0] for h in hist], dtype=np.int64)
                 idx = np.searchsorted(since, ts[sel], side="right") - 1
-                names = np.array([h[1] for h in hist], dtype=object)
-                paths[sel] = names[np.clip(idx, 0, len(hist) - 1)]
+                hcodes = np.array([intern(h[1]) for h in hist], dtype=np.int32)
+                codes[sel] = hcodes[np.clip(idx, 0, len(hist) - 1)]
             if fd not in self.open_now:
                 stale[sel] = True
-        return paths, stale
+        return codes, stale
+
+    def resolve(self, fds: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Paths (object array) and stale flags for records with these fds and entry times."""
+        names: list[str] = []
+        index: dict[str, int] = {}
+
+        def intern(p: str) -> int:
+            if p not in index:
+                index[p] = len(names)
+                names.append(p)
+            return index[p]
+
+        codes, stale = self.resolve_codes(fds, ts, intern)
+        return np.array(names, dtype=object)[codes] if len(fds) else np.empty(0, dtype=object), stale

@@ -74,23 +74,36 @@ class Layout:
         except KeyError:
             raise UserError(f"{self.path}: no tensor named {name!r}") from None
 
+    @property
+    def live_names(self) -> np.ndarray:
+        """Names of the non-empty tensors, in file order: what :meth:`locate` indexes."""
+        return self._names
+
     def names(self) -> list[str]:
         return [t.name for t in self.tensors]
 
-    def map_offsets(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(tensor name per offset, row per offset); ``""`` / ``-1`` outside every tensor."""
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index into ``self.live_names`` per offset, row per offset); -1 / -1 outside every tensor."""
         offsets = np.asarray(offsets, dtype=np.int64)
-        names = np.full(offsets.shape, "", dtype=object)
+        index = np.full(offsets.shape, -1, dtype=np.int32)
         rows = np.full(offsets.shape, -1, dtype=np.int64)
         if not len(self._starts) or not offsets.size:
-            return names, rows
+            return index, rows
         idx = np.searchsorted(self._starts, offsets, side="right") - 1
         safe = np.maximum(idx, 0)
         inside = (idx >= 0) & (offsets < self._ends[safe])
-        names[inside] = self._names[safe[inside]]
+        index[inside] = safe[inside]
         rb = self._row_bytes[safe[inside]]
         rel = offsets[inside] - self._starts[safe[inside]]
         rows[inside] = np.where(rb > 0, rel // np.maximum(rb, 1), -1)
+        return index, rows
+
+    def map_offsets(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tensor name per offset, row per offset); ``""`` / ``-1`` outside every tensor."""
+        index, rows = self.locate(offsets)
+        names = np.full(index.shape, "", dtype=object)
+        inside = index >= 0
+        names[inside] = self._names[index[inside]]
         return names, rows
 
 

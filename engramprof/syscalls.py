@@ -13,6 +13,7 @@ It ends on: the duration, SIGINT/SIGTERM (the caller sets ``stop``), or the targ
 from __future__ import annotations
 
 import os
+import queue
 import select
 import shlex
 import threading
@@ -31,6 +32,7 @@ from engramprof.fdmap import FdResolver
 DRAIN_S = 0.05
 FLUSH_S = 1.0
 SYSCALL_NAMES = np.array(["preadv2", "preadv", "pread64"], dtype=object)
+_SYSCALL_DICT = pa.array(SYSCALL_NAMES.tolist(), type=pa.string())
 RWF_NOWAIT = 0x8
 EAGAIN = -11
 
@@ -159,6 +161,14 @@ class SyscallTracer:
         self._pidfd: int | None = None
         self.notes: list[str] = []
         self._fds_seen: set[int] = set()
+        self._path_index: dict[str, int] = {}
+        self._path_values: list[str] = []
+        self.intern_path("")
+        self._tensor_index: dict[str, int] = {"": 0}
+        self._tensor_values: list[str] = [""]
+        self._layouts: dict[str, object] = {}
+        self._write_q: queue.Queue = queue.Queue(maxsize=8)
+        self._write_thread: threading.Thread | None = None
 
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -249,6 +259,7 @@ class SyscallTracer:
             except Exception as exc:
                 self.notes.append(f"sampler stop failed: {exc}")
         self.flush()
+        self._stop_write_thread()
         end_ns = time.monotonic_ns()
         summary = self.summary(totals, hists, end_ns, bio_hist)
         if self.writer:
@@ -268,61 +279,131 @@ class SyscallTracer:
         return summary
 
     # ---- data path --------------------------------------------------------------------
+    # Strings (path, tensor, syscall) travel as dictionary codes: the recorder interns each
+    # distinct string once, builds Arrow dictionary arrays from int32 codes, and Parquet
+    # stores them without hashing a string per record.
+
+    def _intern(self, table: dict, values: list, v: str) -> int:
+        code = table.get(v)
+        if code is None:
+            code = table[v] = len(values)
+            values.append(v)
+        return code
+
+    def intern_path(self, p: str) -> int:
+        return self._intern(self._path_index, self._path_values, p)
+
     def drain(self) -> None:
         recs = self.probe.ring.drain()
         if len(recs) == 0:
             return
-        table = self._to_table(recs)
-        self._account(recs, table)
+        table, codes = self._to_table(recs)
+        self._account(recs, codes)
         self._pending.append(table)
         self._pending_rows += len(recs)
         if self._pending_rows >= 500_000:
             self.flush()
 
     def flush(self) -> None:
+        """Hand the pending records to the writer thread (one Parquet part)."""
         if not self._pending:
             return
-        table = pa.concat_tables(self._pending)
+        table = pa.concat_tables(self._pending, promote_options="permissive") if len(self._pending) > 1 else self._pending[0]
         self._pending, self._pending_rows = [], 0
         if self.writer:
-            self.writer.append_calls(_annotate(table))
+            self._start_write_thread()
+            self._write_q.put(table)
 
-    def _to_table(self, recs: np.ndarray) -> pa.Table:
+    def _start_write_thread(self) -> None:
+        if self._write_thread is None:
+            self._write_thread = threading.Thread(target=self._write_loop, name="engramprof-writer", daemon=True)
+            self._write_thread.start()
+
+    def _write_loop(self) -> None:
+        while True:
+            table = self._write_q.get()
+            if table is None:
+                return
+            try:
+                self.writer.append_calls(table)
+            except Exception as exc:  # disk full, ...: keep tracing, say so at the end
+                self.notes.append(f"writing calls failed: {exc}")
+
+    def _stop_write_thread(self) -> None:
+        if self._write_thread is not None:
+            self._write_q.put(None)
+            self._write_thread.join()
+            self._write_thread = None
+
+    def _to_table(self, recs: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        n = len(recs)
         fds = recs["fd"]
+        ts = recs["ts_ns"].astype(np.int64)
+        codes, stale = self.fds.resolve_codes(fds, ts, self.intern_path)
+        tensor_codes = np.full(n, self._tensor_index[""], dtype=np.int32)
+        rows = np.full(n, -1, dtype=np.int64)
+        offsets = recs["offset"]
+        for code in np.unique(codes).tolist():
+            lay = self._layout_for(self._path_values[code])
+            if lay is None:
+                continue
+            sel = codes == code
+            idx, r = lay.locate(offsets[sel])
+            tcodes = np.array([self._intern(self._tensor_index, self._tensor_values, t) for t in lay.live_names]
+                              + [self._tensor_index[""]], dtype=np.int32)
+            tensor_codes[sel] = tcodes[idx]  # idx -1 -> last entry ("")
+            rows[sel] = r
         self._fds_seen.update(np.unique(fds).tolist())
-        paths, stale = self.fds.resolve(fds, recs["ts_ns"].astype(np.int64))
+        path_dict = pa.array(self._path_values, type=pa.string())
+        tensor_dict = pa.array(self._tensor_values, type=pa.string())
         cols = {
-            "ts_ns": recs["ts_ns"].astype(np.int64),
-            "dur_ns": recs["dur_ns"].astype(np.int64),
-            "pid": recs["pid"].astype(np.int32),
-            "tid": recs["tid"].astype(np.int32),
-            "path": paths,
-            "offset": recs["offset"],
-            "size": recs["size"].astype(np.int64),
-            "ret": recs["ret"],
-            "flags": recs["flags"].astype(np.int64),
-            "syscall": SYSCALL_NAMES[np.minimum(recs["syscall"], 2)],
-            "fd": fds,
-            "pages_added": recs["pages_added"].astype(np.int32),
-            "bio_count": recs["bio_count"].astype(np.int32),
-            "bio_ns": recs["bio_ns"].astype(np.int64),
-            "reclaim_ns": recs["reclaim_ns"].astype(np.int64),
-            "offcpu_ns": recs["offcpu_ns"].astype(np.int64),
-            "runq_ns": recs["runq_ns"].astype(np.int64),
-            "path_stale": stale,
+            "ts_ns": pa.array(ts),
+            "dur_ns": pa.array(recs["dur_ns"].astype(np.int64)),
+            "pid": pa.array(recs["pid"].astype(np.int32)),
+            "tid": pa.array(recs["tid"].astype(np.int32)),
+            "path": pa.DictionaryArray.from_arrays(pa.array(codes), path_dict),
+            "offset": pa.array(offsets),
+            "size": pa.array(recs["size"].astype(np.int64)),
+            "ret": pa.array(recs["ret"]),
+            "flags": pa.array(recs["flags"].astype(np.int64)),
+            "syscall": pa.DictionaryArray.from_arrays(pa.array(np.minimum(recs["syscall"], 2).astype(np.int32)), _SYSCALL_DICT),
+            "fd": pa.array(fds),
+            "pages_added": pa.array(recs["pages_added"].astype(np.int32)),
+            "bio_count": pa.array(recs["bio_count"].astype(np.int32)),
+            "bio_ns": pa.array(recs["bio_ns"].astype(np.int64)),
+            "reclaim_ns": pa.array(recs["reclaim_ns"].astype(np.int64)),
+            "offcpu_ns": pa.array(recs["offcpu_ns"].astype(np.int64)),
+            "runq_ns": pa.array(recs["runq_ns"].astype(np.int64)),
+            "path_stale": pa.array(stale),
+            "tensor": pa.DictionaryArray.from_arrays(pa.array(tensor_codes), tensor_dict),
+            "row": pa.array(rows),
         }
-        arrays = [pa.array(cols[n], type=tracefmt.CALL_SCHEMA.field(n).type) for n in cols]
-        return pa.Table.from_arrays(arrays, names=list(cols))
+        return pa.Table.from_arrays(list(cols.values()), names=list(cols)), codes
 
-    def _account(self, recs: np.ndarray, table: pa.Table) -> None:
+    def _layout_for(self, path: str):
+        """The safetensors layout of path, or None (not safetensors / unreadable); cached."""
+        if path in self._layouts:
+            return self._layouts[path]
+        lay = None
+        if path:
+            try:
+                from engramprof import layout
+
+                lay = layout.load(path)
+            except Exception:  # not (or no longer) a readable safetensors file
+                lay = None
+        self._layouts[path] = lay
+        return lay
+
+    def _account(self, recs: np.ndarray, codes: np.ndarray) -> None:
         s = self.state
         dur = recs["dur_ns"].astype(np.int64)
         n = len(recs)
-        eagain = int((recs["ret"] == EAGAIN).sum())
+        is_eagain = recs["ret"] == EAGAIN
         nowait = int(((recs["flags"] & RWF_NOWAIT) != 0).sum())
         misses = recs["pages_added"]
         s.recorded += n
-        s.eagain += eagain
+        s.eagain += int(is_eagain.sum())
         s.nowait += nowait
         s.pages_added += int(misses.sum())
         s.calls_with_misses += int((misses > 0).sum())
@@ -332,24 +413,49 @@ class SyscallTracer:
         s.runq_ns += int(recs["runq_ns"].sum())
         s.hist.add(dur)
         s.window_calls += n
-        s.window_eagain += eagain
+        s.window_eagain += int(is_eagain.sum())
         s.window_nowait += nowait
         s.window_hist.add(dur)
-        df = pd.DataFrame({"path": table.column("path").to_numpy(zero_copy_only=False), "dur_ns": dur,
-                           "miss": misses > 0, "eagain": recs["ret"] == EAGAIN})
-        g = df.groupby("path", sort=False).agg(calls=("dur_ns", "size"), total=("dur_ns", "sum"),
-                                               mx=("dur_ns", "max"), misses=("miss", "sum"), eagain=("eagain", "sum"))
-        for path, row in g.iterrows():
-            fs = s.files.setdefault(path, FileStat())
-            fs.calls += int(row.calls)
-            fs.total_ns += int(row.total)
-            fs.max_ns = max(fs.max_ns, int(row.mx))
-            fs.misses += int(row.misses)
-            fs.eagain += int(row.eagain)
-        k = min(10, n)
-        top = np.argpartition(dur, n - k)[n - k:]
-        cand = table.take(pa.array(top)).to_pandas()
-        s.slowest = (pd.concat([s.slowest, cand]) if s.slowest is not None else cand).nlargest(10, "dur_ns")
+        m = len(self._path_values)
+        calls = np.bincount(codes, minlength=m)
+        total = np.bincount(codes, weights=dur, minlength=m)
+        miss = np.bincount(codes, weights=misses > 0, minlength=m)
+        eag = np.bincount(codes, weights=is_eagain, minlength=m)
+        mx = np.zeros(m, dtype=np.int64)
+        np.maximum.at(mx, codes, dur)
+        for code in np.nonzero(calls)[0].tolist():
+            fs = s.files.setdefault(self._path_values[code], FileStat())
+            fs.calls += int(calls[code])
+            fs.total_ns += int(total[code])
+            fs.max_ns = max(fs.max_ns, int(mx[code]))
+            fs.misses += int(miss[code])
+            fs.eagain += int(eag[code])
+        # the 10 slowest calls so far: only records beating the current 10th are looked at
+        floor = int(s.slowest["dur_ns"].min()) if s.slowest is not None and len(s.slowest) >= 10 else -1
+        top = np.nonzero(dur > floor)[0]
+        if len(top) > 10:
+            top = top[np.argpartition(dur[top], len(top) - 10)[-10:]]
+        if len(top):
+            self._merge_slowest(recs[top], dur[top], codes[top])
+
+    def _merge_slowest(self, r: np.ndarray, dur: np.ndarray, codes: np.ndarray) -> None:
+        s = self.state
+        names, rws = [], []
+        for c, off in zip(codes.tolist(), r["offset"].tolist()):
+            lay = self._layout_for(self._path_values[c])
+            t, w = lay.map_offsets(np.array([off])) if lay is not None else ([""], [-1])
+            names.append(t[0])
+            rws.append(int(w[0]))
+        cand = pd.DataFrame({
+            "ts_ns": r["ts_ns"].astype(np.int64), "dur_ns": dur, "tid": r["tid"].astype(np.int64),
+            "path": np.array([self._path_values[c] for c in codes.tolist()], dtype=object),
+            "offset": r["offset"], "size": r["size"].astype(np.int64), "ret": r["ret"],
+            "pages_added": r["pages_added"].astype(np.int64), "bio_count": r["bio_count"].astype(np.int64),
+            "bio_ns": r["bio_ns"].astype(np.int64), "reclaim_ns": r["reclaim_ns"].astype(np.int64),
+            "offcpu_ns": r["offcpu_ns"].astype(np.int64), "runq_ns": r["runq_ns"].astype(np.int64),
+            "tensor": np.array(names, dtype=object), "row": np.array(rws, dtype=np.int64),
+        })
+        s.slowest = (pd.concat([s.slowest, cand], ignore_index=True) if s.slowest is not None else cand).nlargest(10, "dur_ns")
 
     def _reset_window(self) -> None:
         s = self.state
@@ -455,33 +561,3 @@ def _cmdline(pid: int) -> str:
             return shlex.join(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
     except OSError:
         return ""
-
-
-_NOT_SAFETENSORS: set[str] = set()
-
-
-def _annotate(table: pa.Table) -> pa.Table:
-    """Add safetensors tensor/row columns (engramprof.layout), empty where not a safetensors file."""
-    n = table.num_rows
-    tensor = np.full(n, "", dtype=object)
-    row = np.full(n, -1, dtype=np.int64)
-    try:
-        from engramprof import layout
-    except ImportError:
-        layout = None
-    if layout is not None and hasattr(layout, "map_offsets"):
-        paths = table.column("path").to_numpy(zero_copy_only=False)
-        offsets = table.column("offset").to_numpy()
-        for p in pd.unique(paths):
-            if not p or p in _NOT_SAFETENSORS:
-                continue
-            sel = paths == p
-            try:
-                t, r = layout.map_offsets(p, offsets[sel])
-            except Exception:  # not (or no longer) a readable safetensors file: don't retry it
-                _NOT_SAFETENSORS.add(p)
-                continue
-            tensor[sel] = t
-            row[sel] = r
-    return table.append_column("tensor", pa.array(tensor, type=pa.string())).append_column(
-        "row", pa.array(row, type=pa.int64()))

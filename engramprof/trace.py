@@ -62,6 +62,12 @@ CALL_SCHEMA = pa.schema(
         ("row", pa.int64()),  # row of that tensor (-1 if none)
     ]
 )
+# On disk the string columns are dictionary-encoded (few distinct values, many rows);
+# load() hands them back as plain strings.
+DICT_COLUMNS = ("path", "syscall", "tensor")
+WRITE_SCHEMA = pa.schema([
+    pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in DICT_COLUMNS else f for f in CALL_SCHEMA
+])
 CONTRACT_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "path", "offset", "size", "ret", "flags"]
 EVIDENCE_COLUMNS = ["pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns"]
 
@@ -123,8 +129,7 @@ class TraceWriter:
     def append_calls(self, table: pa.Table | pd.DataFrame) -> None:
         if isinstance(table, pd.DataFrame):
             table = pa.Table.from_pandas(table, schema=CALL_SCHEMA, preserve_index=False)
-        else:
-            table = table.select(CALL_SCHEMA.names).cast(CALL_SCHEMA)
+        table = table.select(CALL_SCHEMA.names).cast(WRITE_SCHEMA)
         if table.num_rows == 0:
             return
         self._write(table, self._next_part("calls", self.path / "calls"))
@@ -239,7 +244,12 @@ def load_bundle(path: str | os.PathLike) -> Trace:
     missing = [c for c in CONTRACT_COLUMNS if c not in calls.columns]
     if missing:
         raise UserError(f"{p}: per-call table lacks required columns: {', '.join(missing)}")
-    calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+    for c in DICT_COLUMNS:
+        if c in calls.columns and isinstance(calls[c].dtype, pd.CategoricalDtype):
+            calls[c] = calls[c].astype(object)
+    if not calls["ts_ns"].is_monotonic_increasing:
+        calls = calls.sort_values("ts_ns", kind="stable")
+    calls = calls.reset_index(drop=True)
     return Trace(path=p, meta=meta, calls=calls, notes=notes)
 
 
