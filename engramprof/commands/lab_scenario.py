@@ -1,0 +1,123 @@
+"""`engramprof lab scenario NAME`: the lab reader under one real fault (thin; see
+engramprof.lab.scenarios).  ``register(app)`` adds the ``scenario`` command to ``lab_app``."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engramprof.commands.lab import lab_app
+from engramprof.lab import scenarios as sc_mod
+
+SCENARIO_EPILOG = """Scenarios: python-scheduling, healthy, residency, reclaim, storage.
+
+Examples:
+
+  engramprof lab scenario residency --duration 30
+
+  engramprof lab scenario reclaim --json --start-delay 3 > sc.jsonl &   # pid: first JSON line
+
+  engramprof lab scenario storage --keep-running --iops 200             # until Ctrl-C
+"""
+
+
+def _fmt_evidence(ev: dict) -> str:
+    parts = []
+    for k, v in ev.items():
+        if k == "table_resident":
+            parts.append(f"table resident at end {v * 100:.0f}%")
+        elif k in ("max_usage_bytes", "limit_bytes"):
+            parts.append(f"{k.replace('_bytes', '')} {v / 2**20:.1f} MiB")
+        else:
+            parts.append(f"{k} +{v}")
+    return ", ".join(parts)
+
+
+def scenario_cmd(
+    name: str = typer.Argument(..., help="python-scheduling | healthy | residency | reclaim | storage"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="batches to run"),
+    duration: Optional[float] = typer.Option(None, "--duration",
+                                             help=f"seconds to run (default {sc_mod.DEFAULT_DURATION:g})"),
+    tokens: int = typer.Option(4, "--tokens", help="tokens per step: a few = decode, thousands = prefill"),
+    gap_ms: float = typer.Option(sc_mod.DEFAULT_GAP_MS, "--gap-ms", help="sleep between steps"),
+    rows: Optional[int] = typer.Option(None, "--rows",
+                                       help=f"rows per tensor of the table made (default {sc_mod.DEFAULT_ROWS}: 132 MiB)"),
+    table: Optional[Path] = typer.Option(None, "--table",
+                                         help="reuse this table (storage copies it into the loop filesystem)"),
+    markers: Optional[Path] = typer.Option(None, "--markers",
+                                           help="batch markers file (default: a new private temp dir, kept)"),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout: a 'ready' object, then 'done'"),
+    start_delay: float = typer.Option(0.0, "--start-delay", help="reader sleeps S s after ready, before step 1"),
+    keep_running: bool = typer.Option(False, "--keep-running", help="run until Ctrl-C / SIGTERM"),
+    reader: Optional[str] = typer.Option(None, "--reader", help="override the scenario's reader (pool|nowait|serial)"),
+    evict_ms: float = typer.Option(sc_mod.DEFAULT_EVICT_MS, "--evict-ms", help="residency: eviction period"),
+    memory_mib: float = typer.Option(sc_mod.DEFAULT_MEMORY_MIB, "--memory-mib",
+                                     help="reclaim: page cache allowed in the cgroup"),
+    iops: int = typer.Option(sc_mod.DEFAULT_IOPS, "--iops", help="storage: read IOPS limit of the loop device"),
+    seed: int = typer.Option(0, "--seed", help="seed of the row plan and the table contents"),
+    threads: int = typer.Option(32, "--threads", help="pool threads"),
+) -> None:
+    """Run the lab reader under one real fault, print its pid, remove everything on exit."""
+    from engramprof.lab import readers
+
+    if reader is not None and reader not in readers.READERS:
+        raise sc_mod.UserError(f"--reader must be one of {', '.join(readers.READERS)}, not {reader!r}")
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    sc = sc_mod.Scenario(
+        name, steps=steps, duration=duration, tokens=tokens, gap_ms=gap_ms, rows=rows, table=table,
+        markers=markers, keep_markers=True, start_delay=start_delay, keep_running=keep_running,
+        reader=reader, threads=threads, seed=seed, evict_ms=evict_ms, memory_mib=memory_mib,
+        iops=iops, log=log)
+    try:
+        sc.start()  # Ctrl-C / SIGTERM while setting up: clean up and exit
+        if as_json:
+            print(json.dumps({"event": "ready", **sc.info}), flush=True)
+        log(f"scenario: ready: reader pid {sc.pid}"
+            + ("; Ctrl-C stops it" if keep_running else "; Ctrl-C stops it early"))
+        hits = [0]
+
+        def on_signal(signum, frame):  # first: let the reader finish its batch; second: abort
+            hits[0] += 1
+            if hits[0] > 1:
+                raise KeyboardInterrupt
+            log("scenario: stopping the reader (again to abort)")
+            sc.stop()
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            summary = sc.wait()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        evidence = sc.evidence()
+    finally:
+        sc.close()
+    if as_json:
+        print(json.dumps({"event": "done", "scenario": name, "pid": sc.pid, "markers": sc.markers_path,
+                          "summary": summary, "evidence": evidence}), flush=True)
+        return
+    t = Table("steps", "rows", "preadv2 calls", "EAGAIN", "batch p50 ms", "p99 ms", "max ms",
+              title=f"lab scenario {name}: reader {summary['reader']}, pid {sc.pid}")
+    bm = summary["batch_ms"]
+    t.add_row(str(summary["steps"]), str(summary["rows"]), str(summary["calls"]), str(summary["eagain"]),
+              str(bm["p50"]), str(bm["p99"]), str(bm["max"]))
+    out = Console()
+    out.print(t)
+    out.print(f"fault evidence: {_fmt_evidence(evidence)}", highlight=False)
+    out.print(f"markers: {sc.markers_path}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``scenario`` to ``lab_app`` (``app`` gets ``lab`` from engramprof.commands.lab)."""
+    if any(c.name == "scenario" for c in lab_app.registered_commands):
+        return
+    lab_app.command("scenario", epilog=SCENARIO_EPILOG)(scenario_cmd)
