@@ -23,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ["doctor", "lab", "syscalls", "sample", "batch_tail", "residency", "replay", "diagnose", "demo"]
+COMMAND_MODULES = ["doctor", "lab", "lab_scenario", "syscalls", "sample", "batch_tail", "residency", "replay", "diagnose", "demo"]
 
 for _name in COMMAND_MODULES:
     try:

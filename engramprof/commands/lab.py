@@ -124,6 +124,8 @@ def run_cmd(
         )
     except MarkerFileError as exc:
         raise UserError(f"--markers: {exc}") from None
+    except OSError as exc:  # e.g. --markers in a directory that does not exist
+        raise UserError(f"{exc.filename or table_path}: {exc.strerror}") from None
     finally:
         for s, h in old.items():
             signal.signal(s, h)
