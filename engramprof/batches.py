@@ -1,0 +1,507 @@
+"""Decode-batch segmentation: from application markers, or inferred from the read stream.
+
+A *batch* is one decode (or prefill) step's worth of row reads: the application submits them
+(to a thread pool, or reads them itself), waits for all of them, then runs the model's forward
+pass before the next batch.  Two ways to find batches in a trace:
+
+markers
+    JSON lines written by the application, one object per batch with ``start_ns`` and
+    ``end_ns`` on CLOCK_MONOTONIC (``time.monotonic_ns()``); extra keys are ignored.  A call
+    belongs to the batch whose span contains its entry time.  The batch wall time is the
+    marker span, so time before the first read (creating futures, waking the pool) is seen.
+
+inferred
+    Sort the calls by entry time and look at the *union gaps*: the time between the end of
+    everything in flight so far and the next call's entry.  Inside a batch these gaps are
+    short (the pool hands work around); between batches they are the forward pass.  The
+    split threshold is chosen from the distribution of log(gap) (see
+    :func:`choose_gap_threshold`) or given by the user (``--gap-ms``).  An inferred batch
+    starts at its first call and ends when its last call returns, so scheduling before the
+    first read and after the last one cannot be seen.
+
+Everything here is vectorised (numpy); nothing loops over calls in Python.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engramprof.errors import UserError
+
+# ---- thresholds of the gap inference (documented in docs/readme-batch-tail.md) ----------
+#: a split threshold is never inferred below this: a forward pass shorter than 0.25 ms is not
+#: credible, and within-batch pool hand-offs and GIL stalls of tens to hundreds of µs are common.
+MIN_SPLIT_GAP_NS = 250_000
+#: log10(gap) histogram bin width (decades) and smoothing window (bins each side)
+BIN_DECADES = 0.05
+SMOOTH_BINS = 2
+#: the valley between the within-batch mode and the between-batch mode must be at most this
+#: fraction of the smaller of the two modes (smoothed counts); otherwise the gaps show no two
+#: populations and the whole trace is one batch.
+VALLEY_FRACTION = 0.5
+
+_EPOCH_2000 = 946_684_800
+_EPOCH_2100 = 4_102_444_800
+_UNITS = (("ns", 1), ("µs", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000))
+
+
+@dataclass
+class Batches:
+    """The result of segmentation.
+
+    Calls must be given sorted by entry time; batch ``k`` holds the calls at positions
+    ``first[k]:stop[k]`` of that order (a batch's calls are always contiguous in it).  Batch
+    indices are dense, 0..n-1, in time order.  ``call_batch`` gives the per-call view (-1 for
+    calls in no batch, markers mode only).
+    """
+
+    first: np.ndarray
+    stop: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    n_calls: int
+    source: str  # "markers" | "inferred"
+    gap_ns: float | None = None  # split threshold (inferred mode)
+    gap_source: str | None = None  # "inferred" | "user" | "none" (no split)
+    notes: list[str] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+    #: per batch, the submitting thread named by the marker's ``tid`` (-1: not given)
+    submit_tid: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.start_ns)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.stop - self.first
+
+    def subset(self, keep: np.ndarray) -> "Batches":
+        """The batches where ``keep``; the calls of the others belong to no batch."""
+        return Batches(first=self.first[keep], stop=self.stop[keep], start_ns=self.start_ns[keep],
+                       end_ns=self.end_ns[keep], n_calls=self.n_calls, source=self.source, gap_ns=self.gap_ns,
+                       gap_source=self.gap_source, notes=self.notes, info=self.info,
+                       submit_tid=None if self.submit_tid is None else self.submit_tid[keep])
+
+    @property
+    def call_batch(self) -> np.ndarray:
+        cb = np.full(self.n_calls, -1, dtype=np.int64)
+        if self.n:
+            pos = np.arange(self.n_calls)
+            k = np.searchsorted(self.first, pos, side="right") - 1
+            ok = (k >= 0) & (pos < self.stop[np.maximum(k, 0)])
+            cb[ok] = k[ok]
+        return cb
+
+
+# ---------------------------------------------------------------------------- markers --
+
+def _as_ns(v) -> int | None:
+    # integers only, like engramprof.markers (floats lose nanoseconds at 1e18 anyway)
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63:
+        return v
+    return None
+
+
+def _read_markers_own(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
+    p = Path(path)
+    try:
+        f = open(p, "rb")
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such markers file") from None
+    except IsADirectoryError:
+        raise UserError(f"{p}: is a directory, not a markers file (JSON lines)") from None
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read markers file: {exc.strerror}") from None
+    starts: list[int] = []
+    ends: list[int] = []
+    tids: list[int] = []
+    bad = 0
+    with f:
+        for raw in f:
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                bad += 1
+                continue
+            if not isinstance(obj, dict):
+                bad += 1
+                continue
+            s, e = _as_ns(obj.get("start_ns")), _as_ns(obj.get("end_ns"))
+            if s is None or e is None or e < s:
+                bad += 1
+                continue
+            starts.append(s)
+            ends.append(e)
+            t = obj.get("tid")
+            tids.append(t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else -1)
+    df = pd.DataFrame({"start_ns": np.asarray(starts, dtype=np.int64), "end_ns": np.asarray(ends, dtype=np.int64),
+                       "tid": np.asarray(tids, dtype=np.int64)})
+    return df, bad
+
+
+def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
+    """Read a markers file: ``(DataFrame[start_ns, end_ns, tid], number of bad lines)``.
+
+    Blank lines are ignored; lines that are not a JSON object with integer
+    0 <= ``start_ns`` <= ``end_ns`` are skipped and counted.  ``tid`` (the submitting thread,
+    written by engramprof.markers) is kept, -1 when absent; other keys are ignored.  Uses
+    ``engramprof.markers.read_markers_df`` (the writer's own reader) when it is there, else
+    this module's reader with the same rules.
+    """
+    try:
+        from engramprof import markers as _m
+        ext = getattr(_m, "read_markers_df", None)
+    except ImportError:
+        ext = None
+    if ext is not None:
+        try:
+            res = ext(path)
+        except UserError:
+            raise
+        except Exception:  # missing file, directory, unreadable: our reader words the error
+            res = None
+        if (
+            isinstance(res, tuple)
+            and len(res) == 2
+            and isinstance(res[0], pd.DataFrame)
+            and {"start_ns", "end_ns"} <= set(res[0].columns)
+        ):
+            df = res[0][["start_ns", "end_ns"]].astype("int64").reset_index(drop=True)
+            if "tid" in res[0].columns:
+                tid = pd.to_numeric(res[0]["tid"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+                df["tid"] = np.where(np.isfinite(tid) & (tid > 0), tid, -1).astype(np.int64)
+            else:
+                df["tid"] = np.int64(-1)
+            return df, int(res[1])
+    return _read_markers_own(path)
+
+
+def recording_window(meta: dict | None) -> tuple[int, int] | None:
+    """The recording's [start_ns, end_ns] from the trace metadata, when the recorder wrote it."""
+    meta = meta or {}
+    a, b = meta.get("start_ns"), meta.get("end_ns")
+    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and b > a:
+        return a, b
+    return None
+
+
+def drop_truncated(seg: "Batches", meta: dict | None) -> "Batches":
+    """Inferred batches: leave out the first / last batch when less than one split gap
+    separates it from the start / end of the recording (it may have been cut by it)."""
+    win = recording_window(meta)
+    if win is None or seg.n == 0 or seg.gap_ns is None:
+        return seg
+    keep = np.ones(seg.n, dtype=bool)
+    keep[0] &= seg.start_ns[0] - win[0] > seg.gap_ns
+    keep[-1] &= win[1] - seg.end_ns[-1] > seg.gap_ns
+    if keep.all() or not keep.any():
+        return seg
+    seg.notes.append(f"{int((~keep).sum())} inferred batch(es) at the start/end of the recording may have been cut "
+                     "by it and were left out")
+    return seg.subset(keep)
+
+
+def _overlaps(s: np.ndarray, e: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    return (e >= t0) & (s <= t1)
+
+
+def explain_marker_clock(markers: pd.DataFrame, t0: int, t1: int, meta: dict | None = None) -> str:
+    """Why markers that do not overlap the trace [t0, t1] cannot be on its clock (one line)."""
+    s = markers["start_ns"].to_numpy(dtype=np.float64)
+    e = markers["end_ns"].to_numpy(dtype=np.float64)
+    med = float(np.median(s))
+    # an exact overlap after rescaling is stronger evidence than a plausible-looking date
+    for unit, scale in _UNITS[1:]:
+        if _overlaps(s * scale, e * scale, t0, t1).any():
+            return f"marker times look like CLOCK_MONOTONIC in {unit}, not ns: multiply them by {scale:,}"
+    for unit, scale in _UNITS:
+        secs = med * scale / 1e9
+        if _EPOCH_2000 <= secs <= _EPOCH_2100:
+            date = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(secs))
+            msg = (
+                f"marker times look like wall-clock {unit} since the Unix epoch ({date} UTC), "
+                "not CLOCK_MONOTONIC ns: write them with time.monotonic_ns()"
+            )
+            meta = meta or {}
+            try:
+                offset = float(meta["created_unix"]) * 1e9 - float(meta["created_monotonic_ns"])
+                if _overlaps(s * scale - offset, e * scale - offset, t0, t1).any():
+                    msg += " (shifted by this trace's wall-to-monotonic offset they would fall inside it)"
+            except (KeyError, TypeError, ValueError):
+                pass
+            return msg
+    return (
+        f"markers span {s.min() / 1e9:.3f}..{e.max() / 1e9:.3f} s but the trace spans "
+        f"{t0 / 1e9:.3f}..{t1 / 1e9:.3f} s of CLOCK_MONOTONIC: no overlap (markers from another run, "
+        "another machine, or another clock?)"
+    )
+
+
+def from_markers(ts: np.ndarray, end: np.ndarray, markers: pd.DataFrame, meta: dict | None = None,
+                 bad_lines: int = 0) -> Batches:
+    """Assign calls (sorted by entry ``ts``) to marker spans.
+
+    Markers outside the trace are dropped (noted); when none overlaps the trace the markers
+    cannot be on the trace's clock and a :class:`UserError` explains why.  Overlapping markers
+    are trimmed to their successor's start.  Markers containing no call are dropped (noted).
+    """
+    notes: list[str] = []
+    info: dict = {"markers_read": int(len(markers)), "bad_lines": int(bad_lines)}
+    if bad_lines:
+        notes.append(f"markers: skipped {bad_lines} bad line(s) (not a JSON object with numeric start_ns < end_ns)")
+    if len(markers) == 0:
+        raise UserError("markers file has no usable markers" + (f" ({bad_lines} bad lines)" if bad_lines else ""))
+    missing = [c for c in ("start_ns", "end_ns") if c not in markers.columns]
+    if missing:
+        raise UserError(f"markers lack {', '.join(missing)}")
+    raw = markers[["start_ns", "end_ns"]].apply(pd.to_numeric, errors="coerce")
+    usable = (raw.notna().all(axis=1) & (raw["start_ns"] >= 0) & (raw["end_ns"] >= raw["start_ns"])).to_numpy()
+    if not usable.all():
+        info["bad_lines"] = int(bad_lines) + int((~usable).sum())
+        notes.append(f"markers: {int((~usable).sum())} without usable start_ns/end_ns were skipped")
+        markers = markers[usable]
+        raw = raw[usable]
+        if len(markers) == 0:
+            raise UserError("markers file has no usable markers")
+    m = raw.astype("int64")
+    if "tid" in markers.columns:
+        t = pd.to_numeric(markers["tid"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        m["tid"] = np.where(np.isfinite(t) & (t > 0), t, -1).astype(np.int64)
+    else:
+        m["tid"] = np.int64(-1)
+    m = m.sort_values(["start_ns", "end_ns"], kind="stable")
+    s = m["start_ns"].to_numpy()
+    e = m["end_ns"].to_numpy()
+    mt = m["tid"].to_numpy()
+    t0 = int(ts.min())
+    t1 = int(end.max())
+    inside = _overlaps(s, e, t0, t1)
+    if not inside.any():
+        raise UserError("markers do not overlap the trace: " + explain_marker_clock(m, t0, t1, meta))
+    if (~inside).any():
+        notes.append(f"markers: {int((~inside).sum())} of {len(s)} fall outside the trace's time span and were ignored")
+    s, e, mt = s[inside], e[inside], mt[inside]
+    win = recording_window(meta)
+    if win is not None:
+        straddle = (s < win[0]) | (e > win[1])
+        if straddle.any():
+            notes.append(f"markers: {int(straddle.sum())} straddle the start or end of the recording "
+                         "(their batches were only partly traced) and were left out")
+            s, e, mt = s[~straddle], e[~straddle], mt[~straddle]
+            if len(s) == 0:
+                raise UserError("every marker straddles the start or end of the recording: no complete batch")
+    # overlapping markers: trim each to its successor's start
+    nxt = np.r_[s[1:], np.iinfo(np.int64).max]
+    over = e > nxt
+    if over.any():
+        notes.append(f"markers: {int(over.sum())} overlap their successor; trimmed to the successor's start")
+        e = np.minimum(e, nxt)
+    first = np.searchsorted(ts, s, side="left")
+    stop = np.searchsorted(ts, e, side="left")
+    counts = stop - first
+    used = counts > 0
+    info["markers_in_trace"] = int(len(s))
+    info["calls_outside_markers"] = int(len(ts) - counts.sum())
+    if not used.any():
+        raise UserError(
+            f"no traced call falls inside any of the {len(s)} markers that overlap the trace "
+            "(are the markers from the traced process?)"
+        )
+    if (~used).any():
+        notes.append(f"markers: {int((~used).sum())} batch marker(s) contain no traced call and were left out")
+    if info["calls_outside_markers"]:
+        notes.append(f"{info['calls_outside_markers']} call(s) fall outside every marker and are not in any batch")
+    mt = mt[used]
+    if (mt < 0).any():
+        notes.append(f"markers: {int((mt < 0).sum())} carry no submitting-thread tid: the submitter is inferred "
+                     "from the trace where it can be, else the time before the first read and after the last is "
+                     "counted as python-scheduling")
+    return Batches(first=first[used], stop=stop[used], start_ns=s[used], end_ns=e[used], n_calls=len(ts),
+                   source="markers", notes=notes, info=info, submit_tid=mt)
+
+
+# --------------------------------------------------------------------------- inferred --
+
+def union_gaps(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """gap[i-1] = ts[i] - max(end[:i]) for i >= 1 (calls sorted by ts); <= 0 means overlap."""
+    if len(ts) < 2:
+        return np.empty(0, dtype=np.int64)
+    return ts[1:] - np.maximum.accumulate(end)[:-1]
+
+
+_MAX_DECADES = 16
+_CHUNK = 1 << 20
+
+
+def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
+    """Pick the batch-split threshold from the union gaps (ns); ``None`` = no split.
+
+    Method (a density valley): histogram log10(gap) in BIN_DECADES bins (gaps clipped at 1 ns,
+    so overlapping calls count as 1 ns gaps), smoothed over +-SMOOTH_BINS bins.  The upper mode
+    U is the fullest smoothed bin at or above MIN_SPLIT_GAP_NS (the forward passes; idle pauses
+    between requests are rarer and sit above it); the lower mode L is the fullest bin below U
+    (the within-batch gaps; the 1 ns overlap bin only when no positive gap is below U).  The
+    valley is the emptiest smoothed bin between L and U (ties: the middle of the longest run of
+    them).  It must hold at most VALLEY_FRACTION of the smaller mode, else there is no split.
+    The threshold is the valley's centre, raised to MIN_SPLIT_GAP_NS if below it.  A sparse
+    scatter of stalls between the modes (seen on loaded machines) does not hide the valley.
+    Memory is O(bins) plus 1M-element chunks, whatever the number of gaps.
+    """
+    gaps_ns = np.asarray(gaps_ns)
+    n = len(gaps_ns)
+    info: dict = {"gaps": int(n)}
+    if n == 0:
+        info["method"] = "single call"
+        return None, info
+    if n == 1:
+        g0 = float(max(gaps_ns[0], 1))
+        if g0 >= MIN_SPLIT_GAP_NS:
+            info.update(method="single gap", above_ns=g0)
+            return g0 / 2, info
+        info["method"] = "single short gap"
+        return None, info
+    nbins = int(_MAX_DECADES / BIN_DECADES) + 1
+    counts = np.zeros(nbins, dtype=np.int64)
+    overlapping = 0
+    for i in range(0, n, _CHUNK):
+        g = np.maximum(gaps_ns[i:i + _CHUNK].astype(np.float64), 1.0)
+        overlapping += int((g <= 1.0).sum())
+        counts += np.bincount(np.minimum((np.log10(g) / BIN_DECADES).astype(np.int64), nbins - 1), minlength=nbins)
+    info["overlapping"] = overlapping
+    w = 2 * SMOOTH_BINS + 1
+    sm = np.convolve(counts, np.ones(w, dtype=np.int64), mode="same")
+    floor_bin = int(math.log10(MIN_SPLIT_GAP_NS) / BIN_DECADES)
+    if counts[floor_bin:].sum() == 0:
+        info["method"] = "no gap reaches the minimum split"
+        return None, info
+    up = floor_bin + int(np.argmax(sm[floor_bin:]))
+    low_region = sm[1:up] if counts[1:up].sum() > 0 else sm[:up]
+    if len(low_region) == 0:
+        info["method"] = "no lower population"
+        return None, info
+    lo = (1 if counts[1:up].sum() > 0 else 0) + int(np.argmax(low_region))
+    if up - lo < 2:
+        info["method"] = "no valley between the modes"
+        return None, info
+    between = sm[lo + 1:up]
+    vmin = int(between.min())
+    depth = vmin / max(1, min(int(sm[lo]), int(sm[up])))
+    info.update(lower_mode_ns=float(10 ** ((lo + 0.5) * BIN_DECADES)), upper_mode_ns=float(10 ** ((up + 0.5) * BIN_DECADES)),
+                valley_depth=float(depth))
+    if depth > VALLEY_FRACTION:
+        info["method"] = "no bimodality"
+        return None, info
+    # the longest run of minimal bins; its middle
+    is_min = np.r_[False, between == vmin, False]
+    edges = np.flatnonzero(np.diff(is_min.astype(np.int8)))
+    starts, stops = edges[0::2], edges[1::2]
+    k = int(np.argmax(stops - starts))
+    centre_bin = lo + 1 + (starts[k] + stops[k]) / 2.0  # in bins, fractional
+    thr = max(10 ** (centre_bin * BIN_DECADES), float(MIN_SPLIT_GAP_NS))
+    below, above, n_above = 1.0, math.inf, 0
+    for i in range(0, n, _CHUNK):
+        g = np.maximum(gaps_ns[i:i + _CHUNK].astype(np.float64), 1.0)
+        le = g <= thr
+        if le.any():
+            below = max(below, float(g[le].max()))
+        if (~le).any():
+            above = min(above, float(g[~le].min()))
+            n_above += int((~le).sum())
+    info.update(method="density valley", below_ns=below, above_ns=above if math.isfinite(above) else None,
+                n_above=n_above)
+    return float(thr), info
+
+
+def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None) -> Batches:
+    """Segment calls (sorted by ``ts``; ``end`` = ts + dur) into batches at long union gaps."""
+    n = len(ts)
+    gaps = union_gaps(ts, end)
+    notes = [
+        "batches inferred from gaps in the read stream: each starts at its first call, so "
+        "scheduling before the first read (futures, pool wake-up) cannot be seen; pass --markers to see it"
+    ]
+    if gap_ms is not None:
+        thr: float | None = float(gap_ms) * 1e6
+        src = "user"
+        info: dict = {"method": "--gap-ms"}
+    else:
+        thr, info = choose_gap_threshold(gaps)
+        src = "inferred" if thr is not None else "none"
+        if thr is None and n > 1:
+            notes.append(
+                "no clear gap between batches in the read stream (gaps are not bimodal): the whole "
+                "trace is treated as one batch; pass --gap-ms or --markers"
+            )
+    new = gaps > thr if thr is not None else np.zeros(len(gaps), dtype=bool)
+    del gaps
+    if n:
+        first = np.flatnonzero(np.r_[True, new])
+        stop = np.r_[first[1:], n]
+        start = ts[first]
+        stop_ns = np.maximum.reduceat(end, first)
+    else:
+        first = stop = start = stop_ns = np.empty(0, np.int64)
+    return Batches(first=first, stop=stop, start_ns=start, end_ns=stop_ns, n_calls=n, source="inferred",
+                   gap_ns=thr, gap_source=src, notes=notes, info=info)
+
+
+def iou(a_start, a_end, b_start, b_end) -> np.ndarray:
+    """Intersection over union of intervals (vectorised)."""
+    a_start, a_end, b_start, b_end = (np.asarray(x, dtype=np.float64) for x in (a_start, a_end, b_start, b_end))
+    inter = np.clip(np.minimum(a_end, b_end) - np.maximum(a_start, b_start), 0, None)
+    union = np.maximum(a_end, b_end) - np.minimum(a_start, b_start)
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def match_iou(markers: pd.DataFrame, batches: Batches) -> np.ndarray:
+    """For each marker, the best IoU with an inferred batch (the ones overlapping it)."""
+    ms = markers["start_ns"].to_numpy(np.int64)
+    me = markers["end_ns"].to_numpy(np.int64)
+    bs, be = batches.start_ns, batches.end_ns
+    # candidates: the batch starting at or before the marker's end, and the one before it/after
+    j = np.searchsorted(bs, me, side="right") - 1
+    best = np.zeros(len(ms))
+    for shift in (-1, 0, 1):
+        k = np.clip(j + shift, 0, len(bs) - 1)
+        best = np.maximum(best, iou(ms, me, bs[k], be[k]))
+    return best
+
+
+def match_quality(ts: np.ndarray, end: np.ndarray, marked: Batches, inferred: Batches) -> dict:
+    """How well inferred batches reproduce marker batches (calls sorted by ``ts``).
+
+    ``span_iou``: per marker, the best IoU of an inferred batch with the marker span.  This is
+    bounded by (read span / marker span): time before the first read and after the last is
+    invisible to inference.  ``read_span_iou``: the same against the marker's read span (its
+    first call's entry to its last call's exit).  ``exact``: per marker, whether its calls
+    are exactly the calls of one inferred batch.
+    """
+    spans = pd.DataFrame({"start_ns": marked.start_ns, "end_ns": marked.end_ns})
+    rs = ts[marked.first]
+    re_ = np.maximum.reduceat(end, marked.first) if marked.n else np.empty(0, np.int64)
+    reads = pd.DataFrame({"start_ns": rs, "end_ns": re_})
+    cm, ci = marked.call_batch, inferred.call_batch
+    ok = cm >= 0
+    pairs = pd.DataFrame({"m": cm[ok], "i": ci[ok]}).drop_duplicates()
+    one_i = pairs.groupby("m")["i"].nunique() == 1
+    i_of_m = pairs.groupby("m")["i"].first()
+    calls_i = np.bincount(ci[ci >= 0], minlength=inferred.n)
+    calls_m = marked.counts
+    exact = one_i & (calls_i[i_of_m.to_numpy()] == calls_m[i_of_m.index.to_numpy()])
+    return {
+        "span_iou": match_iou(spans, inferred),
+        "read_span_iou": match_iou(reads, inferred),
+        "exact": exact.reindex(range(marked.n), fill_value=False).to_numpy(),
+        "span_bound": (re_ - rs) / np.maximum(marked.end_ns - marked.start_ns, 1),
+    }

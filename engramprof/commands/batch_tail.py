@@ -1,0 +1,44 @@
+"""`engramprof batch-tail TRACE`: per-batch tail analysis and cause attribution (thin)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("batch-tail")
+    def batch_tail(
+        trace: Path = typer.Argument(..., help="Trace written by `syscalls` / `diagnose` (bundle directory or a per-call Parquet file)."),
+        markers: Optional[Path] = typer.Option(None, "--markers", help="JSON lines with start_ns/end_ns per batch (CLOCK_MONOTONIC ns)."),
+        slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this is 'slow'."),
+        gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="Split inferred batches where no read is in flight for longer than this (default: chosen from the trace)."),
+        normal_miss_us: Optional[float] = typer.Option(None, "--normal-miss-us", help="Normal device service per miss I/O (default: the trace's median, at most 1000 µs)."),
+        min_share: float = typer.Option(0.25, "--min-share", help="Share of batch time a cause needs to be the verdict (else healthy)."),
+        top: int = typer.Option(10, "--top", min=1, help="How many of the slowest batches to list."),
+        json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: batch timeline by cause, latency vs offset heatmap."),
+    ) -> None:
+        """Per-batch tail analysis: which cause holds each decode batch back, with evidence."""
+        from engramprof import attribution, batches, report
+        from engramprof.trace import load_bundle
+
+        if plot is not None:
+            report.check_plot_path(plot)
+        tr = load_bundle(trace)
+        mdf, bad = (None, 0)
+        if markers is not None:
+            mdf, bad = batches.read_markers(markers)
+        result = attribution.analyse(tr, mdf, slow_ms=slow_ms, gap_ms=gap_ms, normal_miss_us=normal_miss_us,
+                                     meaningful_share=min_share, markers_bad_lines=bad, top=top)
+        if plot is not None:
+            report.plot(plot, tr.calls, result)
+            result.summary["plot"] = str(plot)
+        if json_out:
+            sys.stdout.write(report.to_json(result.summary) + "\n")
+        else:
+            report.render(result, top=top)
+            if plot is not None:
+                print(f"plot written to {plot}")

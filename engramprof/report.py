@@ -1,0 +1,361 @@
+"""Rendering: rich tables, JSON, PNG plots (batch-tail's rendering lives here).
+
+Every number printed comes from the summary dict / batches DataFrame returned by
+:func:`engramprof.attribution.analyse`, which in turn come from trace columns.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from engramprof.attribution import CAUSES, col
+from engramprof.errors import UserError
+
+CAUSE_COLOURS = {
+    "residency": "#d62728",
+    "reclaim": "#9467bd",
+    "storage": "#ff7f0e",
+    "python-scheduling": "#1f77b4",
+    "cpu-copy": "#2ca02c",
+    "unexplained": "#7f7f7f",
+}
+CAUSE_STYLE = {
+    "residency": "red",
+    "reclaim": "magenta",
+    "storage": "yellow",
+    "python-scheduling": "blue",
+    "cpu-copy": "green",
+    "unexplained": "dim",
+    "healthy": "green",
+}
+HINTS = {
+    "python-scheduling": "reads are cheap but the batch waits on futures, wake-ups and GIL hand-offs: "
+                         "read cached rows synchronously with RWF_NOWAIT and send only EAGAIN rows to the pool",
+    "residency": "requested rows are not in the page cache and calls wait for the device: check residency of "
+                 "the hot rows (engramprof residency) and keep them cached",
+    "reclaim": "memory pressure evicts the rows or the readers stall in reclaim: check the cgroup memory limit, "
+               "refaults and memory PSI",
+    "storage": "misses are served slower than normal device service: check io PSI, blkio throttles and the "
+               "device queue",
+    "healthy": "no cause explains a meaningful share of batch time",
+}
+
+
+def fmt_ms(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    if a >= 0.001:
+        return f"{v:.3g}"
+    return f"{v:.2g}" if v else "0"
+
+
+def fmt_time(ms: float | None) -> str:
+    """A duration given in ms, in the unit that reads best (µs / ms / s)."""
+    if ms is None or (isinstance(ms, float) and not math.isfinite(ms)):
+        return "-"
+    if abs(ms) < 0.1 and ms:
+        return f"{ms * 1e3:.3g} µs"
+    if abs(ms) >= 10_000:
+        return f"{ms / 1e3:.3g} s"
+    return f"{fmt_ms(ms)} ms"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+# ------------------------------------------------------------------------------ JSON --
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if v is None or isinstance(v, (str, int, bool)):
+        return v
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return str(v)
+
+
+def to_json(summary: dict) -> str:
+    """The summary as strict JSON (no NaN/Infinity)."""
+    return json.dumps(_clean(summary), indent=2, allow_nan=False)
+
+
+# ---------------------------------------------------------------------------- tables --
+
+def _source_line(s: dict) -> str:
+    if s["batch_source"] == "markers":
+        return "batches from markers"
+    if s.get("gap_ms") is None:
+        return "one inferred batch (no gap structure found)"
+    how = "--gap-ms" if s.get("gap_source") == "user" else "chosen from the trace's gap distribution"
+    return f"batches inferred: split where no read was in flight for > {fmt_time(s['gap_ms'])} ({how})"
+
+
+def _cause_evidence(s: dict) -> dict[str, str]:
+    ev = s.get("evidence", {})
+    out: dict[str, str] = {c: "" for c in CAUSES}
+    miss_bits = []
+    if "misses" in ev:
+        miss_bits.append(f"{ev['misses']:,} pages inserted; {_pct(ev.get('calls_with_misses_frac'))} of calls missed")
+        if ev.get("slow_calls"):
+            miss_bits.append(f"{_pct(ev.get('slow_calls_with_misses_frac'))} of slow calls had misses")
+    if ev.get("runq_wake_share"):
+        miss_bits.append(f"of which waiting for a CPU after the miss {_pct(ev['runq_wake_share'])}")
+    out["residency"] = "; ".join(miss_bits)
+    rb = []
+    if "reclaim_ms" in ev:
+        rb.append(f"reclaim inside calls {fmt_time(ev['reclaim_ms'])} ({ev.get('calls_with_reclaim', 0):,} calls)")
+    if ev.get("refault_frac_of_misses_est") is not None:
+        rb.append(f"refaults ≈ {_pct(ev['refault_frac_of_misses_est'])} of misses")
+    if ev.get("psi_some_pct", {}).get("memory") is not None:
+        rb.append(f"memory PSI some {ev['psi_some_pct']['memory']:.1f}%")
+    out["reclaim"] = "; ".join(rb)
+    sb = []
+    if "bio_ms_per_bio" in ev:
+        sb.append(f"bio queue→complete p50 {fmt_time(ev['bio_ms_per_bio']['p50'])} / p99 {fmt_time(ev['bio_ms_per_bio']['p99'])}")
+    if s.get("normal_miss_us") is not None:
+        sb.append(f"normal {s['normal_miss_us']:.0f} µs")
+    if ev.get("psi_some_pct", {}).get("io") is not None:
+        sb.append(f"io PSI some {ev['psi_some_pct']['io']:.1f}%")
+    out["storage"] = "; ".join(sb)
+    pb = []
+    if ev.get("no_read_ms"):
+        pb.append(f"no read in flight p50 {fmt_time(ev['no_read_ms']['p50'])}/batch")
+    if ev.get("runq_preempt_share") is not None:
+        pb.append(f"of which run-queue (preempted in calls) {_pct(ev['runq_preempt_share'])}")
+    if ev.get("ctx_switches_per_batch"):
+        pb.append(f"≈{ev['ctx_switches_per_batch']['p50']:.0f} ctx switches/batch" if ev["ctx_switches_per_batch"]["p50"] is not None else "")
+    out["python-scheduling"] = "; ".join(x for x in pb if x)
+    cb = [f"{ev.get('threads', 0)} reading thread(s)"]
+    if ev.get("concurrency_p50") is not None:
+        cb.append(f"concurrency p50 {ev['concurrency_p50']:.1f}")
+    if ev.get("nowait_calls"):
+        cb.append(f"{ev['nowait_calls']:,} RWF_NOWAIT calls ({ev.get('eagain_calls', 0):,} EAGAIN)")
+    out["cpu-copy"] = "; ".join(cb)
+    if s.get("missing_evidence"):
+        out["unexplained"] = "missing: " + ", ".join(s["missing_evidence"])
+    return out
+
+
+def _slow_evidence(r: pd.Series | dict) -> str:
+    g = r.get if isinstance(r, dict) else r.get
+    bits = []
+    where = g("slowest_path")
+    if where is not None and isinstance(where, str) and where:
+        where = os.path.basename(where)
+        off = g("slowest_offset")
+        if off is not None and not (isinstance(off, float) and math.isnan(off)):
+            where += f"@{int(off):,}"
+        bits.append(where)
+    for key, label, unit in (("slowest_misses", "miss", ""), ("slowest_bio_ms", "bio", " ms"),
+                             ("slowest_reclaim_ms", "reclaim", " ms"), ("slowest_offcpu_ms", "offcpu", " ms"),
+                             ("slowest_runq_ms", "runq", " ms")):
+        v = g(key)
+        if v is None or (isinstance(v, float) and not math.isfinite(v)) or v == 0:
+            continue
+        bits.append(f"{label} {int(v)}" if key == "slowest_misses" else f"{label} {fmt_ms(float(v))}{unit}")
+    return " ".join(bits)
+
+
+def render(result, console: Console | None = None, top: int = 10) -> None:
+    """Rich terminal report: summary sentences, cause shares (all / tail), slowest batches."""
+    batches, s = result
+    if console is None:
+        console = Console(highlight=False)
+        if not console.is_terminal:
+            console = Console(highlight=False, width=140)
+    console.print(Text(f"batch-tail: {s['batches']:,} batches, {s['calls_in_batches']:,} of {s['calls']:,} calls — "
+                       + _source_line(s), style="bold"))
+    console.print(
+        f"{_pct(s['frac_batches_with_slow_call'])} of batches had at least one call slower than {s['slow_ms']:g} ms "
+        f"(calls p50 {fmt_time(s['call_ms']['p50'])}, p99 {fmt_time(s['call_ms']['p99'])})"
+    )
+    if s.get("outside_read_path_frac") is not None:
+        console.print(
+            f"median batch {fmt_time(s['batch_ms']['p50'])} while reads were in flight for "
+            f"{fmt_time(s['inflight_ms']['p50'])}: {_pct(s['outside_read_path_frac'])} of batch time is outside "
+            f"the kernel read path (summed call time p50 {fmt_time(s['sum_call_ms']['p50'])}; batch p99 "
+            f"{fmt_time(s['batch_ms']['p99'])})"
+        )
+    v = s["verdict"]
+    top_cause = max(CAUSES, key=lambda c: s["share"][c])
+    line = Text("verdict: ", style="bold")
+    line.append(v, style=f"bold {CAUSE_STYLE.get(v, '')}")
+    line.append(f" — largest share: {top_cause} {_pct(s['share'][top_cause])} of batch time; "
+                f"tail (batches > p90 {fmt_time(s['tail_threshold_ms'])}): {s['tail_verdict']}")
+    console.print(line)
+    console.print(Text(HINTS.get(v, ""), style="italic"))
+
+    ev = _cause_evidence(s)
+    t = Table(title="Where batch time went", title_justify="left")
+    t.add_column("cause")
+    t.add_column("all batches", justify="right")
+    t.add_column(f"tail ({s['tail_batches']:,})", justify="right")
+    t.add_column("evidence", overflow="fold")
+    for c in CAUSES:
+        t.add_row(Text(c, style=CAUSE_STYLE.get(c, "")), _pct(s["share"][c]), _pct(s["tail_share"][c]), ev.get(c, ""))
+    console.print(t)
+
+    if len(batches):
+        st = Table(title=f"Slowest batches (of {len(batches):,})", title_justify="left")
+        for name, just in (("#", "right"), ("start s", "right"), ("wall ms", "right"), ("in flight", "right"),
+                           ("calls", "right"), ("slow", "right"), ("misses", "right"), ("slowest ms", "right"),
+                           ("slowest call evidence", "left"), ("verdict", "left")):
+            st.add_column(name, justify=just, overflow="fold")
+        for _, r in batches.nlargest(min(top, len(batches)), "wall_ms").iterrows():
+            shares = {c: r[f"share_{col(c)}"] for c in CAUSES}
+            tc = max(CAUSES, key=lambda c: shares[c])
+            st.add_row(
+                str(int(r["batch"])), f"{r['start_s']:.3f}", fmt_ms(r["wall_ms"]), fmt_ms(r["inflight_ms"]),
+                f"{int(r['calls']):,}", f"{int(r['slow_calls']):,}",
+                f"{int(r['misses']):,}" if "misses" in r else "-",
+                fmt_ms(r["slowest_call_ms"]), _slow_evidence(r),
+                Text(f"{r['verdict']} ({tc} {shares[tc]:.0%})", style=CAUSE_STYLE.get(r["verdict"], "")),
+            )
+        console.print(st)
+    sub = s.get("submitter") or {}
+    console.print(Text("submitting thread: " + (f"tid {sub['tid']} ({sub['source']})" if sub.get("tid") is not None
+                                                else "none identified: every reading thread is treated as a pool worker"),
+                       style="dim"))
+    vc = ", ".join(f"{k} {n:,}" for k, n in s["verdict_counts"].items() if n)
+    console.print(f"per-batch verdicts: {vc}")
+    if s.get("missing_evidence"):
+        console.print(Text("missing evidence columns: " + ", ".join(s["missing_evidence"]), style="yellow"))
+    if s.get("samples_missing"):
+        console.print(Text("samples not available: " + ", ".join(s["samples_missing"]), style="dim"))
+    for note in s.get("notes", []):
+        console.print(Text("note: " + note, style="dim"))
+
+
+# ------------------------------------------------------------------------------ plot --
+
+def check_plot_path(path: str | os.PathLike) -> Path:
+    """Fail early (before a long analysis) if the plot cannot be created there."""
+    p = Path(path)
+    if os.path.lexists(p):
+        raise UserError(f"{p} already exists; choose a new --plot path")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"cannot create {p}: {parent} is not a directory")
+    return p
+
+
+def _open_new(path: Path):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise UserError(f"{path} already exists; choose a new --plot path") from None
+    except OSError as exc:
+        raise UserError(f"cannot create {path}: {exc.strerror}") from None
+    return os.fdopen(fd, "wb")
+
+
+def _bin_batches(batches: pd.DataFrame, max_points: int = 3000):
+    x = batches["start_s"].to_numpy(np.float64)
+    ys = {c: batches[f"ms_{col(c)}"].to_numpy(np.float64) for c in CAUSES}
+    n = len(x)
+    if n <= max_points:
+        return x, ys, 1
+    k = int(math.ceil(n / max_points))
+    m = (n // k) * k
+    xb = x[:m].reshape(-1, k).mean(axis=1)
+    return xb, {c: v[:m].reshape(-1, k).mean(axis=1) for c, v in ys.items()}, k
+
+
+def plot(path: str | os.PathLike, calls: pd.DataFrame, result) -> Path:
+    """PNG: batch timeline coloured by cause, and call latency vs file offset (row) heatmap.
+
+    The file is created with O_EXCL|O_NOFOLLOW (an existing file or symlink is refused).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm, Normalize
+
+    batches, s = result
+    p = Path(path)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 8.5), constrained_layout=True)
+    if len(batches):
+        x, ys, k = _bin_batches(batches)
+        # one stacked bar per batch (or per group of k batches), 80% of the spacing wide
+        spacing = np.diff(x)
+        width = 0.8 * (np.r_[spacing, spacing[-1]] if len(spacing) else np.array([1e-3]))
+        width = np.where(width > 0, width, 1e-6)
+        bottom = np.zeros(len(x))
+        for c in CAUSES:
+            ax1.bar(x, ys[c], width=width, bottom=bottom, align="edge", color=CAUSE_COLOURS[c], label=c,
+                    linewidth=0)
+            bottom = bottom + ys[c]
+        ax1.set_yscale("linear")
+        ax1.set_xlabel("batch start (s since the first call)")
+        ax1.set_ylabel("batch wall time (ms)" + (f", mean of {k} batches" if k > 1 else ""))
+        ax1.axhline(s["tail_threshold_ms"], color="black", linestyle=":", linewidth=0.8, label="p90")
+        ax1.legend(loc="upper right", fontsize=8, ncol=4)
+    ax1.set_title(f"batch timeline by cause — verdict {s['verdict']} ({s['batches']:,} batches, {s['batch_source']})")
+
+    dur = pd.to_numeric(calls["dur_ns"], errors="coerce").to_numpy(np.float64) / 1e3
+    use_row = "row" in calls.columns and (pd.to_numeric(calls["row"], errors="coerce") >= 0).any()
+    if use_row:
+        xv = pd.to_numeric(calls["row"], errors="coerce").to_numpy(np.float64)
+        xlabel = "row (tensor row; calls outside a tensor left out)"
+    elif "offset" in calls.columns:
+        xv = pd.to_numeric(calls["offset"], errors="coerce").to_numpy(np.float64) / 2**20
+        xlabel = "file offset (MiB, all files)"
+    else:
+        xv = np.zeros(len(dur))
+        xlabel = "(no offset column)"
+    ok = np.isfinite(dur) & (dur > 0) & np.isfinite(xv) & (xv >= 0)
+    if ok.any():
+        ly = np.log10(dur[ok])
+        lo, hi = float(ly.min()), float(ly.max())
+        if hi - lo < 0.5:
+            lo, hi = lo - 0.25, hi + 0.25
+        xmin, xmax = float(xv[ok].min()), float(xv[ok].max())
+        if xmax <= xmin:
+            xmax = xmin + 1
+        h, xe, ye = np.histogram2d(xv[ok], ly, bins=(200, 80), range=((xmin, xmax), (lo, hi)))
+        h = np.where(h > 0, h, np.nan)
+        hmax = float(np.nanmax(h))
+        norm = LogNorm(vmin=1, vmax=hmax) if hmax >= 20 else Normalize(vmin=0, vmax=max(hmax, 1.0))
+        mesh = ax2.pcolormesh(xe, 10 ** ye, h.T, norm=norm, cmap="viridis")
+        ax2.set_yscale("log")
+        fig.colorbar(mesh, ax=ax2, label="calls")
+        ax2.axhline(s["slow_ms"] * 1e3, color="red", linestyle=":", linewidth=0.8, label=f"slow ({s['slow_ms']:g} ms)")
+        ax2.legend(loc="upper right", fontsize=8)
+    ax2.set_xlabel(xlabel)
+    ax2.set_ylabel("call latency (µs)")
+    ax2.set_title("call latency against file position")
+    with _open_new(p) as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return p

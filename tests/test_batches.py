@@ -1,0 +1,221 @@
+"""Batch segmentation: markers (reading, clock checks) and inference from gaps (IoU vs markers)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engramprof import batches as B
+from engramprof.errors import UserError
+
+try:  # shape builders shared with the attribution tests
+    from test_attribution import T0, decode_trace, prefill_trace
+except ImportError:  # tests/ made a package
+    from tests.test_attribution import T0, decode_trace, prefill_trace
+
+
+def _infer(calls, gap_ms=None):
+    ts = calls["ts_ns"].to_numpy()
+    return B.infer(ts, ts + calls["dur_ns"].to_numpy(), gap_ms)
+
+
+def _iou_ok(calls, markers, gap_ms=None):
+    seg = _infer(calls, gap_ms)
+    return seg, B.match_iou(markers, seg)
+
+
+# ----------------------------------------------------------------------------- markers --
+
+@pytest.mark.parametrize("own", [False, True])
+def test_read_markers_skips_and_counts_bad_lines(tmp_path, monkeypatch, own):
+    if own:  # our fallback reader follows the same rules as engramprof.markers
+        import engramprof
+
+        monkeypatch.setitem(sys.modules, "engramprof.markers", None)
+        monkeypatch.setattr(engramprof, "markers", None, raising=False)
+        monkeypatch.setattr(B, "_read_markers_own", _spy(B._read_markers_own, calls := []))
+    p = tmp_path / "m.jsonl"
+    lines = [
+        json.dumps({"start_ns": 10, "end_ns": 20, "step": 1, "tid": 5}),  # extra keys ignored
+        "",  # blank: ignored, not bad
+        "not json",
+        json.dumps([1, 2]),
+        json.dumps({"start_ns": 5}),
+        json.dumps({"start_ns": "1", "end_ns": "2"}),
+        json.dumps({"start_ns": 30, "end_ns": 30}),  # zero length: read (holds no call later)
+        json.dumps({"start_ns": True, "end_ns": 3}),
+        json.dumps({"start_ns": 40.0, "end_ns": 50.4}),  # not integers
+        json.dumps({"start_ns": -1, "end_ns": 3}),
+        json.dumps({"start_ns": 9, "end_ns": 3}),
+    ]
+    p.write_text("\n".join(lines) + "\n")
+    with open(p, "ab") as f:
+        f.write(b"\xff\xfe garbage\n")
+    df, bad = B.read_markers(p)
+    assert list(df["start_ns"]) == [10, 30] and list(df["end_ns"]) == [20, 30]
+    assert bad == 9
+    if own:
+        assert calls
+
+
+def _spy(fn, calls):
+    def wrapper(*a, **k):
+        calls.append(a)
+        return fn(*a, **k)
+    return wrapper
+
+
+def test_read_markers_errors(tmp_path):
+    with pytest.raises(UserError, match="no such markers file"):
+        B.read_markers(tmp_path / "nope.jsonl")
+    with pytest.raises(UserError, match="directory"):
+        B.read_markers(tmp_path)
+
+
+def _ts_end(calls):
+    ts = calls["ts_ns"].to_numpy()
+    return ts, ts + calls["dur_ns"].to_numpy()
+
+
+def test_wall_clock_markers_are_explained():
+    calls, markers = decode_trace("python-scheduling", n_batches=3)
+    ts, end = _ts_end(calls)
+    wall = markers + 1_700_000_000 * 10**9  # time.time_ns()-style
+    meta = {"created_unix": 1_700_000_000.0 + T0 / 1e9 - T0 / 1e9, "created_monotonic_ns": 0}
+    with pytest.raises(UserError, match="wall-clock ns since the Unix epoch.*monotonic_ns") as ei:
+        B.from_markers(ts, end, wall, meta)
+    assert "\n" not in str(ei.value)
+    assert "shifted" in str(ei.value)
+    secs = (markers // 10**9 + 1_700_000_000).astype("int64")  # time.time() seconds
+    with pytest.raises(UserError, match="wall-clock s since"):
+        B.from_markers(ts, end, secs)
+
+
+def test_monotonic_in_wrong_unit_and_disjoint_markers():
+    calls, markers = decode_trace("python-scheduling", n_batches=3)
+    ts, end = _ts_end(calls)
+    with pytest.raises(UserError, match="CLOCK_MONOTONIC in µs"):
+        B.from_markers(ts, end, markers // 1000)
+    with pytest.raises(UserError, match="no overlap"):
+        B.from_markers(ts, end, markers + 10**13)
+
+
+def test_markers_partly_outside_overlapping_and_empty():
+    calls, markers = decode_trace("python-scheduling", n_batches=4)
+    ts, end = _ts_end(calls)
+    extra = pd.DataFrame({"start_ns": [10**9, int(markers["end_ns"].iloc[1]) + 1000],
+                          "end_ns": [2 * 10**9, int(markers["end_ns"].iloc[1]) + 2000]})
+    m = pd.concat([markers, extra], ignore_index=True)
+    m.loc[0, "end_ns"] = markers["start_ns"].iloc[1] + 50_000  # overlaps its successor
+    seg = B.from_markers(ts, end, m, bad_lines=2)
+    assert seg.n == 4
+    text = " ".join(seg.notes)
+    assert "1 of 6 fall outside" in text
+    assert "overlap their successor" in text
+    assert "contain no traced call" in text
+    assert "skipped 2 bad line" in text
+    assert seg.info["bad_lines"] == 2
+    with pytest.raises(UserError, match="no usable markers"):
+        B.from_markers(ts, end, m.iloc[0:0], bad_lines=3)
+    # a caller's DataFrame with unusable rows: skipped and counted, never a pandas error
+    m2 = markers.astype({"start_ns": object})
+    m2.loc[0, "start_ns"] = None
+    seg = B.from_markers(ts, end, m2)
+    assert seg.n == 3 and seg.info["bad_lines"] == 1
+    with pytest.raises(UserError, match="lack end_ns"):
+        B.from_markers(ts, end, markers[["start_ns"]])
+
+
+# ---------------------------------------------------------------------------- inference --
+
+@pytest.mark.parametrize("kind", ["python-scheduling", "healthy", "residency", "storage"])
+def test_inferred_batches_match_markers_decode(kind):
+    calls, markers = decode_trace(kind, n_batches=40 if kind != "storage" else 10, seed=11)
+    seg, iou = _iou_ok(calls, markers)
+    assert seg.n == len(markers)
+    assert (iou >= 0.8).mean() >= 0.95
+    assert seg.gap_source == "inferred"
+    assert 0.25e6 <= seg.gap_ns <= 2e6  # between in-batch gaps and the 2 ms forward pass
+
+
+def test_inferred_batches_match_markers_mixed_and_idle_pauses():
+    rng = np.random.default_rng(0)
+    kinds = list(rng.choice(["python-scheduling", "healthy", "residency"], 60))
+    calls, markers = decode_trace(kinds=kinds, n_batches=60, seed=12, idle_every=7)
+    seg, iou = _iou_ok(calls, markers)
+    assert seg.n == 60
+    assert (iou >= 0.8).mean() >= 0.95
+
+
+@pytest.mark.parametrize("kind", ["lab-pool", "lab-nowait"])
+def test_lab_shapes_segment_exactly_but_span_iou_is_bounded(kind):
+    # the lab readers spend 0.5 ms (pool: futures, wake-up) / 0.17 ms (nowait: set-up) before
+    # their first read: inference cannot see it, so the marker-span IoU is bounded, while the
+    # calls of every batch are found exactly
+    calls, markers = decode_trace(kind, n_batches=40, seed=3)
+    ts, end = _ts_end(calls)
+    q = B.match_quality(ts, end, B.from_markers(ts, end, markers), B.infer(ts, end))
+    assert q["exact"].mean() >= 0.95
+    assert (q["read_span_iou"] >= 0.8).mean() >= 0.95
+    assert np.all(q["span_iou"] <= q["span_bound"] + 1e-9)
+
+
+def test_batches_cut_by_the_recording_window_are_left_out():
+    calls, markers = decode_trace("python-scheduling", n_batches=6, seed=4)
+    ts, end = _ts_end(calls)
+    # the recording started inside the first marker and stopped inside the last one
+    meta = {"start_ns": int(markers["start_ns"].iloc[0]) + 10_000, "end_ns": int(markers["end_ns"].iloc[-1]) - 10_000}
+    seg = B.from_markers(ts, end, markers, meta)
+    assert seg.n == 4 and any("straddle" in n for n in seg.notes)
+    # inferred: a batch less than one split gap from an edge of the recording may be cut
+    inf = B.drop_truncated(B.infer(ts, end), {"start_ns": int(ts[0]) - 1000, "end_ns": int(end.max()) + 10**9})
+    assert inf.n == 5 and any("cut" in n for n in inf.notes)
+    assert B.drop_truncated(B.infer(ts, end), {}).n == 6  # no window in the metadata: nothing left out
+
+
+def test_inferred_batches_match_markers_prefill():
+    calls, markers = prefill_trace(n_batches=6)
+    seg, iou = _iou_ok(calls, markers)
+    assert seg.n == 6
+    assert (iou >= 0.8).mean() >= 0.95
+
+
+def test_two_batches_and_one_batch():
+    calls, markers = decode_trace("python-scheduling", n_batches=2, seed=1)
+    seg = _infer(calls)
+    assert seg.n == 2
+    calls, _ = decode_trace("python-scheduling", n_batches=1, seed=1)
+    seg = _infer(calls)
+    assert seg.n == 1 and seg.gap_source == "none"
+    assert any("one batch" in n for n in seg.notes)
+    assert any("cannot be seen" in n for n in seg.notes)  # pre-first-call scheduling is invisible
+
+
+def test_gap_ms_override():
+    calls, markers = decode_trace("python-scheduling", n_batches=10, seed=2)
+    seg = _infer(calls, gap_ms=1000.0)
+    assert seg.n == 1 and seg.gap_source == "user"
+    seg = _infer(calls, gap_ms=0.05)  # splits inside the batches
+    assert seg.n > 10
+
+
+def test_choose_gap_threshold_edge_cases():
+    assert B.choose_gap_threshold(np.array([]))[0] is None
+    assert B.choose_gap_threshold(np.array([5e6]))[0] == pytest.approx(2.5e6)
+    assert B.choose_gap_threshold(np.array([1000.0]))[0] is None
+    # continuous gaps: no bimodality
+    g = np.geomspace(1e3, 1e7, 500)
+    thr, info = B.choose_gap_threshold(g)
+    assert thr is None and info["method"] == "no bimodality"
+    # two populations plus one huge idle gap: the split is the lower jump
+    g = np.r_[np.random.default_rng(0).uniform(2e3, 3e4, 300), np.geomspace(3e6, 9e6, 20), 5e9]
+    thr, info = B.choose_gap_threshold(g)
+    assert 3e4 < thr < 3e6
+
+
+def test_iou():
+    assert B.iou([0], [10], [5], [15])[0] == pytest.approx(5 / 15)
+    assert B.iou([0], [10], [20], [30])[0] == 0
