@@ -18,9 +18,11 @@ The model (docs/readme-batch-tail.md has the long form):
     (preemption, CPU contention);  on-CPU time (d - offcpu - reclaim) -> residency when the
     call inserted pages (the miss path), else cpu-copy (copying cached pages).
 * A miss wait is split into storage and residency by how far the I/O exceeded normal service:
-  storage fraction = max(0, 1 - normal / observed), observed = the call's mean bio
-  queue->complete time (bio_ns / bio_count; the batch's when the call queued no bio itself).
-  normal = ``--normal-miss-us`` or the trace's median per-bio service time, capped at
+  storage fraction = max(0, 1 - normal / observed), observed = the service of one miss I/O as
+  the call saw it: max(mean bio queue->complete, voluntary wait per bio) for a call that
+  queued bios (a throttle holds bios before the block layer: only the wait shows it), its
+  whole wait for a call waiting on another thread's I/O.  normal = ``--normal-miss-us`` or the
+  median observed service of the calls that did their own I/O, capped at
   NORMAL_MISS_CEILING_US.
 * Refault-driven misses: the share of miss time matching the system's workingset refaults
   per page inserted by the target in the same 10 Hz sample interval (capped at 1) moves from
@@ -371,9 +373,15 @@ def _components(d, b, nbc, ev):
 
 
 def _observed_miss_service(b, nbc, ev, wait_miss):
-    """Per call, the observed service time of one miss I/O: its mean bio queue->complete time
-    (the batch's mean when the call queued no bio itself); without bio columns, its miss wait
-    per inserted page.  Also returns the mask of calls that observed it themselves."""
+    """Per call, the observed service time of one miss I/O, as the call experienced it.
+
+    A call that queued bios: max(its mean bio queue->complete time, its voluntary miss wait
+    per bio) -- the wait shows what bio timing cannot: bios held by a throttle before they
+    reach the block layer, queueing ahead of it.  A call that waited without queueing a bio
+    (on a page another thread's read or readahead is bringing in): its whole voluntary miss
+    wait.  Otherwise the batch's mean bio time.  Without bio columns the same with pages
+    inserted as the I/O count.  Returns (observed, own): ``own`` marks calls that did their
+    own I/O, whose observed times define the trace's normal."""
     bio_n, bio_ns, pages = ev["bio_count"], ev["bio_ns"], ev["pages_added"]
     if bio_n is not None and bio_ns is not None:
         num, den = np.clip(bio_ns, 0, None), bio_n
@@ -385,7 +393,9 @@ def _observed_miss_service(b, nbc, ev, wait_miss):
     b_den = np.bincount(b, weights=den, minlength=nbc)
     b_num = np.bincount(b, weights=num, minlength=nbc)
     per_batch = np.where(b_den > 0, _safe_div(b_num, b_den), np.nan)
-    return np.where(own, _safe_div(num, den), per_batch[b]), own
+    mine = np.maximum(_safe_div(num, den), _safe_div(wait_miss, den))
+    other = np.where(wait_miss > 0, wait_miss, per_batch[b])
+    return np.where(own, mine, other), own
 
 
 class _Plan:
@@ -557,18 +567,15 @@ def analyse(
         if need_obs or (vm is not None and cols.has("pages_added")):
                 ev = _evidence_chunk(cols, lo, hi, keep)
                 ev = {k: _nan0(v) for k, v in ev.items()}
+                d = dur[lo:hi].astype(np.float64)
+                if keep is not None:
+                    d = d[keep]
+                comp = _components(d, b, bh - bl, ev)
+                obs, own = _observed_miss_service(b, bh - bl, ev, comp["wait_miss"])
+                if obs is not None:
+                    obs_parts.append(obs[own])
                 if has_bio:
-                    own = ev["bio_count"] > 0
-                    per = _safe_div(np.clip(ev["bio_ns"][own], 0, None), ev["bio_count"][own])
-                    obs_parts.append(per)
-                    bio_parts.append(per)
-                elif ev["pages_added"] is not None:
-                    d = dur[lo:hi].astype(np.float64)
-                    if keep is not None:
-                        d = d[keep]
-                    comp = _components(d, b, bh - bl, ev)
-                    own = ev["pages_added"] > 0
-                    obs_parts.append(_safe_div(comp["wait_miss"][own], ev["pages_added"][own]))
+                    bio_parts.append(_safe_div(np.clip(ev["bio_ns"], 0, None), ev["bio_count"])[ev["bio_count"] > 0])
                 if vm is not None and ev["pages_added"] is not None:
                     s_ = ts[lo:hi] if keep is None else ts[lo:hi][keep]
                     j = np.searchsorted(vm_x, s_, side="left")
@@ -593,8 +600,8 @@ def analyse(
                               "source": "markers" + ("" if given.all() else " (some markers lack it)")}
     obs_all = np.concatenate(obs_parts) if obs_parts else np.empty(0)
     trace_normal = _pct(obs_all, 50) if len(obs_all) else None
-    basis = ("median bio queue->complete time of the trace" if has_bio
-             else "median miss wait per inserted page of the trace (no bio columns)")
+    basis = ("median service per miss I/O of the trace (max of bio queue->complete and the wait per bio)"
+             if has_bio else "median miss wait per inserted page of the trace (no bio columns)")
     if normal_miss_us is not None:
         normal_ns: float | None = float(normal_miss_us) * 1e3
         normal_src: str | None = "--normal-miss-us"
