@@ -557,6 +557,7 @@ def analyse(
     bio_parts: list[np.ndarray] = []
     has_bio = cols.has("bio_count") and cols.has("bio_ns")
     cover_tid: list[np.ndarray] = []
+    waited_parts: list[np.ndarray] = []
     for bl, bh, lo, hi, b, keep in plan:
         # which threads read in which batches (to find the submitting thread)
         tid_c = cols.series("tid", lo, hi).to_numpy().astype(np.int64)
@@ -574,6 +575,7 @@ def analyse(
                 obs, own = _observed_miss_service(b, bh - bl, ev, comp["wait_miss"])
                 if obs is not None:
                     obs_parts.append(obs[own])
+                    waited_parts.append(obs[own | (comp["wait_miss"] > 0)])
                 if has_bio:
                     bio_parts.append(_safe_div(np.clip(ev["bio_ns"], 0, None), ev["bio_count"])[ev["bio_count"] > 0])
                 if vm is not None and ev["pages_added"] is not None:
@@ -613,7 +615,9 @@ def analyse(
     else:
         normal_ns, normal_src = None, None
     per_bio = np.concatenate(bio_parts) if bio_parts else None
-    del obs_parts, bio_parts, obs_all
+    waited = np.concatenate(waited_parts) if waited_parts else np.empty(0)
+    miss_io = _ms_pair(waited) if len(waited) else None
+    del obs_parts, bio_parts, obs_all, waited_parts, waited
     vm_frac = None
     if vm is not None and cols.has("pages_added"):
         vm_frac = np.minimum(1.0, _safe_div(vm_r, vm_pages))
@@ -912,6 +916,14 @@ def analyse(
         evidence["bio_count"] = int(tot["bio"])
     if has_bio and per_bio is not None and len(per_bio):
         evidence["bio_ms_per_bio"] = _ms_pair(per_bio)
+    if miss_io is not None:
+        evidence["miss_io_ms"] = miss_io
+        bio_p50 = evidence.get("bio_ms_per_bio", {}).get("p50")
+        if bio_p50 and miss_io["p99"] and miss_io["p99"] > 4 * max(bio_p50, evidence["bio_ms_per_bio"]["p99"] or 0):
+            notes.append(f"readers waited up to {miss_io['p99']:.3g} ms (p99) per miss I/O while bio queue->complete "
+                         f"was at most {evidence['bio_ms_per_bio']['p99']:.3g} ms (p99): the I/O was held outside the "
+                         "device queue (a blkio throttle dispatches held bios from a worker, so they are not seen "
+                         "in the reader's calls; or queueing before the block layer)")
     if cols.has("reclaim_ns"):
         evidence["reclaim_ms"] = tot["recl"] / 1e6
         evidence["calls_with_reclaim"] = int(tot["recl_calls"])

@@ -142,6 +142,8 @@ def _cause_evidence(s: dict) -> dict[str, str]:
     sb = []
     if "bio_ms_per_bio" in ev:
         sb.append(f"bio queue→complete p50 {fmt_time(ev['bio_ms_per_bio']['p50'])} / p99 {fmt_time(ev['bio_ms_per_bio']['p99'])}")
+    if ev.get("miss_io_ms"):
+        sb.append(f"wait per miss I/O p50 {fmt_time(ev['miss_io_ms']['p50'])} / p99 {fmt_time(ev['miss_io_ms']['p99'])}")
     if s.get("normal_miss_us") is not None:
         sb.append(f"normal {s['normal_miss_us']:.0f} µs")
     if ev.get("psi_some_pct", {}).get("io") is not None:
