@@ -172,6 +172,9 @@ class SyscallTracer:
 
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
+        # Arrow's default (mimalloc) pool keeps freed batches mapped: over a long trace the
+        # collector's RSS creeps up; the system allocator returns them (measured flat, see README)
+        pa.set_memory_pool(pa.system_memory_pool())
         check_target(self.pid, self.tid)
         check_privileges()
         p = loader.plan(self.config)

@@ -1,0 +1,56 @@
+"""`engramprof diagnose`: record a window, analyse it, answer with a verdict and its evidence."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+EPILOG = """Examples:
+
+  engramprof diagnose --pid 4242                       # 20 s window, verdict + evidence + fix
+
+  engramprof diagnose --pid 4242 --markers batches.jsonl --output /var/tmp/d1 --json
+
+Verdicts: residency, reclaim, storage, python-scheduling, healthy.
+"""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("diagnose", epilog=EPILOG)
+    def diagnose_cmd(
+        pid: int = typer.Option(..., "--pid", "-p", help="The reader process (all its threads)."),
+        duration: float = typer.Option(20.0, "--duration", "-d", help="Seconds to record."),
+        markers: Optional[str] = typer.Option(None, "--markers", help="Batch markers (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC)."),
+        output: Optional[str] = typer.Option(None, "--output", "-o", help="Keep the recorded trace here (a new directory); default: a private temporary one, removed."),
+        slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call at least this slow is 'slow'."),
+        as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+    ):
+        """Record PID's read calls and memory/scheduling context for --duration seconds, then
+        say which of residency, reclaim, storage or Python scheduling holds its batches back,
+        with the evidence chain, what the data cannot prove, and the fix to try."""
+        from engramprof import diagnose
+
+        stop = threading.Event()
+
+        def on_signal(signum, _frame):
+            stop.set()
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            result = diagnose.run(
+                pid, duration=duration, markers=markers, output=output, slow_ms=slow_ms, stop=stop, argv=sys.argv,
+                on_tracing=lambda t: print(f"Tracing pid {pid} for {duration:g} s (diagnose)... Ctrl-C to stop early.",
+                                           file=sys.stderr, flush=True),
+            )
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        if as_json:
+            print(json.dumps(diagnose.jsonable(result), indent=2, default=str))
+        else:
+            diagnose.render(Console(), result)

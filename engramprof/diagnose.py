@@ -1,0 +1,339 @@
+"""`engramprof diagnose`: record, analyse, and answer which cause holds the batches back.
+
+The recording is `engramprof syscalls` (calls + samples) for a window; the analysis is
+`batch-tail`'s per-batch time split (engramprof.attribution); on top of it this module adds
+the residency of the hot rows as they are now (mincore / cachestat, never a read), and turns
+the numbers into the field report's evidence chain:
+
+  slow calls -> residency of their pages -> reclaim signals -> device service
+             -> batch time outside the read path -> verdict, runner-up, limits, the fix
+
+Every number in the answer is computed from the trace it recorded (kept with --output).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from engramprof import attribution
+from engramprof import trace as tracefmt
+from engramprof.errors import UserError
+
+CAUSES = attribution.VERDICT_CAUSES
+#: a second cause is named as runner-up from this share of batch time on...
+RUNNER_UP_MIN_SHARE = 0.10
+#: ...and when it is at least this fraction of the winner's share
+RUNNER_UP_MIN_RATIO = 0.33
+#: most distinct rows whose residency is looked up now (the most read first)
+HOT_ROWS = 20_000
+
+FIXES = {
+    "python-scheduling": {
+        "fix": "Serve cached rows without the thread pool: try each row synchronously with "
+               "preadv(..., RWF_NOWAIT), retry the EAGAIN rows once, send only the rows still "
+               "missing to the existing blocking pool (keep the pool as the fallback where NOWAIT "
+               "is unsupported).",
+        "confirm": "engramprof replay TRACE --strategies pool,nowait (component A/B on these rows), "
+                   "then a second `engramprof diagnose --pid PID` after the change, same load",
+    },
+    "residency": {
+        "fix": "The rows the batches need are not in the page cache: keep the hot rows resident "
+               "(give the page cache room for the table's working set, prefetch the hot tensors, "
+               "avoid evicting them with DONTNEED or other large readers), or shrink the hot set.",
+        "confirm": "engramprof residency --rows TRACE (hot rows resident?), then a second "
+                   "`engramprof diagnose --pid PID`",
+    },
+    "reclaim": {
+        "fix": "Rows were cached but memory pressure evicted them (refaults) or the readers stall "
+               "in reclaim: give the process or its cgroup memory headroom (raise memory limit / "
+               "memory.high, move other memory users out), and check for stale shared memory.",
+        "confirm": "engramprof sample --pid PID (refaults, PSI memory, cgroup reclaim ~0), then a "
+                   "second `engramprof diagnose --pid PID`",
+    },
+    "storage": {
+        "fix": "Misses wait far longer than the device's normal service: check the I/O path "
+               "(blkio / io.max throttles, queue depth, a saturated or degraded device, noisy "
+               "neighbours on the same disk); raise queue depth only if the device has headroom.",
+        "confirm": "engramprof diagnose --pid PID again after the change; iostat -x for device "
+                   "utilisation and await",
+    },
+    "healthy": {
+        "fix": "No cause explains a meaningful share of batch time: the read path is not what "
+               "holds this window back. Look upstream (queueing, prefill, collectives) before "
+               "changing the reader.",
+        "confirm": "repeat `engramprof diagnose` on a window where decode steps are slow",
+    },
+}
+
+
+def verdict_and_confidence(share: dict, meaningful: float) -> tuple[str, float, str | None, float | None]:
+    """(verdict, confidence 0..1, runner-up or None, runner-up share).
+
+    The verdict is the cause with the largest share of batch time when it reaches
+    ``meaningful`` (else healthy).  Confidence for a cause: its share over its share plus
+    the runner-up's (0.5 = a tie, 1 = nothing else); for healthy: how far the largest cause
+    stays below ``meaningful`` (1 = no cause at all, 0 = at the threshold).
+    """
+    ranked = sorted(((float(share.get(c, 0.0) or 0.0), c) for c in CAUSES), reverse=True)
+    (s1, c1), (s2, c2) = ranked[0], ranked[1]
+    if s1 < meaningful:
+        conf = max(0.0, 1.0 - s1 / meaningful) if meaningful > 0 else 1.0
+        runner = c1 if s1 >= RUNNER_UP_MIN_SHARE else None
+        return "healthy", round(conf, 2), runner, (round(s1, 3) if runner else None)
+    conf = s1 / (s1 + s2) if (s1 + s2) > 0 else 1.0
+    runner = c2 if (s2 >= RUNNER_UP_MIN_SHARE and s2 >= RUNNER_UP_MIN_RATIO * s1) else None
+    return c1, round(conf, 2), runner, (round(s2, 3) if runner else None)
+
+
+def hot_row_residency(calls: pd.DataFrame, limit: int = HOT_ROWS) -> dict | None:
+    """Resident share, now, of the most-read distinct rows of the trace (never reads a page)."""
+    from engramprof import residency
+
+    if calls.empty:
+        return None
+    ok = calls[(calls["offset"] >= 0) & (calls["size"] > 0) & (calls["path"] != "")]
+    if ok.empty:
+        return None
+    rows = ok.groupby(["path", "offset", "size"], sort=False).size().rename("reads").reset_index()
+    rows = rows.nlargest(limit, "reads")
+    fractions, weights, skipped = [], [], []
+    for path, g in rows.groupby("path", sort=False):
+        try:
+            fr = residency.classify_rows(path, g["offset"].to_numpy(), g["size"].to_numpy())
+        except (UserError, OSError, ValueError) as exc:
+            skipped.append(f"{path}: {exc}")
+            continue
+        fractions.append(fr)
+        weights.append(g["reads"].to_numpy())
+    if not fractions:
+        return {"rows": 0, "skipped": skipped}
+    fr = np.concatenate(fractions)
+    w = np.concatenate(weights)
+    return {
+        "rows": int(len(fr)),
+        "resident_frac": float((fr >= 1.0).mean()),
+        "cold_frac": float((fr <= 0.0).mean()),
+        "resident_frac_by_reads": float((w * (fr >= 1.0)).sum() / w.sum()),
+        "skipped": skipped,
+    }
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{v:.0%}"
+
+
+def _ms(v) -> str:
+    if v is None or v != v:
+        return "n/a"
+    return f"{v:.3f} ms" if v < 1 else f"{v:.1f} ms"
+
+
+def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None, hot: dict | None,
+                   trace_summary: dict) -> list[dict]:
+    """The field report's chain, one step per line, each with the number it rests on."""
+    steps: list[dict] = []
+    slow_ns = bt["slow_ms"] * 1e6
+    slow = calls[calls["dur_ns"] >= slow_ns] if not calls.empty else calls
+    cm = bt.get("call_ms") or {}
+    steps.append({
+        "step": "slow calls",
+        "finding": (f"{bt['frac_batches_with_slow_call']:.0%} of {bt['batches']} batches had at least one call slower "
+                    f"than {bt['slow_ms']:g} ms; call p50 {_ms(cm.get('p50'))}, p99 {_ms(cm.get('p99'))}"),
+        "value": bt["frac_batches_with_slow_call"],
+    })
+    have_miss = "pages_added" in calls.columns
+    if have_miss and len(calls):
+        miss_any = float((calls["pages_added"] > 0).mean())
+        miss_slow = float((slow["pages_added"] > 0).mean()) if len(slow) else None
+        blocked = (calls["offcpu_ns"] - calls["runq_ns"]) > 0 if "offcpu_ns" in calls.columns else None
+        wait_slow = float(((slow["offcpu_ns"] - slow["runq_ns"]) > 0).mean()) if (len(slow) and blocked is not None) else None
+        finding = f"{miss_any:.1%} of calls brought pages into the page cache (misses)"
+        if miss_slow is not None:
+            finding += f"; of the slow calls {_pct(miss_slow)} missed and {_pct(wait_slow)} waited off-CPU"
+        if hot and hot.get("rows"):
+            finding += (f"; hot rows resident now: {hot['resident_frac_by_reads']:.0%} (by reads, "
+                        f"{hot['rows']:,} distinct rows, mincore/cachestat)")
+        steps.append({"step": "residency of their pages", "finding": finding, "value": miss_any})
+    vm = ctx.get("vmstat") or {}
+    psi = (ctx.get("psi") or {}).get("memory") or {}
+    cg = ctx.get("cgroup") or {}
+    rec_ms = float(calls["reclaim_ns"].sum() / 1e6) if "reclaim_ns" in calls.columns else None
+    window = (ctx.get("window") or {}).get("duration_s") or trace_summary.get("duration_s") or 0
+    refaults = vm.get("workingset_refault_file")
+    cg_ref = cg.get("refault_file")
+    parts = [f"workingset refaults {int(refaults or 0):,} system-wide"
+             + (f", {int(cg_ref):,} in the target's cgroup" if cg_ref is not None else ""),
+             f"kswapd scanned {int(vm.get('pgscan_kswapd') or 0):,} pages, direct reclaim {int(vm.get('pgscan_direct') or 0):,}",
+             f"PSI memory some {psi.get('some_pct', 0) or 0:.2f}% of the window",
+             f"reclaim inside calls {rec_ms:.1f} ms" if rec_ms is not None else "reclaim inside calls not measured"]
+    steps.append({"step": "reclaim signals", "finding": "; ".join(parts) + (f" (over {window:.0f} s)" if window else ""),
+                  "value": {"refaults": refaults, "cgroup_refaults": cg_ref, "psi_memory_some_pct": psi.get("some_pct"),
+                            "reclaim_in_calls_ms": rec_ms}})
+    normal = bt.get("normal_miss_us")
+    miss = calls[calls["pages_added"] > 0] if have_miss else calls.iloc[0:0]
+    miss_wait = None
+    if len(miss) and "offcpu_ns" in calls.columns:
+        miss_wait = float(((miss["offcpu_ns"] - miss["runq_ns"]).median()) / 1e3)
+    dev = (f"device service (bio queue->complete) p50 >= {device['p50_us_lower']:.0f} us over {device['bios']:,} bios"
+           if device else "no bios of the target were matched (all hits, or I/O submitted by another thread, e.g. a throttle)")
+    dev += (f"; a missing call waited p50 {miss_wait:,.0f} us off-CPU" if miss_wait is not None else "")
+    dev += f"; normal miss service taken as {normal:,.0f} us ({bt.get('normal_miss_source')})" if normal else ""
+    steps.append({"step": "device service", "finding": dev,
+                  "value": {"bio_p50_us_lower": device["p50_us_lower"] if device else None, "miss_wait_p50_us": miss_wait,
+                            "normal_miss_us": normal}})
+    bm, im = bt.get("batch_ms") or {}, bt.get("inflight_ms") or {}
+    outside = bt.get("outside_read_path_frac")
+    steps.append({
+        "step": "batch time outside the read path",
+        "finding": (f"median batch {_ms(bm.get('p50'))} while reads were in flight for {_ms(im.get('p50'))}: "
+                    f"{_pct(outside)} of batch time is outside the kernel read path"),
+        "value": outside,
+    })
+    share = bt.get("share") or {}
+    steps.append({
+        "step": "time split",
+        "finding": ", ".join(f"{c} {share.get(c, 0):.0%}" for c in attribution.CAUSES),
+        "value": share,
+    })
+    return steps
+
+
+def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> list[str]:
+    out = [f"one {duration:g}-second window with no control run: it says what held these batches back, "
+           "not that changing it will speed up the model end to end (prove that with a matched before/after)"]
+    if not markers:
+        out.append("batches were inferred from gaps in the read stream (no --markers): time before a batch's "
+                   "first read is not seen, so Python scheduling is under-counted")
+    out.append("residency of the hot rows is observed after the window and can change right after it is observed")
+    if trace_summary.get("lost_records"):
+        out.append(f"{trace_summary['lost_records']:,} call records were lost (ring buffer full); totals and "
+                   "latency percentiles come from the kernel's counters")
+    if bt.get("missing_evidence"):
+        out.append("not measured on this kernel: " + ", ".join(bt["missing_evidence"]))
+    if bt.get("batches", 0) < 20:
+        out.append(f"only {bt.get('batches', 0)} batches: shares are noisy")
+    return out
+
+
+def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_summary: dict,
+                  duration: float) -> dict:
+    """The diagnosis of a recorded bundle (pure over the trace, plus residency now)."""
+    from engramprof import batches
+
+    bundle = tracefmt.load_bundle(trace_dir)
+    markers_df, bad = (None, 0)
+    if markers:
+        markers_df, bad = batches.read_markers(markers)
+    if bundle.calls.empty:
+        raise UserError(f"pid {trace_summary.get('pid')} made no preadv2/preadv/pread64 calls in {duration:g} s: "
+                        "nothing to diagnose (is it the reader process? is it serving?)", code=1)
+    res = attribution.analyse(bundle, markers_df, slow_ms=slow_ms, markers_bad_lines=bad)
+    bt = res.summary
+    if bt.get("batches", 0) == 0:
+        raise UserError("no batches found in the window (markers outside the trace? see `engramprof batch-tail`)", code=1)
+    meaningful = bt.get("thresholds", {}).get("meaningful_share", attribution.DEFAULT_MEANINGFUL_SHARE)
+    verdict, conf, runner, runner_share = verdict_and_confidence(bt["share"], meaningful)
+    hot = hot_row_residency(bundle.calls)
+    ctx = trace_summary.get("context") or {}
+    chain = evidence_chain(bt, bundle.calls, ctx, trace_summary.get("device"), hot, trace_summary)
+    return {
+        "verdict": verdict,
+        "confidence": conf,
+        "runner_up": runner,
+        "runner_up_share": runner_share,
+        "verdict_share": round(float(bt["share"].get(verdict, 0.0)), 3) if verdict != "healthy" else None,
+        "evidence": chain,
+        "limits": limits(bt, trace_summary, duration, markers is not None),
+        "recommendation": FIXES[verdict],
+        "hot_rows": hot,
+        "batch_tail": bt,
+        "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",
+                                                    "eagain_rate", "nowait_share", "latency_us", "device")},
+    }
+
+
+def run(pid: int, duration: float = 20.0, markers: str | None = None, output: str | None = None,
+        slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None) -> dict:
+    """Record PID for `duration` seconds, then diagnose.  `stop` (threading.Event) ends early."""
+    from engramprof.syscalls import SyscallTracer
+
+    if duration <= 0:
+        raise UserError("--duration must be > 0")
+    if markers and not os.path.isfile(markers):
+        raise UserError(f"--markers {markers}: no such file")
+    tmpdir = None
+    if output is None:
+        tmpdir = tempfile.mkdtemp(prefix="engramprof-diagnose-")  # private (0700), ours alone
+        trace_dir = os.path.join(tmpdir, "trace")
+    else:
+        trace_dir = output
+    try:
+        tracer = SyscallTracer(pid, output=trace_dir, sample_hz=sample_hz, argv=argv)
+        if stop is not None:
+            tracer.stop = stop
+        tracer.start()
+        if on_tracing:
+            on_tracing(tracer)
+        try:
+            tracer.run(duration=duration)
+        finally:
+            summary = tracer.finish()
+        result = analyse_trace(trace_dir, markers, slow_ms, summary, duration)
+        result["output"] = output
+        result["end_reason"] = summary.get("end_reason")
+        return result
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def render(console, d: dict) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    v = d["verdict"]
+    head = f"[bold]verdict: {v}[/bold] (confidence {d['confidence']:.2f}"
+    if d.get("verdict_share") is not None:
+        head += f", {d['verdict_share']:.0%} of batch time"
+    head += ")"
+    if d.get("runner_up"):
+        head += f"; runner-up: {d['runner_up']} ({d['runner_up_share']:.0%})"
+    console.print(head)
+    t = Table(title="evidence", title_justify="left", show_header=False, box=None)
+    t.add_column(justify="right", style="dim")
+    t.add_column(style="bold")
+    t.add_column()
+    for i, e in enumerate(d["evidence"], 1):
+        t.add_row(str(i), Text(e["step"]), Text(e["finding"]))
+    console.print(t)
+    console.print("[bold]what this cannot prove[/bold]")
+    for line in d["limits"]:
+        console.print(f"  - {line}")
+    console.print(f"[bold]fix to try[/bold]: {d['recommendation']['fix']}")
+    console.print(f"[bold]confirm with[/bold]: {d['recommendation']['confirm']}")
+    if d.get("output"):
+        console.print(f"trace kept in {d['output']}")
+    for n in d["batch_tail"].get("notes", []):
+        console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    sys.stdout.flush()
+
+
+def jsonable(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: jsonable(v) for k, v in d.items()}
+    if isinstance(d, (list, tuple)):
+        return [jsonable(v) for v in d]
+    if isinstance(d, (np.integer,)):
+        return int(d)
+    if isinstance(d, (np.floating,)):
+        f = float(d)
+        return None if f != f else f
+    if isinstance(d, float) and d != d:
+        return None
+    return d
