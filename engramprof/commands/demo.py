@@ -1,0 +1,15 @@
+"""`engramprof demo`: the guided demo on the built-in workload (what `make demo` runs)."""
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo_cmd():
+        """Build a small Engram table, diagnose the 32-thread pool reader on it live, then the
+        RWF_NOWAIT-first reader, and show the two side by side. Needs root; about a minute;
+        removes everything it made."""
+        from engramprof import demo
+
+        demo.run()
