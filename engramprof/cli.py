@@ -6,6 +6,7 @@ the work itself lives in the modules those commands call.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
@@ -44,3 +45,9 @@ def main() -> None:
     except KeyboardInterrupt:
         print("engramprof: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:  # a bug: still one line; the traceback on request
+        if os.environ.get("ENGRAMPROF_DEBUG"):
+            raise
+        print(f"engramprof: internal error: {type(exc).__name__}: {exc} (ENGRAMPROF_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        sys.exit(70)

@@ -168,6 +168,7 @@ class SyscallTracer:
         self._tensor_values: list[str] = [""]
         self._layouts: dict[str, object] = {}
         self._write_q: queue.Queue = queue.Queue(maxsize=8)
+        self.partial_at_start = 0
         self._write_thread: threading.Thread | None = None
 
     # ---- life cycle -------------------------------------------------------------------
@@ -273,6 +274,7 @@ class SyscallTracer:
                     {"log2_slot": slots, "ns_lower": [1 << int(i) for i in slots], "count": bio_hist[slots]}))
             self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
                               lost_records=totals.get("lost_records", 0), notes=self.notes,
+                              partial_at_start=self.partial_at_start,
                               fd_history={str(k): v for k, v in self.fds.history.items()})
         if probe is not None:
             probe.close()
@@ -300,6 +302,12 @@ class SyscallTracer:
         recs = self.probe.ring.drain()
         if len(recs) == 0:
             return
+        early = recs["ts_ns"] < self.probe.armed_ns
+        if early.any():  # entered while the probes were still being attached: partial evidence
+            self.partial_at_start += int(early.sum())
+            recs = recs[~early]
+            if len(recs) == 0:
+                return
         table, codes = self._to_table(recs)
         self._account(recs, codes)
         self._pending.append(table)
@@ -508,6 +516,7 @@ class SyscallTracer:
             "recorded": s.recorded,
             "lost_records": lost,
             "filtered_short": filtered,
+            "partial_at_start": self.partial_at_start,
             "eagain": int(totals.get("eagain", s.eagain)),
             "eagain_rate": round(int(totals.get("eagain", s.eagain)) / calls, 4) if calls else 0.0,
             "nowait_share": round(int(totals.get("nowait", s.nowait)) / calls, 4) if calls else 0.0,

@@ -13,6 +13,7 @@ import ctypes
 import io
 import os
 import platform
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,6 +154,10 @@ class LoadedProbe:
                 self.bpf = BPF(text=self.text, cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
         except Exception as exc:  # BCC raises bare Exception on compile/load failure
             raise UserError(f"cannot load the BPF probe ({exc}); run `engramprof doctor`", code=1) from None
+        # BCC attaches the programs one after another while it loads them: a call that entered
+        # before the last one was attached may lack evidence; the collector drops calls that
+        # entered before this instant (and counts them)
+        self.armed_ns = time.monotonic_ns()
         layout.check_against_compiled(self.record_dtype, self.bpf["call_record_layout"].Leaf)
         layout.check_against_compiled(self.totals_dtype, self.bpf["call_totals_layout"].Leaf)
         ring = self.bpf["call_records"]
@@ -191,10 +196,13 @@ class LoadedProbe:
         b = self.bpf
         if b is None:
             return
-        for name in list(getattr(b, "tracepoint_fds", {})):
-            b.detach_tracepoint(name)
-        for name in list(getattr(b, "raw_tracepoint_fds", {})):
+        # syscall hooks first: no call can complete after its evidence hooks are gone
+        tps = list(getattr(b, "tracepoint_fds", {}))
+        raws = list(getattr(b, "raw_tracepoint_fds", {}))
+        for name in raws:
             b.detach_raw_tracepoint(name)
+        for name in sorted(tps, key=lambda n: not (n.decode() if isinstance(n, bytes) else n).startswith("syscalls:")):
+            b.detach_tracepoint(name)
 
     def close(self) -> None:
         if self.bpf is None:
