@@ -1,0 +1,73 @@
+"""A non-editable install finds the probes: build the wheel, install it into a fresh venv,
+load the probe from the installed package and trace a real read."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHECK = r"""
+import os, sys, engramprof
+from engramprof.bpf import layout, loader
+assert engramprof.__file__.startswith(sys.prefix), engramprof.__file__
+src = layout.probe_dir() / "preadv.bpf.c"
+assert str(src).startswith(sys.prefix), src
+print("probe", src)
+if len(sys.argv) > 1:
+    p = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=os.getpid())))
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    for i in range(100):
+        os.preadv(fd, [bytearray(64)], i)
+    recs = p.ring.drain()
+    p.close()
+    print("records", len(recs))
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (whl,) = out.glob("engramprof-*.whl")
+    return whl
+
+
+def test_wheel_ships_probes(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "engramprof/probes/preadv.bpf.c" in names
+    assert "engramprof/probes/engramprof.h" in names
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory, wheel) -> Path:
+    v = tmp_path_factory.mktemp("venv") / "v"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(v)], check=True)
+    # the dependencies come from the project's venv (no download); engramprof itself only from the wheel
+    site = next((v / "lib").glob("python3*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(v / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    return v
+
+
+def test_installed_package_finds_probes(venv):
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "probe " + str(venv) in r.stdout
+
+
+@pytest.mark.bpf
+def test_installed_package_loads_probe_and_traces(venv, tmp_path):
+    data = tmp_path / "d"
+    data.write_bytes(os.urandom(4096))
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK, str(data)], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "records 100" in r.stdout
