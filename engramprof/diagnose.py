@@ -26,10 +26,8 @@ from engramprof import trace as tracefmt
 from engramprof.errors import UserError
 
 CAUSES = attribution.VERDICT_CAUSES
-#: a second cause is named as runner-up from this share of batch time on...
-RUNNER_UP_MIN_SHARE = 0.10
-#: ...and when it is at least this fraction of the winner's share
-RUNNER_UP_MIN_RATIO = 0.33
+#: a second cause is named as runner-up from this share of batch time on
+RUNNER_UP_MIN_SHARE = 0.15
 #: most distinct rows whose residency is looked up now (the most read first)
 HOT_ROWS = 20_000
 
@@ -84,10 +82,10 @@ def verdict_and_confidence(share: dict, meaningful: float) -> tuple[str, float, 
     (s1, c1), (s2, c2) = ranked[0], ranked[1]
     if s1 < meaningful:
         conf = max(0.0, 1.0 - s1 / meaningful) if meaningful > 0 else 1.0
-        runner = c1 if s1 >= RUNNER_UP_MIN_SHARE else None
+        runner = c1 if s1 >= RUNNER_UP_MIN_SHARE else None  # below the verdict threshold, still worth a look
         return "healthy", round(conf, 2), runner, (round(s1, 3) if runner else None)
     conf = s1 / (s1 + s2) if (s1 + s2) > 0 else 1.0
-    runner = c2 if (s2 >= RUNNER_UP_MIN_SHARE and s2 >= RUNNER_UP_MIN_RATIO * s1) else None
+    runner = c2 if s2 >= RUNNER_UP_MIN_SHARE else None
     return c1, round(conf, 2), runner, (round(s2, 3) if runner else None)
 
 

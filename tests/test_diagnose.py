@@ -28,14 +28,14 @@ def test_verdict_largest_cause_with_runner_up_when_close():
 
 
 def test_verdict_no_runner_up_when_far_behind():
-    v, conf, runner, _ = verdict_and_confidence(_share(storage=0.9, residency=0.05, cpu_copy=0.05), 0.25)
-    assert (v, runner) == ("storage", None) and conf > 0.9
+    v, conf, runner, _ = verdict_and_confidence(_share(storage=0.85, residency=0.10, cpu_copy=0.05), 0.25)
+    assert (v, runner) == ("storage", None) and conf == pytest.approx(0.85 / 0.95, abs=0.01)
 
 
 def test_healthy_below_meaningful_share():
     v, conf, runner, _ = verdict_and_confidence(_share(python_scheduling=0.05, cpu_copy=0.95), 0.25)
     assert v == "healthy" and runner is None and conf == pytest.approx(0.8)
-    v, conf, runner, _ = verdict_and_confidence(_share(python_scheduling=0.2, cpu_copy=0.8), 0.25)
+    v, conf, runner, _ = verdict_and_confidence(_share(python_scheduling=0.2, cpu_copy=0.8), 0.25)  # below 0.25
     assert v == "healthy" and runner == "python-scheduling" and conf == pytest.approx(0.2)
 
 
@@ -61,7 +61,11 @@ def test_each_scenario_diagnosed(name):
     from engramprof.lab.scenarios import Scenario
 
     t0 = time.monotonic()
-    with Scenario(name, duration=30) as sc:
+    # reclaim: a working set (33 MiB table) that was cached and no longer fits the group's
+    # 16 MiB of page cache, so misses are refaults; on the default 132 MiB table most misses
+    # in a short window are first reads (residency) and the two causes share the time
+    opts = {"rows": 1 << 16} if name == "reclaim" else {}
+    with Scenario(name, duration=30, **opts) as sc:
         d = _diagnose(sc)
         sc.stop()
     assert time.monotonic() - t0 < 60
