@@ -69,9 +69,13 @@ fi
 stamp=.venv/.engramprof-installed
 sum=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sum" ] || ! .venv/bin/python -c 'import engramprof' 2>/dev/null; then
-  say "pip install -e .[dev]"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  say "pip install -e .[dev] (log: .venv/pip-install.log)"
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev]'; } \
+      > .venv/pip-install.log 2>&1; then
+    tail -n 30 .venv/pip-install.log >&2
+    say "pip install failed (full log: .venv/pip-install.log)" >&2
+    exit 1
+  fi
   echo "$sum" > "$stamp"
 fi
 .venv/bin/python -c 'import bcc' 2>/dev/null || say "warning: bcc does not import in .venv (python3-bpfcc is for /usr/bin/python3)" >&2
