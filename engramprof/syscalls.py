@@ -169,6 +169,8 @@ class SyscallTracer:
         self._layouts: dict[str, object] = {}
         self._write_q: queue.Queue = queue.Queue(maxsize=8)
         self.partial_at_start = 0
+        self._vm_events: list[np.ndarray] = []
+        self.kswapd_events = 0
         self._write_thread: threading.Thread | None = None
 
     # ---- life cycle -------------------------------------------------------------------
@@ -299,6 +301,9 @@ class SyscallTracer:
         return self._intern(self._path_index, self._path_values, p)
 
     def drain(self) -> None:
+        ev = self.probe.vm_ring.drain()
+        if len(ev):
+            self._vm_events.append(ev)
         recs = self.probe.ring.drain()
         if len(recs) == 0:
             return
@@ -317,6 +322,14 @@ class SyscallTracer:
 
     def flush(self) -> None:
         """Hand the pending records to the writer thread (one Parquet part)."""
+        if self._vm_events:  # kswapd wake/sleep events (system-wide, rare)
+            ev = np.concatenate(self._vm_events)
+            self._vm_events = []
+            self.kswapd_events += len(ev)
+            if self.writer:
+                self.writer.append_samples("kswapd_events", pd.DataFrame({
+                    "ts_ns": ev["ts_ns"].astype(np.int64), "nid": ev["nid"].astype(np.int32),
+                    "event": np.where(ev["kind"] == 0, "wake", "sleep")}))
         if not self._pending:
             return
         table = pa.concat_tables(self._pending, promote_options="permissive") if len(self._pending) > 1 else self._pending[0]
@@ -517,6 +530,8 @@ class SyscallTracer:
             "lost_records": lost,
             "filtered_short": filtered,
             "partial_at_start": self.partial_at_start,
+            "kswapd_events": self.kswapd_events,
+            "kswapd_events_lost": int(totals.get("vm_events_lost", 0)),
             "eagain": int(totals.get("eagain", s.eagain)),
             "eagain_rate": round(int(totals.get("eagain", s.eagain)) / calls, 4) if calls else 0.0,
             "nowait_share": round(int(totals.get("nowait", s.nowait)) / calls, 4) if calls else 0.0,

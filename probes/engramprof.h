@@ -47,6 +47,17 @@ struct call_totals {
 	u64 filtered;      /* shorter than MIN_NS: counted, not recorded */
 	u64 sum_ns;
 	u64 max_ns;
+	u64 vm_events_lost; /* vm_events ring full */
+};
+
+#define VM_KSWAPD_WAKE  0
+#define VM_KSWAPD_SLEEP 1
+
+/* A system-wide memory event (kswapd woken / going to sleep), for the kswapd spans. */
+struct vm_event {
+	u64 ts_ns;
+	s32 nid;
+	u32 kind;         /* VM_* */
 };
 
 #endif

@@ -14,7 +14,7 @@
  *   USE_RAW_SYSCALLS  1: hook raw_syscalls sys_enter/sys_exit (x86_64 only, cheaper);
  *                     0: the syscalls:sys_{enter,exit}_{preadv2,preadv,pread64} tracepoints
  *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
- *   HAVE_SCHED    feature-probed tracepoints; evidence for a missing one is left at 0 and the
+ *   HAVE_SCHED, HAVE_KSWAPD  feature-probed tracepoints; evidence for a missing one is left at 0 and the
  *                 trace says which columns are absent
  */
 #include <linux/fs.h>
@@ -76,6 +76,7 @@ BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
 BPF_TABLE("lru_hash", struct bio_key, struct bio_start, bio_start_by_sector, 16384);
 BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
 BPF_RINGBUF_OUTPUT(call_records, RING_PAGES);
+BPF_RINGBUF_OUTPUT(vm_events, 16);
 BPF_PERCPU_ARRAY(call_totals, struct call_totals, 1);
 BPF_PERCPU_ARRAY(latency_log2_by_fd, u64, FD_SLOTS * LAT_SLOTS);
 /* queue -> complete of every bio the target's threads queued inside a traced call: the
@@ -84,6 +85,7 @@ BPF_ARRAY(bio_latency_log2, u64, LAT_SLOTS);
 /* never written: lets user space read the layout clang compiled */
 BPF_ARRAY(call_record_layout, struct call_record, 1);
 BPF_ARRAY(call_totals_layout, struct call_totals, 1);
+BPF_ARRAY(vm_event_layout, struct vm_event, 1);
 
 static __always_inline int is_target(u64 pid_tgid)
 {
@@ -460,4 +462,27 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
 		o->wake_ts = bpf_ktime_get_ns();
 	return 0;
 }
+#endif
+
+#if HAVE_KSWAPD
+/* kswapd wake (fires in the allocating task) and sleep (in kswapd): system-wide spans of
+ * background reclaim, to line up with the calls. */
+static __always_inline void vm_event(u32 kind, s32 nid)
+{
+	struct vm_event *e = vm_events.ringbuf_reserve(sizeof(struct vm_event));
+	if (!e) {
+		int zero = 0;
+		struct call_totals *t = call_totals.lookup(&zero);
+		if (t)
+			t->vm_events_lost++;
+		return;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->nid = nid;
+	e->kind = kind;
+	vm_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+TRACEPOINT_PROBE(vmscan, mm_vmscan_kswapd_wake) { vm_event(VM_KSWAPD_WAKE, args->nid); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_kswapd_sleep) { vm_event(VM_KSWAPD_SLEEP, args->nid); return 0; }
 #endif

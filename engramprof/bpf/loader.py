@@ -33,6 +33,7 @@ FEATURES = {
     "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
     "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],
     "HAVE_SCHED": ["sched:sched_switch", "sched:sched_wakeup"],
+    "HAVE_KSWAPD": ["vmscan:mm_vmscan_kswapd_wake", "vmscan:mm_vmscan_kswapd_sleep"],
 }
 # evidence columns that stay 0 when a feature is compiled out
 FEATURE_COLUMNS = {
@@ -160,8 +161,11 @@ class LoadedProbe:
         self.armed_ns = time.monotonic_ns()
         layout.check_against_compiled(self.record_dtype, self.bpf["call_record_layout"].Leaf)
         layout.check_against_compiled(self.totals_dtype, self.bpf["call_totals_layout"].Leaf)
-        ring = self.bpf["call_records"]
-        self.ring = RingBufferReader(ring.map_fd, p.config.ring_pages * os.sysconf("SC_PAGE_SIZE"), self.record_dtype)
+        self.vm_event_dtype = layout.struct_dtype("vm_event")
+        layout.check_against_compiled(self.vm_event_dtype, self.bpf["vm_event_layout"].Leaf)
+        page = os.sysconf("SC_PAGE_SIZE")
+        self.ring = RingBufferReader(self.bpf["call_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
+        self.vm_ring = RingBufferReader(self.bpf["vm_events"].map_fd, 16 * page, self.vm_event_dtype)
         self.lat_slots = layout.header_define("LAT_SLOTS")
         self.fd_slots = layout.header_define("FD_SLOTS")
 
@@ -208,5 +212,6 @@ class LoadedProbe:
         if self.bpf is None:
             return
         self.ring.close()
+        self.vm_ring.close()
         self.bpf.cleanup()
         self.bpf = None
