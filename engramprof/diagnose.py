@@ -16,12 +16,12 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from engramprof import attribution
+from engramprof.attribution import _jsonable as jsonable  # noqa: F401  (the commands' JSON shaping)
 from engramprof import trace as tracefmt
 from engramprof.errors import UserError
 
@@ -320,18 +320,3 @@ def render(console, d: dict) -> None:
     for n in d["batch_tail"].get("notes", []):
         console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
     sys.stdout.flush()
-
-
-def jsonable(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: jsonable(v) for k, v in d.items()}
-    if isinstance(d, (list, tuple)):
-        return [jsonable(v) for v in d]
-    if isinstance(d, (np.integer,)):
-        return int(d)
-    if isinstance(d, (np.floating,)):
-        f = float(d)
-        return None if f != f else f
-    if isinstance(d, float) and d != d:
-        return None
-    return d

@@ -92,27 +92,6 @@ class Shape:
         return sum(n for _, n in self.counts)
 
 
-def infer_batches(ts_ns: np.ndarray, dur_ns: np.ndarray, gap_ns: int) -> np.ndarray:
-    """Batch id per call (input sorted by ts): a new batch starts when a call begins more than
-    ``gap_ns`` after every earlier call has ended (no read in flight for a while)."""
-    n = len(ts_ns)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    end = np.maximum.accumulate(ts_ns + np.maximum(dur_ns, 0))
-    new = np.zeros(n, dtype=bool)
-    new[1:] = ts_ns[1:] > end[:-1] + gap_ns
-    return np.cumsum(new)
-
-
-def batches_from_markers(ts_ns: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Batch id per call from marker intervals; -1 for calls outside every marker."""
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    idx = np.searchsorted(s, ts_ns, side="right") - 1
-    ok = (idx >= 0) & (ts_ns <= e[np.maximum(idx, 0)])
-    return np.where(ok, idx, -1)
-
-
 def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
                rows_per_batch: int | None, notes: list[str]) -> pd.DataFrame:
     """One line per distinct row per batch: batch, path, tensor, offset, size (trace order)."""
@@ -126,46 +105,28 @@ def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
                         "known path) to replay")
     ts = df["ts_ns"].to_numpy(np.int64)
     end_ns = ts + np.maximum(df["dur_ns"].to_numpy(np.int64), 0)
-    try:  # the project's segmentation (shared with batch-tail), when present
-        from engramprof import batches as seg
-    except ImportError:
-        seg = None
+    from engramprof import batches as seg  # the segmentation batch-tail uses
+
     if rows_per_batch:
         df["batch"] = 0  # re-batched below from the distinct rows in trace order
         notes.append(f"batches: the trace's distinct rows in trace order, {rows_per_batch} rows each "
                      "(--rows-per-batch)")
     elif markers is not None:
-        if seg is not None:
-            mk, bad = seg.read_markers(markers)
-            b = seg.from_markers(ts, end_ns, mk, getattr(trace, "meta", None), bad)
-            df["batch"] = b.call_batch
-            notes.extend(b.notes)
-        else:
-            from engramprof.markers import read_markers_df
-
-            try:
-                mk, bad = read_markers_df(markers)
-            except OSError as exc:
-                raise UserError(f"--markers {markers}: {exc.strerror or exc}") from None
-            if mk.empty:
-                raise UserError(f"--markers {markers}: no valid markers")
-            df["batch"] = batches_from_markers(ts, mk["start_ns"].to_numpy(np.int64), mk["end_ns"].to_numpy(np.int64))
+        mk, bad = seg.read_markers(markers)
+        b = seg.from_markers(ts, end_ns, mk, getattr(trace, "meta", None), bad)
+        df["batch"] = b.call_batch
+        notes.extend(b.notes)
         df = df[df["batch"] >= 0]
         notes.append("batches: from the application's markers")
         if df.empty:
             raise UserError("no trace call falls inside a marker interval (markers from another run?)")
-    elif seg is not None:
+    else:
         b = seg.infer(ts, end_ns, gap_ms)
         df["batch"] = b.call_batch
         notes.extend(b.notes)
         if b.gap_ns:
             notes.append(f"batches: {b.n} inferred, split at read-stream gaps over {b.gap_ns / 1e6:.3g} ms "
                          f"({b.gap_source})")
-    else:
-        g = DEFAULT_GAP_MS if gap_ms is None else gap_ms
-        df["batch"] = infer_batches(ts, end_ns - ts, int(g * 1e6))
-        notes.append(f"batches: inferred from gaps of more than {g:g} ms with no read in flight "
-                     "(pass --markers for the application's own batch boundaries)")
     if "tensor" not in df.columns:
         df["tensor"] = ""
     df["tensor"] = df["tensor"].fillna("").astype(str)
@@ -278,7 +239,7 @@ def _assign_partitions(pops: list[Population], weights: np.ndarray, rng: np.rand
         p.part = part_of_stripe[inv]
         by_path.setdefault(p.key.path, []).append(p)
     for plist in by_path.values():
-        pages, parts, owners = [], [], []
+        pages, parts = [], []
         for i, p in enumerate(plist):
             fp, starts = _flat_pages(p.first_page, p.npages)
             pages.append(fp)

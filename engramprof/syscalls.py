@@ -96,16 +96,13 @@ def check_target(pid: int, tid: int = 0) -> None:
 
 
 def check_privileges() -> None:
-    if os.geteuid() == 0:
-        return
-    try:
-        with open("/proc/self/status") as f:
-            cap = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
-    except (OSError, StopIteration, ValueError):
-        cap = 0
-    missing = [name for name, bit in (("CAP_BPF", 39), ("CAP_PERFMON", 38)) if not cap >> bit & 1]
-    if missing:
-        raise UserError(f"not root: tracing needs root or {' + '.join(missing)}", code=1)
+    """One-line error unless this process may load and attach the probes (doctor's check)."""
+    from engramprof import doctor
+
+    c = doctor.check_privileges()
+    if c.status == doctor.FAIL:
+        raise UserError(c.detail.split("; engramprof syscalls")[0] + ": tracing needs root or CAP_BPF + CAP_PERFMON",
+                        code=1)
 
 
 @dataclass

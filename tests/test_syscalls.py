@@ -15,7 +15,7 @@ import pytest
 
 from engramprof import trace as tracefmt
 from engramprof.bpf import layout
-from tests.tracing import PY, Proc, engramprof, traced_lab
+from tests.tracing import Proc, engramprof, traced_lab
 
 RWF_NOWAIT = 0x8
 
