@@ -1,0 +1,79 @@
+"""batch-tail on real traces of the lab reader, against the lab's ground-truth markers."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engramprof import batches
+from engramprof import trace as tracefmt
+from tests.tracing import engramprof, traced_lab
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tbl") / "engram.safetensors"
+    subprocess.run(engramprof("lab", "make-table", path, "--rows", "65536"), check=True, capture_output=True)
+    return path
+
+
+def _quality(trace: Path, markers: Path, gap_ms: float | None = None) -> dict:
+    calls = tracefmt.load(trace)
+    ts = calls["ts_ns"].to_numpy(np.int64)
+    end = ts + calls["dur_ns"].to_numpy(np.int64)
+    mk, bad = batches.read_markers(markers)
+    assert bad == 0
+    marked = batches.from_markers(ts, end, mk)
+    inferred = batches.infer(ts, end, gap_ms)
+    return batches.match_quality(ts, end, marked, inferred)
+
+
+def _batch_tail(trace: Path, markers: Path | None) -> dict:
+    args = ["batch-tail", trace, "--json"] + (["--markers", markers] if markers else [])
+    r = subprocess.run(engramprof(*args), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("shape", [("decode", "4", "10", None), ("prefill", "2000", "50", 20.0)])
+def test_inferred_batches_match_markers(tmp_path, table, shape):
+    """Inference cannot see time before a batch's first read (futures, wake-ups): the match is
+    judged on the marker's read span (first entry -> last exit) and on call membership; the
+    full-span IoU is reported, bounded by read span / marker span.
+
+    Real prefill on this loaded 2-vCPU VM: the pool's in-batch stalls (0.25-8 ms, dozens per
+    batch) outnumber the few forward-pass gaps, and the count-based density valley splits
+    inside batches; there the user's --gap-ms (here 20 ms) is what works, and it is tested as
+    such (README: batch-tail, accuracy)."""
+    name, tokens, gap, gap_ms = shape
+    markers = tmp_path / "m.jsonl"
+    run = traced_lab(tmp_path, table, "--reader", "pool", "--steps", "60" if name == "decode" else "6",
+                     "--tokens", tokens, "--gap-ms", gap, "--warm", "--markers", str(markers))
+    q = _quality(run.trace, markers, gap_ms)
+    read_iou = np.asarray(q["read_span_iou"])
+    assert len(read_iou) >= (60 if name == "decode" else 6) - 1
+    assert (read_iou >= 0.8).mean() >= 0.95, np.sort(read_iou)[:10]
+    assert np.asarray(q["exact"]).mean() >= 0.95
+
+
+@pytest.mark.bpf
+def test_real_verdicts_pool_vs_nowait(tmp_path, table):
+    m1, m2 = tmp_path / "pool.jsonl", tmp_path / "nowait.jsonl"
+    pool = traced_lab(tmp_path, table, "--reader", "pool", "--steps", "150", "--gap-ms", "2", "--warm",
+                      "--markers", str(m1), name="pool")
+    nowait = traced_lab(tmp_path, table, "--reader", "nowait", "--steps", "150", "--gap-ms", "2", "--warm",
+                        "--markers", str(m2), name="nowait")
+    a = _batch_tail(pool.trace, m1)
+    b = _batch_tail(nowait.trace, m2)
+    assert a["verdict"] == "python-scheduling", a["share"]
+    assert b["verdict"] == "healthy", b["share"]
+    assert a["batches"] >= 140 and b["batches"] >= 140
+    for s in (a, b):
+        assert sum(s["share"].values()) == pytest.approx(1.0, abs=1e-6)
+    # the field report's shape: the pool batch is mostly outside the kernel read path
+    assert a["outside_read_path_frac"] > b["outside_read_path_frac"]
+    assert a["batch_ms"]["p50"] > b["batch_ms"]["p50"]
