@@ -351,7 +351,8 @@ def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac
                                        "resident candidates" for (pi, n), c in zip(sh.counts, cands))
                     raise _Shortage(f"{quota} rows: arm {ai_name}, batch {sh.index} (repeat {r + 1}): "
                                     f"{int(round(cold_frac * sh.rows)):,} of its {sh.rows:,} rows should be cold, "
-                                    f"but its page-disjoint share allows {least:,} to {most:,} ({labels})")
+                                    f"but its page-disjoint share has cold rows for at most {most:,} and resident "
+                                    f"rows for at least {least:,} of them to be cold ({labels})")
                 for (pi, n), (cold_c, hot_own, hot_all), n_cold in zip(sh.counts, cands, quota.tolist()):
                     p = pops[pi]
                     n_hot = n - n_cold
@@ -567,7 +568,7 @@ def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, th
                     "timed batch (drops those pages of the data file from the page cache: on a production host "
                     "only if you mean it), or lower --cold-frac / --repeat / --batches")
         else:
-            hint = ("; warm the file first (e.g. engramprof lab warm, or read it once) or raise --cold-frac; "
+            hint = ("; warm the file first (read it once, e.g. `cat FILE > /dev/null`) or raise --cold-frac; "
                     "replay never warms rows itself")
         raise UserError(f"{exc} (of the trace's {total_rows:,} distinct rows {total_resident:,} are resident "
                         f"and {total_cold:,} cold now){hint}") from None

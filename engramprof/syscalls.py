@@ -250,8 +250,9 @@ class SyscallTracer:
         """Detach, drain what is left, write the closing metadata; return the summary."""
         probe = self.probe
         totals, hists, bio_hist = {}, {}, None
+        end_ns = time.monotonic_ns()
         if probe is not None:
-            probe.detach()
+            end_ns = probe.detach() or end_ns
             self.drain()
             totals = probe.totals()
             hists = probe.histograms(self._fds_seen)
@@ -263,7 +264,6 @@ class SyscallTracer:
                 self.notes.append(f"sampler stop failed: {exc}")
         self.flush()
         self._stop_write_thread()
-        end_ns = time.monotonic_ns()
         summary = self.summary(totals, hists, end_ns, bio_hist)
         if self.writer:
             self._write_hist_table(hists)

@@ -2,7 +2,7 @@
 # engramprof set-up for a fresh Debian 12 machine (run by `make setup`; idempotent).
 #
 # Does, only where something is missing:
-#   1. apt: python3-bpfcc python3-venv bpfcc-tools bpftrace + kernel headers
+#   1. apt: python3-bpfcc python3-venv bpfcc-tools bpftrace jq + kernel headers
 #      (linux-headers-$(uname -r) when Debian has it, else linux-headers-<arch>), and points
 #      /lib/modules/$(uname -r)/{build,source} at the installed headers (BCC needs them);
 #   2. mounts tracefs at /sys/kernel/tracing;
@@ -18,7 +18,7 @@ need_root() {
 }
 KREL=$(uname -r)
 ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
-PKGS=(python3-bpfcc python3-venv bpfcc-tools bpftrace)
+PKGS=(python3-bpfcc python3-venv bpfcc-tools bpftrace jq)
 
 missing=()
 for p in "${PKGS[@]}"; do

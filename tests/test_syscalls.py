@@ -269,3 +269,25 @@ def test_every_ending_leaves_a_complete_trace(tmp_path, table, how):
     assert summary["calls"] == (summary["recorded"] + summary["lost_records"] + summary["filtered_short"]
                                 + summary["partial_at_start"])
 
+
+
+@pytest.mark.bpf
+def test_tid_filter_keeps_one_thread(tmp_path, table):
+    """nowait reader on a cold table: NOWAIT passes run on the submitting (main) thread, the
+    residual blocking reads on pool threads; --tid PID (the main thread) keeps only the former."""
+    lab = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "120", "--reader", "nowait",
+                          "--steps", "20", "--cold"))
+    lab.wait_line("lab: ready")
+    out = tmp_path / "t"
+    tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--tid", lab.pid, "--output", out, "--json"))
+    tracer.wait_line("Tracing")
+    os.kill(lab.pid, signal.SIGUSR1)
+    rc, lab_out, _ = lab.finish()
+    trc, _, terr = tracer.finish()
+    assert rc == 0 and trc == 0, terr
+    res = json.loads(lab_out)
+    df = tracefmt.load(out)
+    assert set(df["tid"]) == {lab.pid}
+    assert res["fallback_rows"] > 0
+    assert len(df) == res["calls"] - res["fallback_rows"]
+    assert ((df["flags"] & RWF_NOWAIT) != 0).all()

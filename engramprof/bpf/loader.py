@@ -194,18 +194,28 @@ class LoadedProbe:
         table = self.bpf["bio_latency_log2"]
         return np.array([table[ctypes.c_int(i)].value for i in range(self.lat_slots)], dtype=np.int64)
 
-    def detach(self) -> None:
-        """Stop the programs; the maps (ring, totals, histograms) stay readable until close()."""
+    def detach(self) -> int | None:
+        """Stop the programs; the maps (ring, totals, histograms) stay readable until close().
+
+        Returns the CLOCK_MONOTONIC ns at which the syscall hooks were gone: the end of the
+        recording (no call entered after it is recorded)."""
         b = self.bpf
         if b is None:
-            return
+            return None
         # syscall hooks first: no call can complete after its evidence hooks are gone
         tps = list(getattr(b, "tracepoint_fds", {}))
         raws = list(getattr(b, "raw_tracepoint_fds", {}))
-        for name in raws:
-            b.detach_raw_tracepoint(name)
-        for name in sorted(tps, key=lambda n: not (n.decode() if isinstance(n, bytes) else n).startswith("syscalls:")):
-            b.detach_tracepoint(name)
+        name = lambda n: n.decode() if isinstance(n, bytes) else n  # noqa: E731
+        for n in raws:
+            b.detach_raw_tracepoint(n)
+        sys_tps = [n for n in tps if name(n).startswith("syscalls:")]
+        for n in sys_tps:
+            b.detach_tracepoint(n)
+        ended = time.monotonic_ns()
+        for n in tps:
+            if n not in sys_tps:
+                b.detach_tracepoint(n)
+        return ended
 
     def close(self) -> None:
         if self.bpf is None:
