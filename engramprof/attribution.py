@@ -1,6 +1,6 @@
 """Per-call and per-batch time split into causes, and the verdict (``batch-tail``).
 
-The model (docs/readme-batch-tail.md has the long form):
+The model (README.md, "engramprof batch-tail", has the long form):
 
 * A batch's wall time W is its marker span (markers) or first-call entry -> last-call exit
   (inferred).  W = time with no read in flight + the in-flight union U.

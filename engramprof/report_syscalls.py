@@ -82,7 +82,9 @@ def print_summary(console: Console, s: dict) -> None:
               title_justify="left", show_header=False, box=None)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("calls", f"{s['calls']:,} ({s['calls_per_s']:,.0f}/s), recorded {s['recorded']:,}")
+    t.add_row("calls", f"{s['calls']:,} ({s['calls_per_s']:,.0f}/s), recorded {s['recorded']:,}"
+              + (f" ({s['partial_at_start']:,} entered while the probes were attaching: not recorded)"
+                 if s.get("partial_at_start") else ""))
     t.add_row("lost records", Text(f"{s['lost_records']:,}", style="red" if s["lost_records"] else ""))
     t.add_row("latency", f"p50 {_fmt_us(lat['p50'])}  p99 {_fmt_us(lat['p99'])}  max {_fmt_us(lat['max'])}"
               + (f"  ({s['latency_source']})" if s["latency_source"] != "records" else ""))

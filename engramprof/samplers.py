@@ -19,7 +19,7 @@ successful read of the same counter); the first row of each series is the baseli
 zero deltas, so summing a delta column over a window gives the window total.  Thread and
 process CPU times and context switches are stored both cumulative and as deltas.
 
-Series (see docs/readme-sample.md for the full column list and units) are flushed to a
+Series (see README.md, "engramprof sample", for the full column list and units) are flushed to a
 :class:`engramprof.trace.TraceWriter` with ``append_samples(name, table)`` about once a second,
 in batches: ``psi``, ``vmstat``, ``kswapd``, ``cgroup``, ``process``, ``threads``.
 
