@@ -58,6 +58,13 @@ class LiveView:
         for path, f in sorted(s.files.items(), key=lambda kv: -kv[1].total_ns)[:5]:
             files.add_row(_short(path), f"{f.calls:,}", f"{f.total_ns / 1e6:,.1f} ms", _fmt_us(f.max_ns / 1e3), f"{f.misses:,}")
         parts.append(files)
+        if s.tensors:
+            tens = Table(title="top safetensors tensors by total time", title_justify="left", box=None)
+            for col in ("tensor", "calls", "total", "max", "misses"):
+                tens.add_column(col, justify="left" if col == "tensor" else "right")
+            for name, f in sorted(s.tensors.items(), key=lambda kv: -kv[1].total_ns)[:5]:
+                tens.add_row(name, f"{f.calls:,}", f"{f.total_ns / 1e6:,.1f} ms", _fmt_us(f.max_ns / 1e3), f"{f.misses:,}")
+            parts.append(tens)
         if s.slowest is not None and len(s.slowest):
             slow = Table(title="slowest calls", title_justify="left", box=None)
             for col in ("dur", "tid", "file", "offset", "tensor/row", "misses", "bio", "offcpu"):
@@ -106,6 +113,13 @@ def print_summary(console: Console, s: dict) -> None:
             ft.add_row(_short(f["path"], 60), f"{f['calls']:,}", f"{f['total_ms']:,.1f}", _fmt_us(f["max_us"]),
                        f"{f['calls_with_misses']:,}", f"{f['eagain']:,}")
         console.print(ft)
+    if s.get("tensors"):
+        tt = Table(title="safetensors tensors by total time", title_justify="left")
+        for col in ("tensor", "calls", "total ms", "max", "calls w/ misses"):
+            tt.add_column(col, justify="left" if col == "tensor" else "right")
+        for f in s["tensors"][:5]:
+            tt.add_row(f["tensor"], f"{f['calls']:,}", f"{f['total_ms']:,.1f}", _fmt_us(f["max_us"]), f"{f['calls_with_misses']:,}")
+        console.print(tt)
     if s["slowest"]:
         st = Table(title="slowest calls", title_justify="left")
         for col in ("dur", "tid", "file", "offset", "size", "misses", "bio", "reclaim", "off-CPU", "runq"):

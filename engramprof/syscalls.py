@@ -310,8 +310,8 @@ class SyscallTracer:
             recs = recs[~early]
             if len(recs) == 0:
                 return
-        table, codes = self._to_table(recs)
-        self._account(recs, codes)
+        table, codes, tcodes = self._to_table(recs)
+        self._account(recs, codes, tcodes)
         self._pending.append(table)
         self._pending_rows += len(recs)
         if self._pending_rows >= 500_000:
@@ -399,7 +399,7 @@ class SyscallTracer:
             "tensor": pa.DictionaryArray.from_arrays(pa.array(tensor_codes), tensor_dict),
             "row": pa.array(rows),
         }
-        return pa.Table.from_arrays(list(cols.values()), names=list(cols)), codes
+        return pa.Table.from_arrays(list(cols.values()), names=list(cols)), codes, tensor_codes
 
     def _layout_for(self, path: str):
         """The safetensors layout of path, or None (not safetensors / unreadable); cached."""
@@ -416,7 +416,7 @@ class SyscallTracer:
         self._layouts[path] = lay
         return lay
 
-    def _account(self, recs: np.ndarray, codes: np.ndarray) -> None:
+    def _account(self, recs: np.ndarray, codes: np.ndarray, tcodes: np.ndarray) -> None:
         s = self.state
         dur = recs["dur_ns"].astype(np.int64)
         n = len(recs)
@@ -437,20 +437,10 @@ class SyscallTracer:
         s.window_eagain += int(is_eagain.sum())
         s.window_nowait += nowait
         s.window_hist.add(dur)
-        m = len(self._path_values)
-        calls = np.bincount(codes, minlength=m)
-        total = np.bincount(codes, weights=dur, minlength=m)
-        miss = np.bincount(codes, weights=misses > 0, minlength=m)
-        eag = np.bincount(codes, weights=is_eagain, minlength=m)
-        mx = np.zeros(m, dtype=np.int64)
-        np.maximum.at(mx, codes, dur)
-        for code in np.nonzero(calls)[0].tolist():
-            fs = s.files.setdefault(self._path_values[code], FileStat())
-            fs.calls += int(calls[code])
-            fs.total_ns += int(total[code])
-            fs.max_ns = max(fs.max_ns, int(mx[code]))
-            fs.misses += int(miss[code])
-            fs.eagain += int(eag[code])
+        self._add_stats(s.files, self._path_values, codes, dur, misses > 0, is_eagain)
+        if (tcodes != 0).any():  # safetensors tensors (code 0 = no tensor)
+            t = tcodes != 0
+            self._add_stats(s.tensors, self._tensor_values, tcodes[t], dur[t], (misses > 0)[t], is_eagain[t])
         # the 10 slowest calls so far: only records beating the current 10th are looked at
         floor = int(s.slowest["dur_ns"].min()) if s.slowest is not None and len(s.slowest) >= 10 else -1
         top = np.nonzero(dur > floor)[0]
@@ -458,6 +448,25 @@ class SyscallTracer:
             top = top[np.argpartition(dur[top], len(top) - 10)[-10:]]
         if len(top):
             self._merge_slowest(recs[top], dur[top], codes[top])
+
+    @staticmethod
+    def _add_stats(into: dict, names: list, codes: np.ndarray, dur: np.ndarray, miss: np.ndarray,
+                   eagain: np.ndarray) -> None:
+        """Per-name running totals (files, tensors) from one drain, vectorised over codes."""
+        m = len(names)
+        calls = np.bincount(codes, minlength=m)
+        total = np.bincount(codes, weights=dur, minlength=m)
+        nmiss = np.bincount(codes, weights=miss, minlength=m)
+        neag = np.bincount(codes, weights=eagain, minlength=m)
+        mx = np.zeros(m, dtype=np.int64)
+        np.maximum.at(mx, codes, dur)
+        for code in np.nonzero(calls)[0].tolist():
+            fs = into.setdefault(names[code], FileStat())
+            fs.calls += int(calls[code])
+            fs.total_ns += int(total[code])
+            fs.max_ns = max(fs.max_ns, int(mx[code]))
+            fs.misses += int(nmiss[code])
+            fs.eagain += int(neag[code])
 
     def _merge_slowest(self, r: np.ndarray, dur: np.ndarray, codes: np.ndarray) -> None:
         s = self.state
@@ -546,6 +555,9 @@ class SyscallTracer:
             "files": [{"path": p, "calls": f.calls, "total_ms": round(f.total_ns / 1e6, 3),
                        "max_us": round(f.max_ns / 1e3, 1), "calls_with_misses": f.misses, "eagain": f.eagain}
                       for p, f in files[:10]],
+            "tensors": [{"tensor": t, "calls": f.calls, "total_ms": round(f.total_ns / 1e6, 3),
+                         "max_us": round(f.max_ns / 1e3, 1), "calls_with_misses": f.misses, "eagain": f.eagain}
+                        for t, f in sorted(s.tensors.items(), key=lambda kv: -kv[1].total_ns)[:10]],
             "slowest": slow,
             "missing_evidence": self.plan.missing_columns if self.probe else [],
             "syscall_hook": "raw_syscalls" if self.plan.raw_syscalls else "syscalls tracepoints",

@@ -208,6 +208,13 @@ def test_tensor_and_row_resolved_from_safetensors_header(tmp_path, table):
         assert (sub["tensor"] == name).all()
         assert (sub["row"] == (sub["offset"] - start) // row_bytes).all()
     assert (df["tensor"] != "").all()
+    # the summary's per-tensor totals are the trace's
+    by_t = df.groupby("tensor")["dur_ns"].agg(["size", "sum"])
+    summ = {t["tensor"]: t for t in run.summary["tensors"]}
+    assert set(summ) == set(by_t.index)
+    for name, row in by_t.iterrows():
+        assert summ[name]["calls"] == row["size"]
+        assert summ[name]["total_ms"] == pytest.approx(row["sum"] / 1e6, abs=0.01)
 
 
 @pytest.mark.bpf
