@@ -46,6 +46,11 @@ SMOOTH_BINS = 2
 #: fraction of the smaller of the two modes (smoothed counts); otherwise the gaps show no two
 #: populations and the whole trace is one batch.
 VALLEY_FRACTION = 0.5
+#: the forward-pass mode's lower edge: the lowest of the contiguous bins below its peak that
+#: hold at least this fraction of the peak (smoothed counts) ...
+EDGE_FRACTION = 0.2
+#: ... and the threshold is raised to this fraction of that edge (never above the mode)
+EDGE_MARGIN = 0.5
 
 _EPOCH_2000 = 946_684_800
 _EPOCH_2100 = 4_102_444_800
@@ -373,11 +378,14 @@ def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
         return None, info
     nbins = int(_MAX_DECADES / BIN_DECADES) + 1
     counts = np.zeros(nbins, dtype=np.int64)
+    gap_time = np.zeros(nbins, dtype=np.float64)
     overlapping = 0
     for i in range(0, n, _CHUNK):
         g = np.maximum(gaps_ns[i:i + _CHUNK].astype(np.float64), 1.0)
         overlapping += int((g <= 1.0).sum())
-        counts += np.bincount(np.minimum((np.log10(g) / BIN_DECADES).astype(np.int64), nbins - 1), minlength=nbins)
+        idx = np.minimum((np.log10(g) / BIN_DECADES).astype(np.int64), nbins - 1)
+        counts += np.bincount(idx, minlength=nbins)
+        gap_time += np.bincount(idx, weights=g, minlength=nbins)
     info["overlapping"] = overlapping
     w = 2 * SMOOTH_BINS + 1
     sm = np.convolve(counts, np.ones(w, dtype=np.int64), mode="same")
@@ -385,7 +393,23 @@ def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
     if counts[floor_bin:].sum() == 0:
         info["method"] = "no gap reaches the minimum split"
         return None, info
-    up = floor_bin + int(np.argmax(sm[floor_bin:]))
+    # The upper mode is the fullest bin (by count) above the floor.  When that finds no valley
+    # (prefill: a few long forward passes among many short in-batch stalls), retry with the
+    # bin holding the most idle *time*: between batches is where the idle time goes.
+    thr, info2 = _valley(gaps_ns, counts, sm, floor_bin + int(np.argmax(sm[floor_bin:])), info.copy())
+    if thr is None:
+        tm = np.convolve(gap_time, np.ones(w), mode="same")
+        up_t = floor_bin + int(np.argmax(tm[floor_bin:]))
+        thr_t, info_t = _valley(gaps_ns, counts, sm, up_t, info.copy())
+        if thr_t is not None:
+            info_t["method"] = "density valley below the idle-time mode"
+            return thr_t, info_t
+    return thr, info2
+
+
+def _valley(gaps_ns: np.ndarray, counts: np.ndarray, sm: np.ndarray, up: int, info: dict) -> tuple[float | None, dict]:
+    """The split threshold below upper-mode bin ``up`` (see :func:`choose_gap_threshold`)."""
+    n = len(gaps_ns)
     low_region = sm[1:up] if counts[1:up].sum() > 0 else sm[:up]
     if len(low_region) == 0:
         info["method"] = "no lower population"
@@ -409,6 +433,14 @@ def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
     k = int(np.argmax(stops - starts))
     centre_bin = lo + 1 + (starts[k] + stops[k]) / 2.0  # in bins, fractional
     thr = max(10 ** (centre_bin * BIN_DECADES), float(MIN_SPLIT_GAP_NS))
+    # Stalls inside a batch (GIL hand-offs, preemption on a busy host) scatter between the
+    # modes and can reach far past the emptiest bin.  The forward passes are the dense upper
+    # mode: walk down from U while bins stay dense (>= EDGE_FRACTION of U), and split only at
+    # gaps of at least EDGE_MARGIN of that lower edge.
+    edge = up
+    while edge - 1 > lo and sm[edge - 1] >= EDGE_FRACTION * sm[up]:
+        edge -= 1
+    thr = max(thr, EDGE_MARGIN * 10 ** (edge * BIN_DECADES))
     below, above, n_above = 1.0, math.inf, 0
     for i in range(0, n, _CHUNK):
         g = np.maximum(gaps_ns[i:i + _CHUNK].astype(np.float64), 1.0)
