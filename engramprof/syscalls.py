@@ -196,7 +196,12 @@ class SyscallTracer:
                 "min_ns": self.config.min_ns, "missing_tracepoints": p.missing,
                 "missing_evidence": p.missing_columns,
             })
-        self.probe = loader.LoadedProbe(p)
+        try:
+            self.probe = loader.LoadedProbe(p)
+        except BaseException:
+            if self.writer:  # leave a closed, loadable (empty) bundle that says why
+                self.writer.close(end_reason="probe load failed", end_ns=time.monotonic_ns())
+            raise
         self.state.started_ns = time.monotonic_ns()
         if self.writer:
             self.writer.update_meta(start_ns=self.state.started_ns)

@@ -210,7 +210,10 @@ def _read_dir(d: Path) -> pd.DataFrame | None:
             tables.append(pq.read_table(p))
         except (pa.ArrowException, OSError) as exc:
             raise UserError(f"{p}: corrupt trace part ({exc})") from None
-    return pa.concat_tables(tables, promote_options="default").to_pandas()
+    table = pa.concat_tables(tables, promote_options="default")
+    # one dictionary per string column instead of one per part: pandas then builds a single
+    # categorical (fast), and load() turns it into plain strings by a take over the categories
+    return table.unify_dictionaries().to_pandas()
 
 
 def load_bundle(path: str | os.PathLike) -> Trace:
