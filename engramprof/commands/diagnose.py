@@ -30,9 +30,11 @@ def register(app: typer.Typer) -> None:
         slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call at least this slow is 'slow'."),
         as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
     ):
-        """Record PID's read calls and memory/scheduling context for --duration seconds, then
-        say which of residency, reclaim, storage or Python scheduling holds its batches back,
-        with the evidence chain, what the data cannot prove, and the fix to try."""
+        """Which of residency, reclaim, storage or Python scheduling holds PID's batches back.
+
+        Records PID's read calls and memory / scheduling context for --duration seconds, then
+        answers with a verdict, the evidence chain, what the data cannot prove, and the fix to try.
+        """
         from engramprof import diagnose
 
         stop = threading.Event()
