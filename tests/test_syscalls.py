@@ -298,3 +298,35 @@ def test_tid_filter_keeps_one_thread(tmp_path, table):
     assert res["fallback_rows"] > 0
     assert len(df) == res["calls"] - res["fallback_rows"]
     assert ((df["flags"] & RWF_NOWAIT) != 0).all()
+
+
+def _fake_tracefs(root: Path, names: list[str]) -> Path:
+    for n in names:
+        cat, ev = n.split(":")
+        d = root / "events" / cat / ev
+        d.mkdir(parents=True)
+        (d / "format").write_text("name: " + ev + "\n")
+    return root
+
+
+def test_kernel_without_evidence_tracepoints_compiles_them_out(tmp_path):
+    from engramprof.bpf import loader
+
+    root = _fake_tracefs(tmp_path, ["syscalls:sys_enter_preadv2", "syscalls:sys_exit_preadv2"])
+    plan = loader.plan(loader.ProbeConfig(tgid=1, syscall_hook="auto"), tracefs_root=root)
+    assert not plan.raw_syscalls  # no raw_syscalls in this tracefs
+    assert not any(plan.features.values())
+    assert set(plan.missing_columns) == {"pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns"}
+    assert "block:block_rq_complete" in plan.missing
+    text = loader.program_text(plan)
+    assert "#define HAVE_FILEMAP 0" in text and "#define USE_RAW_SYSCALLS 0" in text
+
+
+def test_kernel_without_preadv2_tracepoints_is_a_one_line_error(tmp_path):
+    from engramprof.bpf import loader
+    from engramprof.errors import UserError
+
+    root = _fake_tracefs(tmp_path, ["sched:sched_switch"])
+    with pytest.raises(UserError) as e:
+        loader.plan(loader.ProbeConfig(tgid=1, syscall_hook="tracepoint"), tracefs_root=root)
+    assert "sys_enter_preadv2" in str(e.value) and "doctor" in str(e.value)
