@@ -308,9 +308,14 @@ class _Columns:
     def __init__(self, calls: pd.DataFrame, idx: np.ndarray | None):
         self.calls = calls
         self.idx = idx
+        self._has: dict[str, bool] = {}
 
     def has(self, name: str) -> bool:
-        return name in self.calls.columns
+        """The column exists and holds at least one value (a recorder writes an evidence
+        column all-null when the kernel could not measure it)."""
+        if name not in self._has:
+            self._has[name] = name in self.calls.columns and bool(self.calls[name].notna().any())
+        return self._has[name]
 
     def series(self, name: str, lo: int, hi: int) -> pd.Series:
         s = self.calls[name]

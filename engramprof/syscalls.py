@@ -169,6 +169,7 @@ class SyscallTracer:
         self._vm_events: list[np.ndarray] = []
         self.kswapd_events = 0
         self._write_thread: threading.Thread | None = None
+        self._missing_cols: list[str] = []
 
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -179,6 +180,7 @@ class SyscallTracer:
         check_privileges()
         p = loader.plan(self.config)
         self.plan = p
+        self._missing_cols = p.missing_columns
         if p.missing:
             self.notes.append(f"tracepoints missing, evidence not collected: {', '.join(p.missing)}")
         try:
@@ -404,6 +406,8 @@ class SyscallTracer:
             "tensor": pa.DictionaryArray.from_arrays(pa.array(tensor_codes), tensor_dict),
             "row": pa.array(rows),
         }
+        for c in self._missing_cols:  # not measured on this kernel: null, not a misleading 0
+            cols[c] = pa.nulls(n, type=cols[c].type)
         return pa.Table.from_arrays(list(cols.values()), names=list(cols)), codes, tensor_codes
 
     def _layout_for(self, path: str):

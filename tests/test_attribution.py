@@ -561,3 +561,22 @@ def test_verdict_rule():
     assert verdict_of({"python-scheduling": 0.2, "cpu-copy": 0.8}) == "healthy"
     assert verdict_of({"residency": 0.3, "storage": 0.31}) == "storage"
     assert verdict_of({"residency": 0.3}, meaningful_share=0.5) == "healthy"
+
+
+def test_all_null_evidence_column_counts_as_missing():
+    """A recorder on a kernel without the sched tracepoints writes offcpu_ns/runq_ns all-null:
+    the analysis must say they are missing, not read them as 'never off CPU'."""
+    import numpy as np
+    import pandas as pd
+
+    from engramprof.attribution import analyse
+
+    n = 40
+    calls = pd.DataFrame({
+        "ts_ns": np.arange(n) * 1_000_000 + (np.arange(n) // 4) * 20_000_000, "dur_ns": 50_000, "pid": 1, "tid": 1,
+        "path": "/t", "offset": np.arange(n) * 4096, "size": 4096, "ret": 4096, "flags": 0,
+        "pages_added": 1, "bio_count": 1, "bio_ns": 40_000, "reclaim_ns": 0,
+        "offcpu_ns": pd.array([None] * n, dtype="Int64"), "runq_ns": pd.array([None] * n, dtype="Int64"),
+    })
+    res = analyse(calls)
+    assert "offcpu_ns" in res.summary["missing_evidence"] and "runq_ns" in res.summary["missing_evidence"]
