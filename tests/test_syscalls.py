@@ -15,7 +15,7 @@ import pytest
 
 from engramprof import trace as tracefmt
 from engramprof.bpf import layout
-from tests.tracing import Proc, engramprof, traced_lab
+from tests.tracing import PY, Proc, engramprof, traced_lab
 
 RWF_NOWAIT = 0x8
 
@@ -330,3 +330,36 @@ def test_kernel_without_preadv2_tracepoints_is_a_one_line_error(tmp_path):
     with pytest.raises(UserError) as e:
         loader.plan(loader.ProbeConfig(tgid=1, syscall_hook="tracepoint"), tracefs_root=root)
     assert "sys_enter_preadv2" in str(e.value) and "doctor" in str(e.value)
+
+
+@pytest.mark.bpf
+@pytest.mark.skipif(not shutil.which("script"), reason="script (util-linux) not installed: no pseudo-terminal")
+def test_live_view_on_a_terminal(tmp_path):
+    """On a terminal the live view refreshes once a second; run it in a pseudo-terminal."""
+    data = tmp_path / "d"
+    data.write_bytes(os.urandom(1 << 20))
+    data.read_bytes()
+    loop = Proc([PY, "-c", LOOP, str(data), "30"])
+    loop.wait_line("ready")
+    try:
+        cmd = " ".join(engramprof("syscalls", "--pid", loop.pid, "--duration", "3"))
+        r = subprocess.run(["script", "-qec", cmd, str(tmp_path / "tty.out")], capture_output=True, timeout=120)
+    finally:
+        loop.p.kill()
+        loop.finish()
+    out = (tmp_path / "tty.out").read_bytes().decode(errors="replace")
+    assert r.returncode == 0, out[-2000:]
+    assert "Traceback" not in out
+    assert out.count("calls/s") >= 2  # refreshed at least twice in 3 s
+    assert "top files by total time" in out and str(data)[-30:] in out  # long paths are shortened
+
+
+LOOP = r"""
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY); buf = bytearray(4096)
+print("ready", file=sys.stderr, flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    for i in range(256):
+        os.preadv(fd, [buf], i * 4096)
+"""
