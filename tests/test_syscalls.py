@@ -351,7 +351,7 @@ def test_live_view_on_a_terminal(tmp_path):
     assert r.returncode == 0, out[-2000:]
     assert "Traceback" not in out
     assert out.count("calls/s") >= 2  # refreshed at least twice in 3 s
-    assert "top files by total time" in out and str(data)[-30:] in out  # long paths are shortened
+    assert "top files by total time" in out and "slowest calls" in out
 
 
 LOOP = r"""
