@@ -49,13 +49,16 @@ def test_inferred_batches_match_markers(tmp_path, table, shape):
     what the inference's edge rule and idle-time mode are for."""
     name, tokens, gap, gap_ms = shape
     markers = tmp_path / "m.jsonl"
-    run = traced_lab(tmp_path, table, "--reader", "pool", "--steps", "60" if name == "decode" else "6",
+    run = traced_lab(tmp_path, table, "--reader", "pool", "--steps", "60" if name == "decode" else "8",
                      "--tokens", tokens, "--gap-ms", gap, "--warm", "--markers", str(markers))
     q = _quality(run.trace, markers, gap_ms)
-    read_iou = np.asarray(q["read_span_iou"])
-    assert len(read_iou) >= (60 if name == "decode" else 6) - 1
+    # the recording ends when the lab exits, right after its last batch: inference leaves out
+    # or trims a batch that close to the recording's edge (it may be cut), so the last marker
+    # batch is not judged
+    read_iou = np.asarray(q["read_span_iou"])[:-1]
+    assert len(read_iou) >= (60 if name == "decode" else 8) - 2
     assert (read_iou >= 0.8).mean() >= 0.95, np.sort(read_iou)[:10]
-    assert np.asarray(q["exact"]).mean() >= 0.95
+    assert np.asarray(q["exact"])[:-1].mean() >= 0.95
 
 
 @pytest.mark.bpf
