@@ -62,10 +62,12 @@ class LatencyHist:
         self.max_ns = 0
         self.n = 0
 
-    def add(self, ns: np.ndarray) -> None:
+    def add(self, ns: np.ndarray, index: np.ndarray | None = None) -> None:
+        """Add durations (``index``: their _lat_index, when the caller has it already)."""
         if len(ns) == 0:
             return
-        self.counts += np.bincount(_lat_index(ns), minlength=len(self.counts))[: len(self.counts)]
+        idx = _lat_index(ns) if index is None else index
+        self.counts += np.bincount(idx, minlength=len(self.counts))[: len(self.counts)]
         self.max_ns = max(self.max_ns, int(ns.max()))
         self.n += len(ns)
 
@@ -441,11 +443,12 @@ class SyscallTracer:
         s.reclaim_ns += int(recs["reclaim_ns"].sum())
         s.offcpu_ns += int(recs["offcpu_ns"].sum())
         s.runq_ns += int(recs["runq_ns"].sum())
-        s.hist.add(dur)
+        idx = _lat_index(dur)  # once for both histograms
+        s.hist.add(dur, idx)
         s.window_calls += n
         s.window_eagain += int(is_eagain.sum())
         s.window_nowait += nowait
-        s.window_hist.add(dur)
+        s.window_hist.add(dur, idx)
         self._add_stats(s.files, self._path_values, codes, dur, misses > 0, is_eagain)
         if (tcodes != 0).any():  # safetensors tensors (code 0 = no tensor)
             t = tcodes != 0
