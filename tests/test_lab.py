@@ -451,3 +451,48 @@ def test_cli_run_sigterm_ends_cleanly_with_summary(tbl):
     assert proc.returncode == 0, err
     res = json.loads(out)
     assert res["pid"] == proc.pid and res["steps"] >= 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm (tmpfs) to try RWF_NOWAIT on")
+def test_nowait_refusal_is_remembered_per_filesystem(tbl, content, fd, tmp_path):
+    """tmpfs rejects RWF_NOWAIT here (EOPNOTSUPP): a table there goes to the pool, while a
+    table on another filesystem keeps its NOWAIT fast path in the same reader."""
+    import shutil
+    import tempfile
+
+    shm = tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="engramprof-test-")
+    shutil.copyfile(tbl, shm.name)
+    fd_shm = os.open(shm.name, os.O_RDONLY)
+    if os.fstat(fd_shm).st_dev == os.fstat(fd).st_dev:
+        pytest.skip("the test table is on tmpfs too")
+    seen = []
+
+    def pv(f, bufs, off, flags=0):
+        seen.append((f, flags))
+        return os.preadv(f, bufs, off, flags)
+
+    lay = layout.load(tbl)
+    r = make_reader("nowait", threads=4, preadv=pv)
+    try:
+        try:
+            os.preadv(fd_shm, [bytearray(1)], 0, RWF_NOWAIT)
+            pytest.skip("this kernel's tmpfs accepts RWF_NOWAIT")
+        except OSError:
+            pass
+        jobs = _jobs(fd_shm, lay, [1, 2, 3], layers=(3,))
+        stats = r.read_batch(jobs)
+        assert stats.nowait_unsupported
+        for j in jobs:
+            np.testing.assert_array_equal(j.out, _expected(content, j))
+        os.pread(fd, os.fstat(fd).st_size, 0)  # cache the ext4 table
+        seen.clear()
+        jobs = _jobs(fd, lay, [4, 5], layers=(3,))
+        stats = r.read_batch(jobs)
+        assert not stats.nowait_unsupported and stats.fallback_rows == 0
+        assert seen and all(flags == RWF_NOWAIT for _, flags in seen)
+        for j in jobs:
+            np.testing.assert_array_equal(j.out, _expected(content, j))
+    finally:
+        r.close()
+        os.close(fd_shm)
+        shm.close()

@@ -224,7 +224,10 @@ class NowaitReader(PoolReader):
 
     def __init__(self, threads: int = 32, preadv: Preadv | None = None):
         super().__init__(threads, preadv)
-        self.nowait_supported = bool(RWF_NOWAIT)
+        self.nowait_supported = bool(RWF_NOWAIT)  # this Python / platform has the flag
+        # filesystems (st_dev) that rejected RWF_NOWAIT: support is per filesystem, so a
+        # refusal on one (tmpfs, say) must not turn NOWAIT off for tables on another
+        self.unsupported_devs: set[int] = set()
 
     def _nowait_pass(self, job: Job, flat: memoryview, idx: list[int], offs: list[int],
                      stats: ReadStats) -> tuple[list[int], list[int]] | None:
@@ -248,7 +251,8 @@ class NowaitReader(PoolReader):
         return miss_idx, miss_offs
 
     def read_batch(self, jobs: list[Job]) -> ReadStats:
-        if not self.nowait_supported:
+        devs = {os.fstat(job.fd).st_dev for job in jobs}
+        if not self.nowait_supported or devs & self.unsupported_devs:
             stats = super().read_batch(jobs)
             stats.fallback_rows = sum(len(np.unique(j.offsets)) for j in jobs)
             stats.nowait_unsupported = True
@@ -264,7 +268,7 @@ class NowaitReader(PoolReader):
                     break
                 pending = self._nowait_pass(job, flat, pending[0], pending[1], stats)
                 if pending is None:  # flag rejected: the whole batch goes to the pool
-                    self.nowait_supported = False
+                    self.unsupported_devs.add(os.fstat(job.fd).st_dev)
                     fallback = super().read_batch(jobs)
                     fallback.calls += stats.calls
                     fallback.eagain = stats.eagain
