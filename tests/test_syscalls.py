@@ -170,9 +170,11 @@ def test_pool_cold_misses_have_pages_and_bio_time(tmp_path, table):
     assert len(miss) > 0.5 * len(df)  # random rows of an evicted table: most calls miss
     assert (miss["bio_count"] > 0).mean() > 0.9
     assert (miss["bio_ns"] > 0).mean() > 0.9
-    # a call that waited for its own bio was off CPU at least that long, minus the overlap of
-    # parallel bios (bio_ns sums them): check the weaker bound that it was off CPU at all
-    assert (miss["offcpu_ns"] > 0).mean() > 0.9
+    # Most waits for the device are spent off CPU, but not all: seen here (a Firecracker VM),
+    # a miss whose ~100 us bio completed during the virtio kick's VM exit never slept, and the
+    # wait shows as on-CPU time inside the call (30-90% of misses, depending on the host).
+    assert (miss["offcpu_ns"] > 0).any()
+    assert ((miss["offcpu_ns"] > 0) | (miss["dur_ns"] >= miss["bio_ns"])).all()
     # every matched bio is in the device histogram (back-merged ones are not matched)
     assert run.summary["device"] and run.summary["device"]["bios"] >= 0.9 * miss["bio_count"].sum()
     hits = df[df["pages_added"] == 0]
