@@ -166,6 +166,7 @@ class SyscallTracer:
         self._tensor_index: dict[str, int] = {"": 0}
         self._tensor_values: list[str] = [""]
         self._layouts: dict[str, object] = {}
+        self._tensor_codes: dict[int, np.ndarray] = {}
         self._write_q: queue.Queue = queue.Queue(maxsize=8)
         self.partial_at_start = 0
         self._vm_events: list[np.ndarray] = []
@@ -365,7 +366,8 @@ class SyscallTracer:
             self._write_thread.join()
             self._write_thread = None
 
-    def _to_table(self, recs: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    def _to_table(self, recs: np.ndarray) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """The records as an Arrow table, plus their path codes and tensor codes."""
         n = len(recs)
         fds = recs["fd"]
         ts = recs["ts_ns"].astype(np.int64)
@@ -379,9 +381,7 @@ class SyscallTracer:
                 continue
             sel = codes == code
             idx, r = lay.locate(offsets[sel])
-            tcodes = np.array([self._intern(self._tensor_index, self._tensor_values, t) for t in lay.live_names]
-                              + [self._tensor_index[""]], dtype=np.int32)
-            tensor_codes[sel] = tcodes[idx]  # idx -1 -> last entry ("")
+            tensor_codes[sel] = self._tensor_codes_for(code, lay)[idx]  # idx -1 -> last entry ("")
             rows[sel] = r
         self._fds_seen.update(np.unique(fds).tolist())
         path_dict = pa.array(self._path_values, type=pa.string())
@@ -411,6 +411,16 @@ class SyscallTracer:
         for c in self._missing_cols:  # not measured on this kernel: null, not a misleading 0
             cols[c] = pa.nulls(n, type=cols[c].type)
         return pa.Table.from_arrays(list(cols.values()), names=list(cols)), codes, tensor_codes
+
+    def _tensor_codes_for(self, path_code: int, lay) -> np.ndarray:
+        """Tensor code of each of a layout's live tensors, then "" (for offsets outside them);
+        interned once per file."""
+        codes = self._tensor_codes.get(path_code)
+        if codes is None:
+            codes = np.array([self._intern(self._tensor_index, self._tensor_values, t) for t in lay.live_names]
+                             + [self._tensor_index[""]], dtype=np.int32)
+            self._tensor_codes[path_code] = codes
+        return codes
 
     def _layout_for(self, path: str):
         """The safetensors layout of path, or None (not safetensors / unreadable); cached."""

@@ -140,14 +140,14 @@ static __always_inline u64 iov_bytes(const struct iovec *vec, u64 vlen)
 	return total;
 }
 
-static __always_inline void call_exit(s64 ret)
+static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 {
 	u64 now = bpf_ktime_get_ns();
 	struct inflight *s = current_call();
 	if (!s)
 		return;      /* entered before we attached, or not a traced call */
 	u64 dur = now - s->ts;
-	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid;
 
 	u64 offcpu = 0, runq = 0;
 	if (s->switched) {
@@ -192,7 +192,6 @@ static __always_inline void call_exit(s64 ret)
 	if (dur >= MIN_NS) {
 		struct call_record *r = call_records.ringbuf_reserve(sizeof(struct call_record));
 		if (r) {
-			u64 pid_tgid = bpf_get_current_pid_tgid();
 			r->ts_ns = s->ts;
 			r->dur_ns = dur;
 			r->offset = s->offset;
@@ -248,9 +247,10 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 
 RAW_TRACEPOINT_PROBE(sys_exit)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
 		return 0;
-	call_exit((s64)ctx->args[1]);
+	call_exit(pid_tgid, (s64)ctx->args[1]);
 	return 0;
 }
 #else
@@ -265,9 +265,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_preadv2)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_preadv2)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
 		return 0;
-	call_exit(args->ret);
+	call_exit(pid_tgid, args->ret);
 	return 0;
 }
 
@@ -283,9 +284,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_preadv)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_preadv)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
 		return 0;
-	call_exit(args->ret);
+	call_exit(pid_tgid, args->ret);
 	return 0;
 }
 #endif
@@ -301,9 +303,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_pread64)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_pread64)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
 		return 0;
-	call_exit(args->ret);
+	call_exit(pid_tgid, args->ret);
 	return 0;
 }
 #endif
