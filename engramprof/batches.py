@@ -51,6 +51,21 @@ VALLEY_FRACTION = 0.5
 EDGE_FRACTION = 0.2
 #: ... and the threshold is raised to this fraction of that edge (never above the mode)
 EDGE_MARGIN = 0.5
+#: natural breaks: a sorted gap at least this many times the next smaller one ...
+BREAK_RATIO = 2.0
+#: ... with at least MIN_SEPARATORS gaps above it, or else this wide (one or two idle pauses)
+BIG_BREAK_RATIO = 10.0
+MIN_SEPARATORS = 3
+#: the widest breaks considered
+MAX_BREAKS = 16
+#: regularity (std / mean of the call counts of interior batches) is judged on at least
+#: this many batches; candidates at most REGULARITY_FACTOR x the most regular one's figure
+#: + REGULARITY_SLACK are equally regular (the finest wins); above IRREGULAR_CV the batches
+#: found are not trusted
+MIN_JUDGED_BATCHES = 3
+REGULARITY_FACTOR = 1.25
+REGULARITY_SLACK = 0.02
+IRREGULAR_CV = 0.5
 
 _EPOCH_2000 = 946_684_800
 _EPOCH_2100 = 4_102_444_800
@@ -350,18 +365,30 @@ _CHUNK = 1 << 20
 
 
 def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
-    """Pick the batch-split threshold from the union gaps (ns); ``None`` = no split.
+    """Pick the batch-split threshold from the union gaps (ns, in call order); ``None`` = no split.
 
-    Method (a density valley): histogram log10(gap) in BIN_DECADES bins (gaps clipped at 1 ns,
-    so overlapping calls count as 1 ns gaps), smoothed over +-SMOOTH_BINS bins.  The upper mode
-    U is the fullest smoothed bin at or above MIN_SPLIT_GAP_NS (the forward passes; idle pauses
-    between requests are rarer and sit above it); the lower mode L is the fullest bin below U
-    (the within-batch gaps; the 1 ns overlap bin only when no positive gap is below U).  The
-    valley is the emptiest smoothed bin between L and U (ties: the middle of the longest run of
-    them).  It must hold at most VALLEY_FRACTION of the smaller mode, else there is no split.
-    The threshold is the valley's centre, raised to MIN_SPLIT_GAP_NS if below it.  A sparse
-    scatter of stalls between the modes (seen on loaded machines) does not hide the valley.
-    Memory is O(bins) plus 1M-element chunks, whatever the number of gaps.
+    Three kinds of evidence, each giving candidate thresholds (all at least MIN_SPLIT_GAP_NS):
+
+    * the density valley below the **count** mode: the fullest gap bin above the floor is the
+      forward passes when batches are many and short (decode);
+    * the density valley below the **idle-time** mode: the bin holding the most gap time,
+      which is where the reader waits for the forward pass even when in-batch stalls
+      outnumber the forward passes (prefill of tens of thousands of calls a batch);
+    * **natural breaks** in the upper tail: sorted gaps above the floor whose ratio to the next
+      smaller gap is at least BREAK_RATIO (the largest few).
+
+    Each candidate is judged by the batches it would cut: a threshold inside the in-batch
+    stalls cuts batches into fragments of random size, a threshold between the stalls and the
+    forward passes cuts batches of regular size.  The **regularity** of a candidate is the
+    spread of its batches' call counts (coefficient of variation of the interior batches:
+    a batch cut in two at a stall shows, where a median-based spread would hide it).  The
+    most regular candidate wins; among candidates about as regular (REGULARITY_FACTOR x its
+    figure + REGULARITY_SLACK), the lowest threshold (the finest structure: batches, not the sessions between idle pauses).
+    Candidates too few to judge fall back to the valleys (count mode first).  When only
+    natural breaks exist and none cuts regular batches, there is no structure: ``None``.
+    ``info`` names the method, every candidate and its figures, and ``confident``: False when
+    the chosen batches are irregular (IRREGULAR_CV), so the caller can say so.
+    Memory is O(bins) plus 1M-element chunks, plus the gaps above the floor.
     """
     gaps_ns = np.asarray(gaps_ns)
     n = len(gaps_ns)
@@ -380,12 +407,16 @@ def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
     counts = np.zeros(nbins, dtype=np.int64)
     gap_time = np.zeros(nbins, dtype=np.float64)
     overlapping = 0
+    below_floor_max = 1.0
     for i in range(0, n, _CHUNK):
         g = np.maximum(gaps_ns[i:i + _CHUNK].astype(np.float64), 1.0)
         overlapping += int((g <= 1.0).sum())
         idx = np.minimum((np.log10(g) / BIN_DECADES).astype(np.int64), nbins - 1)
         counts += np.bincount(idx, minlength=nbins)
         gap_time += np.bincount(idx, weights=g, minlength=nbins)
+        low = g[g < MIN_SPLIT_GAP_NS]
+        if len(low):
+            below_floor_max = max(below_floor_max, float(low.max()))
     info["overlapping"] = overlapping
     w = 2 * SMOOTH_BINS + 1
     sm = np.convolve(counts, np.ones(w, dtype=np.int64), mode="same")
@@ -393,23 +424,125 @@ def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
     if counts[floor_bin:].sum() == 0:
         info["method"] = "no gap reaches the minimum split"
         return None, info
-    # The upper mode is the fullest bin (by count) above the floor.  When that finds no valley
-    # (prefill: a few long forward passes among many short in-batch stalls), retry with the
-    # bin holding the most idle *time*: between batches is where the idle time goes.
-    thr, info2 = _valley(gaps_ns, counts, sm, floor_bin + int(np.argmax(sm[floor_bin:])), info.copy())
-    if thr is None:
-        tm = np.convolve(gap_time, np.ones(w), mode="same")
-        up_t = floor_bin + int(np.argmax(tm[floor_bin:]))
-        thr_t, info_t = _valley(gaps_ns, counts, sm, up_t, info.copy())
-        if thr_t is not None:
-            info_t["method"] = "density valley below the idle-time mode"
-            return thr_t, info_t
-    return thr, info2
+    tall = _TallGaps.of(gaps_ns, below_floor_max)
+    cands: list[dict] = []
+    thr_c, info_c = _valley(tall, counts, sm, floor_bin + int(np.argmax(sm[floor_bin:])), info.copy())
+    if thr_c is not None:
+        cands.append({"source": "count-valley", "threshold_ns": thr_c, **_valley_figures(info_c)})
+    tm = np.convolve(gap_time, np.ones(w), mode="same")
+    thr_t, info_t = _valley(tall, counts, sm, floor_bin + int(np.argmax(tm[floor_bin:])), info.copy())
+    if thr_t is not None and (thr_c is None or tall.separators(thr_t) != tall.separators(thr_c)):
+        cands.append({"source": "time-valley", "threshold_ns": thr_t, **_valley_figures(info_t)})
+    cands += [{"source": "break", "threshold_ns": t} for t in tall.natural_breaks()]
+    for c in cands:
+        c.update(tall.judge(c["threshold_ns"]))
+    chosen = _pick_candidate(cands)
+    info["candidates"] = [_round_candidate(c) for c in cands]
+    if chosen is None:
+        failed = info_c if thr_c is None else info_t
+        info["method"] = ("no regular structure in the gaps" if cands else failed.get("method", "no bimodality"))
+        return None, info
+    info.update(method={"count-valley": "density valley", "time-valley": "density valley below the idle-time mode",
+                        "break": "natural break"}[chosen["source"]],
+                below_ns=chosen["below_ns"], above_ns=chosen["above_ns"], n_above=chosen["n_above"],
+                count_cv=chosen["count_cv"],
+                confident=chosen["count_cv"] is None or chosen["count_cv"] <= IRREGULAR_CV)
+    for key in ("lower_mode_ns", "upper_mode_ns", "valley_depth"):
+        if key in chosen:
+            info[key] = chosen[key]
+    return float(chosen["threshold_ns"]), info
 
 
-def _valley(gaps_ns: np.ndarray, counts: np.ndarray, sm: np.ndarray, up: int, info: dict) -> tuple[float | None, dict]:
-    """The split threshold below upper-mode bin ``up`` (see :func:`choose_gap_threshold`)."""
-    n = len(gaps_ns)
+def _valley_figures(info: dict) -> dict:
+    return {k: info[k] for k in ("lower_mode_ns", "upper_mode_ns", "valley_depth") if k in info}
+
+
+def _round_candidate(c: dict) -> dict:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in c.items()}
+
+
+def _pick_candidate(cands: list[dict]) -> dict | None:
+    """The most regular candidate; the finest of those about as regular (REGULARITY_FACTOR,
+    REGULARITY_SLACK)."""
+    if not cands:
+        return None
+    judged = [c for c in cands if c["count_cv"] is not None]
+    valleys = [c for c in cands if c["source"] != "break"]
+    if not judged:
+        return valleys[0] if valleys else None
+    best = min(c["count_cv"] for c in judged)
+    near = [c for c in judged if c["count_cv"] <= best * REGULARITY_FACTOR + REGULARITY_SLACK]
+    pick = min(near, key=lambda c: c["threshold_ns"])
+    if pick["source"] == "break" and pick["count_cv"] > IRREGULAR_CV:
+        # only the tail's breaks, and they cut batches of random size: a valley if there is
+        # one (density evidence), else no structure
+        return valleys[0] if valleys else None
+    return pick
+
+
+@dataclass
+class _TallGaps:
+    """The gaps at or above MIN_SPLIT_GAP_NS (the only ones a threshold can split at), with
+    their positions in call order: every candidate is judged on these alone."""
+
+    pos: np.ndarray  # index into the gap array (gap i precedes call i + 1)
+    val: np.ndarray  # gap, ns (float64)
+    n_gaps: int
+    below_floor_max: float
+
+    @classmethod
+    def of(cls, gaps_ns: np.ndarray, below_floor_max: float) -> "_TallGaps":
+        pos = np.flatnonzero(gaps_ns >= MIN_SPLIT_GAP_NS)
+        return cls(pos=pos, val=gaps_ns[pos].astype(np.float64), n_gaps=len(gaps_ns),
+                   below_floor_max=below_floor_max)
+
+    def separators(self, thr: float) -> int:
+        return int((self.val > thr).sum())
+
+    def max_at_or_below(self, thr: float) -> float:
+        v = self.val[self.val <= thr]
+        return max(self.below_floor_max, float(v.max()) if len(v) else 1.0)
+
+    def natural_breaks(self) -> list[float]:
+        """Thresholds at the MAX_BREAKS widest breaks (ratio >= BREAK_RATIO) of the sorted tail;
+        a break with fewer than MIN_SEPARATORS gaps above it must be BIG_BREAK_RATIO wide."""
+        v = np.unique(np.r_[self.val, self.below_floor_max])
+        if len(v) < 2:
+            return []
+        ratio = v[1:] / np.maximum(v[:-1], 1.0)
+        n_above = len(self.val) - np.searchsorted(np.sort(self.val), v[1:], side="left")
+        ok = (ratio >= BREAK_RATIO) & ((n_above >= MIN_SEPARATORS) | (ratio >= BIG_BREAK_RATIO))
+        idx = np.flatnonzero(ok)
+        idx = idx[np.argsort(-ratio[idx], kind="stable")][:MAX_BREAKS]
+        return [max(float(math.sqrt(v[i] * v[i + 1])), float(MIN_SPLIT_GAP_NS)) for i in idx]
+
+    def judge(self, thr: float) -> dict:
+        """Figures of the batches a threshold cuts: separators, the break around it, and the
+        coefficient of variation of the interior batches' call counts (None: too few batches to judge)."""
+        sep = self.pos[self.val > thr]
+        above = self.val[self.val > thr]
+        bounds = np.r_[0, sep + 1, self.n_gaps + 1]
+        sizes = np.diff(bounds)
+        interior = sizes[1:-1] if len(sizes) >= 5 else sizes
+        cv = None
+        if len(interior) >= MIN_JUDGED_BATCHES:
+            mean = float(interior.mean())
+            cv = float(interior.std() / mean) if mean > 0 else None
+        below = self.max_at_or_below(thr)
+        return {"n_above": int(len(sep)), "below_ns": below,
+                "above_ns": float(above.min()) if len(above) else None,
+                "count_cv": cv}
+
+
+def _valley(tall: "_TallGaps", counts: np.ndarray, sm: np.ndarray, up: int, info: dict) -> tuple[float | None, dict]:
+    """The density-valley threshold below upper-mode bin ``up`` (see :func:`choose_gap_threshold`).
+
+    The lower mode L is the fullest bin below ``up`` (the 1 ns overlap bin only when no positive
+    gap is below it); the valley is the emptiest smoothed bin between L and ``up`` (ties: the
+    middle of the longest run of them) and must hold at most VALLEY_FRACTION of the smaller
+    mode.  The threshold is the valley's centre, raised to MIN_SPLIT_GAP_NS, and raised again
+    to EDGE_MARGIN of the upper mode's lower edge (in-batch stalls scatter past the valley).
+    """
     low_region = sm[1:up] if counts[1:up].sum() > 0 else sm[:up]
     if len(low_region) == 0:
         info["method"] = "no lower population"
@@ -426,32 +559,20 @@ def _valley(gaps_ns: np.ndarray, counts: np.ndarray, sm: np.ndarray, up: int, in
     if depth > VALLEY_FRACTION:
         info["method"] = "no bimodality"
         return None, info
-    # the longest run of minimal bins; its middle
     is_min = np.r_[False, between == vmin, False]
     edges = np.flatnonzero(np.diff(is_min.astype(np.int8)))
     starts, stops = edges[0::2], edges[1::2]
     k = int(np.argmax(stops - starts))
     centre_bin = lo + 1 + (starts[k] + stops[k]) / 2.0  # in bins, fractional
     thr = max(10 ** (centre_bin * BIN_DECADES), float(MIN_SPLIT_GAP_NS))
-    # Stalls inside a batch (GIL hand-offs, preemption on a busy host) scatter between the
-    # modes and can reach far past the emptiest bin.  The forward passes are the dense upper
-    # mode: walk down from U while bins stay dense (>= EDGE_FRACTION of U), and split only at
-    # gaps of at least EDGE_MARGIN of that lower edge.
     edge = up
     while edge - 1 > lo and sm[edge - 1] >= EDGE_FRACTION * sm[up]:
         edge -= 1
     thr = max(thr, EDGE_MARGIN * 10 ** (edge * BIN_DECADES))
-    below, above, n_above = 1.0, math.inf, 0
-    for i in range(0, n, _CHUNK):
-        g = np.maximum(gaps_ns[i:i + _CHUNK].astype(np.float64), 1.0)
-        le = g <= thr
-        if le.any():
-            below = max(below, float(g[le].max()))
-        if (~le).any():
-            above = min(above, float(g[~le].min()))
-            n_above += int((~le).sum())
-    info.update(method="density valley", below_ns=below, above_ns=above if math.isfinite(above) else None,
-                n_above=n_above)
+    if tall.separators(thr) == 0:
+        info["method"] = "no gap above the valley"
+        return None, info
+    info["method"] = "density valley"
     return float(thr), info
 
 
@@ -470,6 +591,11 @@ def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None) -> Batch
     else:
         thr, info = choose_gap_threshold(gaps)
         src = "inferred" if thr is not None else "none"
+        if thr is not None and info.get("confident") is False:
+            notes.append(
+                f"the inferred batches are irregular (their call counts vary by {info['count_cv']:.0%} of the "
+                "median): the gaps may not separate batches cleanly on this trace; pass --markers (or --gap-ms)"
+            )
         if thr is None and n > 1:
             notes.append(
                 "no clear gap between batches in the read stream (gaps are not bimodal): the whole "
