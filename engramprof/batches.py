@@ -23,7 +23,6 @@ Everything here is vectorised (numpy); nothing loops over calls in Python.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -34,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.errors import UserError
+from engramprof.markers import read_markers_df
 
 # ---- thresholds of the gap inference (documented in README.md, "engramprof batch-tail") ----------
 #: a split threshold is never inferred below this: a forward pass shorter than 0.25 ms is not
@@ -123,88 +123,31 @@ class Batches:
 
 # ---------------------------------------------------------------------------- markers --
 
-def _as_ns(v) -> int | None:
-    # integers only, like engramprof.markers (floats lose nanoseconds at 1e18 anyway)
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63:
-        return v
-    return None
+def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
+    """Read a markers file: ``(DataFrame[start_ns, end_ns, tid], number of bad lines)``.
 
-
-def _read_markers_own(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
+    Blank lines are ignored; lines that are not a JSON object with integer
+    0 <= ``start_ns`` <= ``end_ns`` are skipped and counted (the rules of
+    :func:`engramprof.markers.read_markers_df`, the writer's own reader).  ``tid`` (the
+    submitting thread, written by engramprof.markers) is kept, -1 when absent; other keys
+    are ignored.
+    """
     p = Path(path)
     try:
-        f = open(p, "rb")
+        raw, bad = read_markers_df(p)
     except FileNotFoundError:
         raise UserError(f"{p}: no such markers file") from None
     except IsADirectoryError:
         raise UserError(f"{p}: is a directory, not a markers file (JSON lines)") from None
     except OSError as exc:
         raise UserError(f"{p}: cannot read markers file: {exc.strerror}") from None
-    starts: list[int] = []
-    ends: list[int] = []
-    tids: list[int] = []
-    bad = 0
-    with f:
-        for raw in f:
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except (ValueError, UnicodeDecodeError, RecursionError):
-                bad += 1
-                continue
-            if not isinstance(obj, dict):
-                bad += 1
-                continue
-            s, e = _as_ns(obj.get("start_ns")), _as_ns(obj.get("end_ns"))
-            if s is None or e is None or e < s:
-                bad += 1
-                continue
-            starts.append(s)
-            ends.append(e)
-            t = obj.get("tid")
-            tids.append(t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else -1)
-    df = pd.DataFrame({"start_ns": np.asarray(starts, dtype=np.int64), "end_ns": np.asarray(ends, dtype=np.int64),
-                       "tid": np.asarray(tids, dtype=np.int64)})
-    return df, bad
-
-
-def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
-    """Read a markers file: ``(DataFrame[start_ns, end_ns, tid], number of bad lines)``.
-
-    Blank lines are ignored; lines that are not a JSON object with integer
-    0 <= ``start_ns`` <= ``end_ns`` are skipped and counted.  ``tid`` (the submitting thread,
-    written by engramprof.markers) is kept, -1 when absent; other keys are ignored.  Uses
-    ``engramprof.markers.read_markers_df`` (the writer's own reader) when it is there, else
-    this module's reader with the same rules.
-    """
-    try:
-        from engramprof import markers as _m
-        ext = getattr(_m, "read_markers_df", None)
-    except ImportError:
-        ext = None
-    if ext is not None:
-        try:
-            res = ext(path)
-        except UserError:
-            raise
-        except Exception:  # missing file, directory, unreadable: our reader words the error
-            res = None
-        if (
-            isinstance(res, tuple)
-            and len(res) == 2
-            and isinstance(res[0], pd.DataFrame)
-            and {"start_ns", "end_ns"} <= set(res[0].columns)
-        ):
-            df = res[0][["start_ns", "end_ns"]].astype("int64").reset_index(drop=True)
-            if "tid" in res[0].columns:
-                tid = pd.to_numeric(res[0]["tid"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-                df["tid"] = np.where(np.isfinite(tid) & (tid > 0), tid, -1).astype(np.int64)
-            else:
-                df["tid"] = np.int64(-1)
-            return df, int(res[1])
-    return _read_markers_own(path)
+    df = raw[["start_ns", "end_ns"]].astype("int64").reset_index(drop=True)
+    if "tid" in raw.columns:
+        tid = pd.to_numeric(raw["tid"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        df["tid"] = np.where(np.isfinite(tid) & (tid > 0), tid, -1).astype(np.int64)
+    else:
+        df["tid"] = np.int64(-1)
+    return df, int(bad)
 
 
 def recording_window(meta: dict | None) -> tuple[int, int] | None:

@@ -5,12 +5,13 @@ the work itself lives in the modules those commands call.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
 import typer
 
+from engramprof.commands import (batch_tail, demo, diagnose, doctor, lab, lab_scenario, replay, residency,
+                                 sample, syscalls)
 from engramprof.errors import UserError
 
 app = typer.Typer(
@@ -24,15 +25,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ["doctor", "lab", "lab_scenario", "syscalls", "sample", "batch_tail", "residency", "replay", "diagnose", "demo"]
+#: registration order: ``lab_scenario`` adds its command to the ``lab`` group
+COMMAND_MODULES = (doctor, lab, lab_scenario, syscalls, sample, batch_tail, residency, replay, diagnose, demo)
 
-for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"engramprof.commands.{_name}")
-    except ModuleNotFoundError as exc:  # a command module not written yet
-        if exc.name != f"engramprof.commands.{_name}":
-            raise
-        continue
+for _mod in COMMAND_MODULES:
     _mod.register(app)
 
 

@@ -153,12 +153,12 @@ def close_all() -> None:
 
 
 def _valid_ns(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
 
 
 def read_markers(path: str | os.PathLike) -> tuple[list[dict], int]:
     """(markers, bad_line_count). A line is bad when it is not a JSON object with integer
-    ``start_ns <= end_ns``; blank lines are skipped and not counted."""
+    ``0 <= start_ns <= end_ns < 2**63``; blank lines are skipped and not counted."""
     out, bad = [], 0
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -166,7 +166,7 @@ def read_markers(path: str | os.PathLike) -> tuple[list[dict], int]:
                 continue
             try:
                 rec = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 bad += 1
                 continue
             if (

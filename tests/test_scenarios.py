@@ -25,13 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 ROWS = 1 << 16  # 33 MiB table: quick to make, still 2x the reclaim budget
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="scenarios need root (cgroups, loop devices, mounts)")
 
-# the CLI, with `lab scenario` registered even before cli.COMMAND_MODULES lists it
+# the CLI, as `engramprof` runs it
 BOOT = """
 import sys
 from engramprof import cli
-if "lab_scenario" not in cli.COMMAND_MODULES:
-    from engramprof.commands import lab_scenario
-    lab_scenario.register(cli.app)
 sys.argv[0] = "engramprof"
 cli.main()
 """
