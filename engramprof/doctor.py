@@ -23,7 +23,6 @@ doctor down or spoil its output.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import gzip
 import importlib
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from engramprof import tracepoints as tp
+from engramprof.cachestat import SYS_CACHESTAT, cachestat
 
 PASS, INFO, WARN, FAIL = "pass", "info", "warn", "fail"
 STATUSES = (PASS, INFO, WARN, FAIL)
@@ -47,7 +47,6 @@ CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
 
-NR_CACHESTAT = 451  # same number on x86_64, arm64 and the other asm-generic tables (Linux >= 6.5)
 MIN_KERNEL = (5, 11)  # ring buffer (5.8), task storage + bpf_get_current_task_btf (5.11)
 SELFTEST_TRACEPOINT = "syscalls:sys_enter_preadv2"
 SELFTEST_TIMEOUT_S = 180
@@ -197,25 +196,9 @@ def _own_tempfile(directory: str | os.PathLike, size: int = 8192):
             os.unlink(name)
 
 
-class _CachestatRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in
-                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
-
-
-def cachestat(fd: int, off: int = 0, length: int = 0) -> dict:
-    """cachestat(2) through ctypes; raises OSError (ENOSYS when the kernel lacks it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    rng, cs = _CachestatRange(off, length), _Cachestat()
-    r = libc.syscall(ctypes.c_long(NR_CACHESTAT), ctypes.c_uint(fd), ctypes.byref(rng),
-                     ctypes.byref(cs), ctypes.c_uint(0))
-    if r != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-    return {n: getattr(cs, n) for n, _ in _Cachestat._fields_}
+def _cachestat_counts(fd: int) -> dict:
+    """cachestat(2) of the whole file as a dict; raises OSError (ENOSYS when the kernel lacks it)."""
+    return asdict(cachestat(fd))
 
 
 def _preadv_nowait(fd: int, size: int) -> int:
@@ -591,7 +574,7 @@ def check_psi(pressure_dir: str | os.PathLike = "/proc/pressure") -> Check:
 
 def check_cachestat(directory: str | os.PathLike,
                     syscall: Callable[[int], dict] | None = None) -> Check:
-    syscall = syscall or cachestat
+    syscall = syscall or _cachestat_counts
     fallback = "residency falls back to mincore(2) (mmap, never reads the pages)"
     dirs = [str(directory)]
     if os.path.realpath(tempfile.gettempdir()) != os.path.realpath(directory):
@@ -604,11 +587,11 @@ def check_cachestat(directory: str | os.PathLike,
                     st = syscall(fd)
                 except OSError as exc:
                     if exc.errno == errno.ENOSYS:
-                        return Check("cachestat(2)", WARN, f"syscall {NR_CACHESTAT} is ENOSYS (needs Linux >= 6.5); "
+                        return Check("cachestat(2)", WARN, f"syscall {SYS_CACHESTAT} is ENOSYS (needs Linux >= 6.5); "
                                                            f"{fallback}", "nothing to do, or use Linux >= 6.5")
                     return Check("cachestat(2)", WARN, f"failed on a test file in {d}: {exc}; {fallback}",
                                  "nothing to do; residency uses mincore(2)")
-                return Check("cachestat(2)", PASS, f"syscall {NR_CACHESTAT} works "
+                return Check("cachestat(2)", PASS, f"syscall {SYS_CACHESTAT} works "
                                                    f"(test file: {st.get('nr_cache', '?')} pages cached)")
         except OSError as exc:  # could not create the temp file here
             last = f"{d}: {exc.strerror or exc}"

@@ -32,11 +32,11 @@ from typing import Iterable
 
 import numpy as np
 
+from engramprof.cachestat import SYS_CACHESTAT, CacheStat, cachestat  # noqa: F401 (re-exported)
 from engramprof.errors import UserError
 
 PAGE_SIZE = mmap.PAGESIZE
 WINDOW_BYTES = 1 << 30  # mincore mapping window: bounded address space per mmap
-SYS_CACHESTAT = 451  # the same number on every architecture (unified syscall table)
 METHODS = ("auto", "cachestat", "mincore")
 
 # row classes returned by row_classes()
@@ -48,23 +48,7 @@ RACE_NOTE = (
 )
 
 
-class _CachestatRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [
-        ("nr_cache", ctypes.c_uint64),
-        ("nr_dirty", ctypes.c_uint64),
-        ("nr_writeback", ctypes.c_uint64),
-        ("nr_evicted", ctypes.c_uint64),
-        ("nr_recently_evicted", ctypes.c_uint64),
-    ]
-
-
 _libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
 _mmap = _libc.mmap
 _mmap.restype = ctypes.c_void_p
 _mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -76,33 +60,6 @@ _mincore = _libc.mincore
 _mincore.restype = ctypes.c_int
 _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-@dataclass
-class CacheStat:
-    """What cachestat(2) reports for a range, in pages."""
-
-    nr_cache: int
-    nr_dirty: int
-    nr_writeback: int
-    nr_evicted: int
-    nr_recently_evicted: int
-
-
-def cachestat(fd: int, off: int = 0, length: int = 0) -> CacheStat:
-    """cachestat(2) of ``[off, off+length)`` of ``fd`` (``length=0``: to the end of the file).
-
-    Raises OSError (ENOSYS on kernels without it, EPERM for files the caller may not inspect).
-    """
-    rng = _CachestatRange(off, length)
-    cs = _Cachestat()
-    r = _syscall(ctypes.c_long(SYS_CACHESTAT), ctypes.c_uint(fd), ctypes.byref(rng),
-                 ctypes.byref(cs), ctypes.c_uint(0))
-    if r != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-    return CacheStat(cs.nr_cache, cs.nr_dirty, cs.nr_writeback, cs.nr_evicted,
-                     cs.nr_recently_evicted)
 
 
 _CACHESTAT_OK: bool | None = None

@@ -34,7 +34,6 @@ EVIDENCE = {
     "vmscan:mm_vmscan_kswapd_sleep": "kswapd sleep spans",
     "sched:sched_switch": "off-CPU time inside a call",
     "sched:sched_wakeup": "run-queue wait inside a call",
-    "sched:sched_process_exit": "end the trace when the target exits",
 }
 ALL = {**REQUIRED, **SYSCALL_VARIANTS, **EVIDENCE}
 
