@@ -1,0 +1,273 @@
+"""Every table and column of a trace bundle, and the format version.
+
+This is the one list: the recorder writes these columns (engramprof/record), the samplers
+write the sample series (engramprof/samplers.py), and the analysis reads what
+:data:`SAMPLE_READ_COLUMNS` and :data:`CONTRACT_COLUMNS` name.  A column added, removed or
+re-typed here is a format change: bump :data:`FORMAT_VERSION` and teach :func:`load_bundle`
+(engramprof/trace/reader.py) to read the older layout.
+
+Format versions:
+
+1. calls/ without ``kind``.
+2. calls/ gains ``kind`` (``syscall``; a later probe adds ``fault``).  Version-1 bundles are
+   read with ``kind`` = ``syscall``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pandas as pd
+
+FORMAT = "engramprof-trace"
+FORMAT_VERSION = 2
+
+# ---------------------------------------------------------------------- read events (calls/)
+
+# The per-call columns.  The first nine are the DESIGN.md contract.  Columns whose name is a
+# field of the probe's ``struct call_record`` (probes/engramprof.h) are copied from it, cast to
+# the type given here; the others are added by the recorder's enrichers (ENRICHED_COLUMNS).
+CALL_SCHEMA = pa.schema(
+    [
+        ("ts_ns", pa.int64()),  # call entry, CLOCK_MONOTONIC ns
+        ("dur_ns", pa.int64()),  # entry -> exit
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("path", pa.string()),  # fd -> path at the time of the call ("" when unknown)
+        ("offset", pa.int64()),  # file offset (-1: current position, preadv2 only)
+        ("size", pa.int64()),  # bytes requested (sum of iov_len)
+        ("ret", pa.int64()),  # bytes read, or -errno
+        ("flags", pa.int64()),  # RWF_* bits (0 for preadv / pread64)
+        # evidence gathered in the kernel while the call was in flight on its thread
+        ("syscall", pa.string()),  # preadv2 | preadv | pread64
+        ("fd", pa.int32()),
+        ("pages_added", pa.int32()),  # page-cache insertions on this thread during the call
+        ("bio_count", pa.int32()),  # bios queued by this thread during the call
+        ("bio_ns", pa.int64()),  # sum over those bios of queue -> complete
+        ("reclaim_ns", pa.int64()),  # direct + memcg reclaim time inside the call
+        ("offcpu_ns", pa.int64()),  # switched-out time inside the call (includes runq)
+        ("runq_ns", pa.int64()),  # of which: runnable but waiting for a CPU
+        ("path_stale", pa.bool_()),  # fd had been closed/reused when the path was resolved
+        ("tensor", pa.string()),  # safetensors tensor the offset falls in ("" if none)
+        ("row", pa.int64()),  # row of that tensor (-1 if none)
+    ]
+)
+# What kind of read event a row is.  CALL_SCHEMA is what a producer of read *calls* supplies;
+# the writer adds ``kind`` (``syscall``) when a producer leaves it out, so EVENT_SCHEMA is what
+# is on disk.  ``kind`` may also be given as a code: an index into READ_KINDS.
+READ_KINDS = ("syscall", "fault")
+KIND_FIELD = pa.field("kind", pa.string())  # READ_KINDS
+EVENT_SCHEMA = pa.schema(list(CALL_SCHEMA) + [KIND_FIELD])
+
+# On disk the string columns are dictionary-encoded (few distinct values, many rows);
+# load() hands path/syscall/tensor back as plain strings and ``kind`` as a categorical.
+DICT_COLUMNS = ("path", "syscall", "tensor", "kind")
+WRITE_SCHEMA = pa.schema([
+    pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in DICT_COLUMNS else f for f in EVENT_SCHEMA
+])
+CONTRACT_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "path", "offset", "size", "ret", "flags"]
+EVIDENCE_COLUMNS = ["pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns"]
+# columns not in the probe's record: the recorder's enrichers (and the decoder, for kind) add them
+ENRICHED_COLUMNS = ("path", "path_stale", "tensor", "row")
+# record fields decoded into another column's values rather than copied (syscall code -> name)
+CODED_COLUMNS = ("syscall",)
+
+
+def check_record_columns(record: np.dtype) -> None:
+    """Raise RuntimeError unless the probe's record struct and CALL_SCHEMA describe the same
+    columns: every struct field (but ``__pad*``) is a column, and every column is a struct field
+    or an enriched column.  Run when a probe is loaded, so neither list can drift."""
+    fields = [f for f in record.names if not f.startswith("__")]
+    extra = [f for f in fields if f not in CALL_SCHEMA.names]
+    lacking = [c for c in CALL_SCHEMA.names if c not in fields and c not in ENRICHED_COLUMNS]
+    enriched_in_record = [c for c in ENRICHED_COLUMNS if c in fields]
+    if extra or lacking or enriched_in_record:
+        raise RuntimeError(
+            "call_record (probes/engramprof.h) and CALL_SCHEMA (engramprof/trace/schema.py) disagree: "
+            f"fields without a column {extra}, columns without a field {lacking}, "
+            f"enriched columns also in the record {enriched_in_record}")
+
+
+def kind_column(kind: str, n: int) -> pa.DictionaryArray:
+    """``n`` read events of one kind, dictionary-coded."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([kind], type=pa.string()))
+
+
+def kind_categorical(kind: str, n: int) -> pd.Categorical:
+    """A loaded ``kind`` column for a bundle that has none (format 1): one category, int8 codes."""
+    return pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[kind])
+
+
+# ----------------------------------------------------------------------- samples/<name>/
+
+SAMPLE_NAMES = ("psi", "vmstat", "kswapd", "cgroup", "process", "threads")
+PSI_RESOURCES = ("cpu", "memory", "io")
+
+# /proc/vmstat counters recorded as per-interval deltas (pages, except pgpgin: KiB).
+VMSTAT_COUNTERS = (
+    "workingset_refault_file",
+    "workingset_activate_file",
+    "workingset_restore_file",
+    "pgscan_kswapd",
+    "pgsteal_kswapd",
+    "pgscan_direct",
+    "pgsteal_direct",
+    "pgscan_khugepaged",
+    "pgsteal_khugepaged",
+    "pgscan_proactive",
+    "pgsteal_proactive",
+    "pgscan_anon",
+    "pgscan_file",
+    "pgsteal_anon",
+    "pgsteal_file",
+    "allocstall_dma",
+    "allocstall_dma32",
+    "allocstall_normal",
+    "allocstall_movable",
+    "allocstall_device",
+    "pgmajfault",
+    "pgpgin",
+)
+# Derived columns: allocstall = sum(allocstall_*); pgscan_memcg / pgsteal_memcg = reclaim done
+# because a memory cgroup hit its limit (see engramprof/sampling/rows.py).
+VMSTAT_DERIVED = ("allocstall", "pgscan_memcg", "pgsteal_memcg")
+
+CGROUP_GAUGES = ("usage_bytes", "limit_bytes")
+CGROUP_COUNTERS = (
+    "refault_file",
+    "activate_file",
+    "restore_file",
+    "pgscan",
+    "pgsteal",
+    "pgmajfault",
+    "pgpgin",
+    "pgpgout",
+    "failcnt",
+    "events_high",
+    "events_max",
+    "events_oom",
+    "mem_some_us",
+    "mem_full_us",
+    "io_some_us",
+    "io_full_us",
+)
+
+# Every row carries ts_ns (CLOCK_MONOTONIC, the start of its sampling round); counters are
+# deltas over the interval ending at ts_ns (first row of a series: zero), *_total / cumulative
+# columns as read.
+SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
+    "psi": [
+        ("ts_ns", pa.int64()),
+        ("resource", pa.string()),
+        ("some_us", pa.int64()),
+        ("full_us", pa.int64()),
+        ("some_total_us", pa.int64()),
+        ("full_total_us", pa.int64()),
+        ("some_avg10", pa.float64()),
+        ("full_avg10", pa.float64()),
+    ],
+    "vmstat": [("ts_ns", pa.int64())] + [(c, pa.int64()) for c in VMSTAT_COUNTERS + VMSTAT_DERIVED],
+    "kswapd": [
+        ("ts_ns", pa.int64()),
+        ("pid", pa.int32()),
+        ("name", pa.string()),
+        ("state", pa.string()),
+        ("cpu_s", pa.float64()),
+        ("cpu_total_s", pa.float64()),
+    ],
+    "cgroup": [("ts_ns", pa.int64())]
+    + [(c, pa.int64()) for c in CGROUP_GAUGES]
+    + [(c, pa.int64()) for c in CGROUP_COUNTERS],
+    "process": [
+        ("ts_ns", pa.int64()),
+        ("pid", pa.int32()),
+        ("state", pa.string()),
+        ("utime_s", pa.float64()),
+        ("stime_s", pa.float64()),
+        ("cpu_s", pa.float64()),
+        ("num_threads", pa.int32()),
+        ("rss_bytes", pa.int64()),
+        ("minflt", pa.int64()),
+        ("majflt", pa.int64()),
+        ("rchar", pa.int64()),
+        ("read_bytes", pa.int64()),
+        ("syscr", pa.int64()),
+    ],
+    "threads": [
+        ("ts_ns", pa.int64()),
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("name", pa.string()),
+        ("ctx_voluntary", pa.int64()),
+        ("ctx_involuntary", pa.int64()),
+        ("ctx_voluntary_delta", pa.int64()),
+        ("ctx_involuntary_delta", pa.int64()),
+        ("utime_s", pa.float64()),
+        ("stime_s", pa.float64()),
+        ("cpu_s", pa.float64()),
+        ("run_ns", pa.int64()),
+        ("runq_ns", pa.int64()),
+        ("timeslices", pa.int64()),
+    ],
+    # kswapd wake / sleep, from the probe's vm_events ring (system-wide, rare)
+    "kswapd_events": [
+        ("ts_ns", pa.int64()),
+        ("nid", pa.int32()),
+        ("event", pa.string()),  # wake | sleep
+    ],
+}
+
+# The sample columns the analysis reads (engramprof/attribution.py); each is in SAMPLE_SCHEMAS.
+SAMPLE_READ_COLUMNS = {
+    "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],
+    "vmstat": ["ts_ns", "workingset_refault_file"],
+    "psi": ["ts_ns", "resource", "some_us"],
+    "cgroup": ["ts_ns", "refault_file"],
+}
+
+
+def sample_schema(name: str) -> pa.Schema:
+    """The Arrow schema of sample series ``name`` (every flushed part has exactly this)."""
+    return pa.schema(SAMPLE_SCHEMAS[name])
+
+
+def kswapd_events_table(ts_ns: np.ndarray, nid: np.ndarray, is_wake: np.ndarray) -> pa.Table:
+    """The ``kswapd_events`` sample rows of some decoded vm_event records."""
+    return pa.table({
+        "ts_ns": pa.array(np.asarray(ts_ns).astype(np.int64)),
+        "nid": pa.array(np.asarray(nid).astype(np.int32)),
+        "event": pa.array(np.where(is_wake, "wake", "sleep").tolist(), type=pa.string()),
+    }, schema=sample_schema("kswapd_events"))
+
+
+# ------------------------------------------------------------------------ tables/<name>
+
+TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
+    # the kernel's per-fd log2(ns) latency histogram (exact even when records were lost)
+    "latency_log2_by_fd": [("fd_slot", pa.int64()), ("path", pa.string()), ("log2_slot", pa.int64()),
+                           ("ns_lower", pa.int64()), ("count", pa.int64())],
+    # the kernel's log2(ns) histogram of the target's bios, queue -> complete
+    "bio_latency_log2": [("log2_slot", pa.int64()), ("ns_lower", pa.int64()), ("count", pa.int64())],
+}
+
+
+def table_schema(name: str) -> pa.Schema:
+    return pa.schema(TABLE_SCHEMAS[name])
+
+
+def fd_latency_table(hists: dict[int, np.ndarray], path_of) -> pa.Table:
+    """``latency_log2_by_fd`` from {fd slot: log2 counts}; ``path_of(fd_slot)`` names the file."""
+    rows = []
+    for fdslot, counts in hists.items():
+        path = path_of(fdslot)
+        for slot in np.nonzero(counts)[0].tolist():
+            rows.append((int(fdslot), path, slot, 1 << slot, int(counts[slot])))
+    cols = list(zip(*rows)) if rows else [()] * 5
+    sch = table_schema("latency_log2_by_fd")
+    return pa.table([pa.array(list(c), type=f.type) for c, f in zip(cols, sch)], schema=sch)
+
+
+def bio_latency_table(counts: np.ndarray) -> pa.Table:
+    """``bio_latency_log2`` from the kernel's log2 counts (empty slots left out)."""
+    slots = np.nonzero(counts)[0]
+    return pa.table({"log2_slot": slots.astype(np.int64), "ns_lower": np.left_shift(1, slots).astype(np.int64),
+                     "count": np.asarray(counts)[slots].astype(np.int64)}, schema=table_schema("bio_latency_log2"))
