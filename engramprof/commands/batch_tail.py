@@ -9,7 +9,14 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("batch-tail")
+    @app.command("batch-tail", epilog=(
+        "Examples:\n\n"
+        "engramprof batch-tail /var/tmp/t1             # verdict, causes, slowest\n"
+        "engramprof batch-tail /var/tmp/t1 --markers m.jsonl --json | jq .share\n"
+        "engramprof batch-tail /var/tmp/t1 --gap-ms 5 --plot /tmp/bt.png\n\n"
+        "Verdicts: residency, reclaim, storage, python-scheduling, healthy.\n"
+        "Page: docs/commands/batch-tail.md"
+    ))
     def batch_tail(
         trace: Path = typer.Argument(..., help="Trace written by `syscalls` / `diagnose` (bundle directory or a per-call Parquet file)."),
         markers: Optional[Path] = typer.Option(None, "--markers", help="JSON lines with start_ns/end_ns per batch (CLOCK_MONOTONIC ns)."),

@@ -5,7 +5,13 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("demo")
+    @app.command("demo", epilog=(
+        "Examples:\n\n"
+        "make demo                          # sets the machine up first, then this\n"
+        "sudo engramprof demo\n\n"
+        "Needs root; takes about a minute; removes what it made.\n"
+        "Page: docs/commands/demo.md"
+    ))
     def demo_cmd():
         """Build a small Engram table, diagnose the 32-thread pool reader on it live, then the
         RWF_NOWAIT-first reader, and show the two side by side. Needs root; about a minute;

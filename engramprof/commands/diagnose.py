@@ -12,11 +12,12 @@ from rich.console import Console
 
 EPILOG = """Examples:
 
-  engramprof diagnose --pid 4242                       # 20 s window, verdict + evidence + fix
-
-  engramprof diagnose --pid 4242 --markers batches.jsonl --output /var/tmp/d1 --json
+engramprof diagnose --pid 4242              # 20 s: verdict, evidence, fix
+engramprof diagnose --pid 4242 --markers batches.jsonl --output /var/tmp/d1
+engramprof diagnose --pid 4242 --duration 30 --json | jq .verdict
 
 Verdicts: residency, reclaim, storage, python-scheduling, healthy.
+Page: docs/commands/diagnose.md
 """
 
 

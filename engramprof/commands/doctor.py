@@ -40,7 +40,14 @@ def render(report: doc.Report) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("doctor")
+    @app.command("doctor", epilog=(
+        "Examples:\n\n"
+        "engramprof doctor                          # one row per check, with fixes\n"
+        "engramprof doctor --path /data/tables      # RWF_NOWAIT on the tables' fs\n"
+        "engramprof doctor --json | jq .ok\n\n"
+        "Exit 0: syscalls can run here; 1: a check failed; 2: bad arguments.\n"
+        "Page: docs/commands/doctor.md"
+    ))
     def doctor(
         json_out: bool = typer.Option(False, "--json", help='Print {"ok": bool, "checks": [{name, status, detail, fix}]}.'),
         path: Path = typer.Option(

@@ -24,18 +24,20 @@ lab_app = typer.Typer(
 
 MAKE_TABLE_EPILOG = """Examples:
 
-  engramprof lab make-table /var/tmp/engram.safetensors
+engramprof lab make-table /var/tmp/engram.safetensors      # 264 MiB
+engramprof lab make-table /var/tmp/small.safetensors --rows 65536
+engramprof lab make-table /var/tmp/big.safetensors --rows 4194304 --force
 
-  engramprof lab make-table /var/tmp/big.safetensors --rows 4194304 --layers 3,17 --force
+Page: docs/commands/lab.md
 """
 
 RUN_EPILOG = """Examples:
 
-  engramprof lab run --table /var/tmp/engram.safetensors --warm --reader pool --steps 500
+engramprof lab run --table T --warm --reader pool --steps 500
+engramprof lab run --table T --reader nowait --tokens 4096 --steps 5 --json
+engramprof lab run --table T --duration 30 --gap-ms 20 --markers m.jsonl
 
-  engramprof lab run --table T --reader nowait --tokens 4096 --steps 5 --json
-
-  engramprof lab run --table T --duration 30 --gap-ms 20 --start-delay 2 --markers m.jsonl
+T is a table made by `lab make-table`. Page: docs/commands/lab.md
 """
 
 

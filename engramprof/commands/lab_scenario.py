@@ -19,11 +19,12 @@ SCENARIO_EPILOG = """Scenarios: python-scheduling, healthy, residency, reclaim, 
 
 Examples:
 
-  engramprof lab scenario residency --duration 30
+engramprof lab scenario residency --duration 30
+engramprof lab scenario reclaim --json --start-delay 3 > sc.jsonl &
+                          # the reader's pid: first JSON line, key pid
+engramprof lab scenario storage --keep-running --iops 200  # to Ctrl-C
 
-  engramprof lab scenario reclaim --json --start-delay 3 > sc.jsonl &   # pid: first JSON line
-
-  engramprof lab scenario storage --keep-running --iops 200             # until Ctrl-C
+Page: docs/commands/lab-scenario.md
 """
 
 

@@ -77,4 +77,11 @@ def _print(res: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("replay")(replay)
+    app.command("replay", epilog=(
+        "Examples:\n\n"
+        "engramprof replay /var/tmp/t1 --markers m.jsonl    # pool, nowait, serial\n"
+        "engramprof replay /var/tmp/t1 --batches 20 --repeat 3 --json\n"
+        "engramprof replay /var/tmp/t1 --cold-frac 0.25 --allow-evict\n\n"
+        "A component A/B of the reader alone, not a model result.\n"
+        "Page: docs/commands/replay.md"
+    ))(replay)

@@ -104,4 +104,11 @@ def _print(files, rows_summary, res) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("residency")(residency)
+    app.command("residency", epilog=(
+        "Examples:\n\n"
+        "engramprof residency /data/engram.safetensors --tensors --ranges 4\n"
+        "engramprof residency --rows /var/tmp/t1      # the trace's rows, now\n"
+        "engramprof residency /data/*.safetensors --json\n\n"
+        "Never reads a data page: cachestat(2), else mincore(2).\n"
+        "Page: docs/commands/residency.md"
+    ))(residency)

@@ -204,7 +204,13 @@ def render(s: dict, console: Console) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("sample")
+    @app.command("sample", epilog=(
+        "Examples:\n\n"
+        "engramprof sample --duration 10             # PSI, refaults, kswapd\n"
+        "engramprof sample --pid 4242 --duration 10  # + its cgroup and threads\n"
+        "engramprof sample --pid 4242 --duration 30 --json --output /var/tmp/s1\n\n"
+        "No eBPF needed. Page: docs/commands/sample.md"
+    ))
     def sample(
         pid: Optional[int] = typer.Option(None, "--pid", help="Target process: its cgroup, process and per-thread counters too."),
         duration: Optional[float] = typer.Option(None, "--duration", help="Seconds to sample (default: until Ctrl-C or the target exits)."),

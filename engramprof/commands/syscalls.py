@@ -14,13 +14,12 @@ from engramprof.errors import UserError
 
 EPILOG = """Examples:
 
-  engramprof syscalls --pid 4242 --duration 30            # live view, then a summary
+engramprof syscalls --pid 4242 --duration 30       # live view, then summary
+engramprof syscalls --pid 4242 --output /var/tmp/t1  # every call to a TRACE
+engramprof syscalls --pid 4242 --min-us 1000 --json  # record calls >= 1 ms
+engramprof syscalls --pid 4242 --ebpf              # print the BPF program
 
-  engramprof syscalls --pid 4242 --output /var/tmp/t1     # record every call to a trace bundle
-
-  engramprof syscalls --pid 4242 --min-us 1000 --json     # only calls >= 1 ms recorded; JSON summary
-
-  engramprof syscalls --pid 4242 --ebpf                   # print the BPF program, load nothing
+Page: docs/commands/syscalls.md
 """
 
 
