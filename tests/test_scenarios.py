@@ -89,11 +89,11 @@ def markers_of(path: str) -> list[dict]:
 def test_bad_arguments():
     with pytest.raises(UserError, match="unknown scenario"):
         Scenario("nope")
-    with pytest.raises(UserError, match="keep-running"):
+    with pytest.raises(UserError, match="keep_running"):
         Scenario("healthy", keep_running=True, steps=3)
     with pytest.raises(UserError, match="not both"):
         Scenario("healthy", steps=3, duration=1)
-    with pytest.raises(UserError, match="--table"):
+    with pytest.raises(UserError, match="combined with table"):
         Scenario("healthy", rows=10, table="/nonexistent")
     assert set(scenarios.SCENARIOS) == {"python-scheduling", "healthy", "residency", "reclaim", "storage"}
 
