@@ -21,54 +21,14 @@ import numpy as np
 import pandas as pd
 
 from engramprof import attribution
-from engramprof.attribution import _jsonable as jsonable  # noqa: F401  (the commands' JSON shaping)
 from engramprof import trace as tracefmt
+from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
-
-CAUSES = attribution.VERDICT_CAUSES
+from engramprof.present import ADVICE, jsonable  # noqa: F401  (jsonable: the command's JSON shaping)
 #: a second cause is named as runner-up from this share of batch time on
 RUNNER_UP_MIN_SHARE = 0.15
 #: most distinct rows whose residency is looked up now (the most read first)
 HOT_ROWS = 20_000
-
-FIXES = {
-    "python-scheduling": {
-        "fix": "Serve cached rows without the thread pool: try each row synchronously with "
-               "preadv(..., RWF_NOWAIT), retry the EAGAIN rows once, send only the rows still "
-               "missing to the existing blocking pool (keep the pool as the fallback where NOWAIT "
-               "is unsupported).",
-        "confirm": "engramprof replay TRACE --strategies pool,nowait (component A/B on these rows), "
-                   "then a second `engramprof diagnose --pid PID` after the change, same load",
-    },
-    "residency": {
-        "fix": "The rows the batches need are not in the page cache: keep the hot rows resident "
-               "(give the page cache room for the table's working set, prefetch the hot tensors, "
-               "avoid evicting them with DONTNEED or other large readers), or shrink the hot set.",
-        "confirm": "engramprof residency --rows TRACE (hot rows resident?), then a second "
-                   "`engramprof diagnose --pid PID`",
-    },
-    "reclaim": {
-        "fix": "Rows were cached but memory pressure evicted them (refaults) or the readers stall "
-               "in reclaim: give the process or its cgroup memory headroom (raise memory limit / "
-               "memory.high, move other memory users out), and check for stale shared memory.",
-        "confirm": "engramprof sample --pid PID (refaults, PSI memory, cgroup reclaim ~0), then a "
-                   "second `engramprof diagnose --pid PID`",
-    },
-    "storage": {
-        "fix": "Misses wait far longer than the device's normal service: check the I/O path "
-               "(blkio / io.max throttles, queue depth, a saturated or degraded device, noisy "
-               "neighbours on the same disk); raise queue depth only if the device has headroom.",
-        "confirm": "engramprof diagnose --pid PID again after the change; iostat -x for device "
-                   "utilisation and await",
-    },
-    "healthy": {
-        "fix": "No cause explains a meaningful share of batch time: the read path is not what "
-               "holds this window back. Look upstream (queueing, prefill, collectives) before "
-               "changing the reader.",
-        "confirm": "repeat `engramprof diagnose` on a window where decode steps are slow",
-    },
-}
-
 
 def verdict_and_confidence(share: dict, meaningful: float) -> tuple[str, float, str | None, float | None]:
     """(verdict, confidence 0..1, runner-up or None, runner-up share).
@@ -78,8 +38,7 @@ def verdict_and_confidence(share: dict, meaningful: float) -> tuple[str, float, 
     the runner-up's (0.5 = a tie, 1 = nothing else); for healthy: how far the largest cause
     stays below ``meaningful`` (1 = no cause at all, 0 = at the threshold).
     """
-    ranked = sorted(((float(share.get(c, 0.0) or 0.0), c) for c in CAUSES), reverse=True)
-    (s1, c1), (s2, c2) = ranked[0], ranked[1]
+    (c1, s1), (c2, s2) = rank_causes(share)[:2]  # the one ranking (ties: VERDICT_CAUSES order)
     if s1 < meaningful:
         conf = max(0.0, 1.0 - s1 / meaningful) if meaningful > 0 else 1.0
         runner = c1 if s1 >= RUNNER_UP_MIN_SHARE else None  # below the verdict threshold, still worth a look
@@ -136,8 +95,7 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
                    trace_summary: dict) -> list[dict]:
     """The field report's chain, one step per line, each with the number it rests on."""
     steps: list[dict] = []
-    slow_ns = bt["slow_ms"] * 1e6
-    slow = calls[calls["dur_ns"] >= slow_ns] if not calls.empty else calls
+    slow = calls[is_slow(calls["dur_ns"].to_numpy(), bt["slow_ms"])] if not calls.empty else calls
     cm = bt.get("call_ms") or {}
     steps.append({
         "step": "slow calls",
@@ -145,7 +103,8 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
                     f"than {bt['slow_ms']:g} ms; call p50 {_ms(cm.get('p50'))}, p99 {_ms(cm.get('p99'))}"),
         "value": bt["frac_batches_with_slow_call"],
     })
-    have_miss = "pages_added" in calls.columns
+    # an evidence column the kernel could not measure is written all-null: not "0 misses"
+    have_miss = "pages_added" not in (bt.get("missing_evidence") or []) and "pages_added" in calls.columns
     if have_miss and len(calls):
         miss_any = float((calls["pages_added"] > 0).mean())
         miss_slow = float((slow["pages_added"] > 0).mean()) if len(slow) else None
@@ -248,7 +207,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "verdict_share": round(float(bt["share"].get(verdict, 0.0)), 3) if verdict != "healthy" else None,
         "evidence": chain,
         "limits": limits(bt, trace_summary, duration, markers is not None),
-        "recommendation": FIXES[verdict],
+        "recommendation": {k: ADVICE[verdict][k] for k in ("fix", "confirm")},
         "hot_rows": hot,
         "batch_tail": bt,
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",

@@ -5,11 +5,9 @@ Every number printed comes from the summary dict / batches DataFrame returned by
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engramprof.attribution import CAUSES, col
+from engramprof import present
+from engramprof.analysis.verdicts import CAUSES, col
 from engramprof.errors import UserError
 
 CAUSE_COLOURS = {
@@ -37,19 +36,6 @@ CAUSE_STYLE = {
     "unexplained": "dim",
     "healthy": "green",
 }
-HINTS = {
-    "python-scheduling": "reads are cheap but the batch waits on futures, wake-ups and GIL hand-offs: "
-                         "read cached rows synchronously with RWF_NOWAIT and send only EAGAIN rows to the pool",
-    "residency": "requested rows are not in the page cache and calls wait for the device: check residency of "
-                 "the hot rows (engramprof residency) and keep them cached",
-    "reclaim": "memory pressure evicts the rows or the readers stall in reclaim: check the cgroup memory limit, "
-               "refaults and memory PSI",
-    "storage": "misses are served slower than normal device service: check io PSI, blkio throttles and the "
-               "device queue",
-    "healthy": "no cause explains a meaningful share of batch time",
-}
-
-
 def fmt_ms(v: float | None) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
@@ -82,31 +68,9 @@ def _pct(v: float | None) -> str:
 
 # ------------------------------------------------------------------------------ JSON --
 
-def _clean(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        return f if math.isfinite(f) else None
-    if isinstance(v, np.bool_):
-        return bool(v)
-    if v is None or isinstance(v, (str, int, bool)):
-        return v
-    try:
-        if pd.isna(v):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return str(v)
-
-
 def to_json(summary: dict) -> str:
     """The summary as strict JSON (no NaN/Infinity)."""
-    return json.dumps(_clean(summary), indent=2, allow_nan=False)
+    return present.to_json(summary)
 
 
 # ---------------------------------------------------------------------------- tables --
@@ -215,7 +179,7 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
     line.append(f" — largest share: {top_cause} {_pct(s['share'][top_cause])} of batch time; "
                 f"tail (batches > p90 {fmt_time(s['tail_threshold_ms'])}): {s['tail_verdict']}")
     console.print(line)
-    console.print(Text(HINTS.get(v, ""), style="italic"))
+    console.print(Text(present.ADVICE.get(v, {}).get("hint", ""), style="italic"))
 
     ev = _cause_evidence(s)
     t = Table(title="Where batch time went", title_justify="left")

@@ -499,7 +499,7 @@ def test_calls_outside_markers_change_nothing_inside():
 
 @pytest.mark.parametrize("use_markers", [True, False])
 def test_chunking_does_not_change_results(monkeypatch, use_markers):
-    import engramprof.attribution as A
+    import engramprof.analysis.events as A
 
     kinds = ["python-scheduling", "residency", "healthy", "storage", "reclaim"] * 3
     calls, markers = decode_trace(kinds=kinds, n_batches=len(kinds), seed=8)
@@ -548,7 +548,7 @@ def test_empty_and_unusable_inputs_raise_user_errors():
         analyse(hand_calls([]))
     with pytest.raises(UserError, match="lacks required"):
         analyse(pd.DataFrame({"ts_ns": [1]}))
-    with pytest.raises(UserError, match="slow-ms"):
+    with pytest.raises(UserError, match="slow-call threshold"):
         analyse(hand_calls([(T0, 10, 1) + (0,) * 6]), slow_ms=-1)
     bad = hand_calls([(T0, 10, 1) + (0,) * 6])
     bad["dur_ns"] = -5
@@ -580,3 +580,32 @@ def test_all_null_evidence_column_counts_as_missing():
     })
     res = analyse(calls)
     assert "offcpu_ns" in res.summary["missing_evidence"] and "runq_ns" in res.summary["missing_evidence"]
+
+
+# ------------------------------------------------------------------ one ranking, one "slow" --
+
+def test_one_verdict_ranking_breaks_ties_the_same_way_everywhere():
+    from engramprof.analysis.verdicts import VERDICT_CAUSES, rank_causes, verdicts_of_rows
+    from engramprof.diagnose import verdict_and_confidence
+
+    # every pair of causes tied at the top: the first in VERDICT_CAUSES order wins everywhere
+    for i, a in enumerate(VERDICT_CAUSES):
+        for b in VERDICT_CAUSES[i + 1:]:
+            shares = {c: 0.0 for c in VERDICT_CAUSES}
+            shares[a] = shares[b] = 0.4
+            row = np.array([[shares[c] for c in VERDICT_CAUSES]])
+            assert verdict_of(shares) == a
+            assert verdicts_of_rows(row, 0.25)[0] == a
+            assert verdict_and_confidence(shares, 0.25)[0] == a
+            assert verdict_and_confidence(shares, 0.25)[2] == b  # the runner-up
+            assert rank_causes(shares)[0][0] == a
+
+
+def test_slow_means_strictly_longer_than_the_threshold():
+    from engramprof.analysis.verdicts import is_slow
+
+    d = np.array([3_999_999, 4_000_000, 4_000_001])
+    assert is_slow(d, 4.0).tolist() == [False, False, True]
+    rows = [(T0 + i * 10_000_000, int(x), 7) + (0,) * len(EV) for i, x in enumerate(d)]
+    _, s = analyse(hand_calls(rows), gap_ms=1.0)
+    assert s["evidence"]["slow_calls"] == 1

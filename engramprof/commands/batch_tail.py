@@ -30,7 +30,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per-batch tail analysis: which cause holds each decode batch back, with evidence."""
         from engramprof import attribution, batches, report
+        from engramprof.commands import validate
         from engramprof.trace import load_bundle
+
+        for flag, value in (("--slow-ms", slow_ms), ("--gap-ms", gap_ms), ("--normal-miss-us", normal_miss_us)):
+            validate.positive(flag, value)
+        validate.share("--min-share", min_share)
 
         if plot is not None:
             report.check_plot_path(plot)

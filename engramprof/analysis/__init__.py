@@ -1,0 +1,148 @@
+"""batch-tail's analysis: each batch's wall time split into causes, and the verdict.
+
+The model is documented once, in docs/model.md.  The analysis is a pipeline of named stages,
+each a function over arrays / DataFrames in its own module:
+
+1. :func:`~engramprof.analysis.events.prepare_read_events` -- usable read events in entry order
+2. :func:`segment_batches` -- markers, else inferred from the gaps (engramprof.batches)
+3. :func:`~engramprof.analysis.context.load_context` -- samples: threads, PSI, refaults
+4. :func:`~engramprof.analysis.threads.find_reading_threads` -- threads per batch, the submitter
+5. :func:`~engramprof.analysis.attribute.attribute_batches` -- one pass: in-flight union, gaps,
+   each event's components (once), per-batch figures, into a BatchAccumulator
+6. :mod:`~engramprof.analysis.calibrate` -- normal miss service, refault fractions, and the
+   split of miss time into residency / storage / reclaim
+7. :func:`~engramprof.analysis.table.batch_table` -- one row per batch
+8. :func:`~engramprof.analysis.summary.summarize` -- the ``--json`` document
+
+Vectorised numpy: no Python loop runs per event (one loop runs per sampled thread).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from engramprof import batches as _batches
+from engramprof.analysis import calibrate
+from engramprof.analysis.attribute import AttributionInputs, attribute_batches
+from engramprof.analysis.context import SampleContext, context_switches, load_context
+from engramprof.analysis.events import ReadEvents, prepare_read_events
+from engramprof.analysis.summary import Settings, evidence_notes, slow_copy_note, summarize
+from engramprof.analysis.table import batch_shares, batch_table
+from engramprof.analysis.threads import find_reading_threads
+from engramprof.analysis.verdicts import DEFAULT_MEANINGFUL_SHARE, DEFAULT_SLOW_MS
+from engramprof.errors import UserError
+
+#: of a gap between two reads of one pool worker (not the submitting thread), this much is the
+#: worker's own read loop (cpu-copy); the rest is executor machinery and GIL waits (a tight
+#: Python preadv loop spends ~1-2 µs between calls, docs/kernel.md)
+DEFAULT_LOOP_GAP_US = 2.0
+
+
+class BatchTailResult(NamedTuple):
+    batches: pd.DataFrame
+    summary: dict
+
+
+def _inputs(obj: Any, samples: dict | None, meta: dict | None) -> tuple[pd.DataFrame, Callable, dict, list[str]]:
+    """(per-event DataFrame, sample getter, metadata, notes) of a Trace or a DataFrame."""
+    smp = dict(samples or {})
+    if isinstance(obj, pd.DataFrame):
+        return obj, smp.get, dict(meta or {}), []
+    if hasattr(obj, "calls") and isinstance(getattr(obj, "calls"), pd.DataFrame):
+        def getter(name: str):
+            return smp[name] if name in smp else obj.samples(name)
+
+        notes = list(getattr(obj, "notes", []) or [])
+        return obj.calls, getter, dict(meta if meta is not None else (getattr(obj, "meta", {}) or {})), notes
+    raise UserError("batch-tail: expected a trace or a per-call DataFrame")
+
+
+def check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_us) -> None:
+    """Reject settings the analysis cannot use (one-line UserError naming the setting)."""
+    for what, v in (("slow-call threshold (ms)", slow_ms), ("batch split gap (ms)", gap_ms),
+                    ("normal miss service (µs)", normal_miss_us)):
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise UserError(f"the {what} must be a positive number (got {v})")
+    if not (0.0 < meaningful_share <= 1.0):
+        raise UserError(f"meaningful share must be in (0, 1] (got {meaningful_share})")
+    if not loop_gap_us >= 0:
+        raise UserError(f"loop gap allowance must be >= 0 (got {loop_gap_us})")
+
+
+def segment_batches(events: ReadEvents, markers_df: pd.DataFrame | None, gap_ms: float | None, meta: dict,
+                    markers_bad_lines: int, notes: list[str]):
+    """Stage 2: batches from markers, else inferred (cut batches at the recording's edges left out)."""
+    end = events.end
+    if markers_df is not None:
+        if gap_ms is not None:
+            notes.append("--gap-ms is ignored when --markers are given")
+        seg = _batches.from_markers(events.ts, end, markers_df, meta, markers_bad_lines)
+    else:
+        seg = _batches.drop_truncated(_batches.infer(events.ts, end, gap_ms), meta)
+    notes.extend(seg.notes)
+    return seg
+
+
+def _path_codes(events: ReadEvents) -> np.ndarray | None:
+    if not events.cols.has("path"):
+        return None
+    codes, _ = events.cols.codes("path")
+    return events.cols.in_order((codes + 1).astype(np.int32))  # 0: missing
+
+
+def analyse(
+    trace_or_calls: Any,
+    markers_df: pd.DataFrame | None = None,
+    slow_ms: float = DEFAULT_SLOW_MS,
+    gap_ms: float | None = None,
+    normal_miss_us: float | None = None,
+    *,
+    meaningful_share: float = DEFAULT_MEANINGFUL_SHARE,
+    loop_gap_us: float = DEFAULT_LOOP_GAP_US,
+    samples: dict | None = None,
+    meta: dict | None = None,
+    markers_bad_lines: int = 0,
+    top: int = 10,
+) -> BatchTailResult:
+    """Segment a trace into batches and split each batch's wall time into causes.
+
+    ``trace_or_calls``: an :class:`engramprof.trace.Trace` (its samples are used) or a per-event
+    DataFrame (pass ``samples={"threads": df, "vmstat": df, "psi": df}`` to use samples).
+    ``markers_df``: DataFrame with start_ns/end_ns (see :func:`engramprof.batches.read_markers`);
+    None infers batches from gaps (``gap_ms`` overrides the inferred threshold).
+    Returns ``(batches DataFrame, summary dict)``; the summary is the ``--json`` document.
+    Raises :class:`UserError` when nothing can be said (no events, unusable markers...).
+    """
+    check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_us)
+    calls, getter, meta, notes = _inputs(trace_or_calls, samples, meta)
+    events = prepare_read_events(calls, notes)
+    seg = segment_batches(events, markers_df, gap_ms, meta, markers_bad_lines, notes)
+    context: SampleContext = load_context(getter, notes)
+    threads = find_reading_threads(events, seg)
+    acc = attribute_batches(events, AttributionInputs(seg=seg, threads=threads, refaults=context.refaults,
+                                                      slow_ms=slow_ms, loop_gap_us=loop_gap_us,
+                                                      path_codes=_path_codes(events)))
+    has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
+    service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio)
+    calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults))
+    # the observed miss service exists wherever the columns it is computed from do
+    has_observed = {"bio_count", "bio_ns"} <= set(calls.columns) or "pages_added" in calls.columns
+    notes.extend(slow_copy_note(acc, acc.n_events))
+    notes.extend(evidence_notes(acc, context, calibrate.unsplit_wait_ns(acc, service, has_observed)))
+    shares, denom = batch_shares(acc, (seg.end_ns - seg.start_ns).astype(np.float64))
+    ctx = None
+    if context.threads is not None:
+        ctx = context_switches(context.threads, threads.in_batches, seg.start_ns.astype(np.int64),
+                               seg.end_ns.astype(np.int64))
+        if ctx[2]["threads_sampled"] == 0:
+            notes.append("threads samples hold none of the reading threads: no context-switch counts")
+            ctx = None
+    table = batch_table(acc, seg, events, threads.per_batch, shares, meaningful_share,
+                        None if ctx is None else ctx[:2])
+    settings = Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
+                        loop_gap_us=loop_gap_us, top=top)
+    summary = summarize(acc, seg, events, threads, context, service, table, denom, settings, ctx, notes)
+    return BatchTailResult(table, summary)

@@ -1,0 +1,297 @@
+"""Stage 5: attribute every chunk of batches into a :class:`BatchAccumulator`.
+
+One pass over the events.  Per chunk: the in-flight union and who owns each instant of it,
+the time with no read in flight (the reader's own loop vs scheduling hand-offs), each event's
+components (computed once), and the per-batch figures.  The parts of a miss that depend on
+figures known only after the pass (the normal miss service, the refault fraction per sample
+interval) are kept compactly in :class:`MissParts` for stage 6 (engramprof.analysis.calibrate).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engramprof.analysis.components import (Evidence, distinct_per_batch, inflight_weights, observed_miss_service,
+                                            safe_div, split_components)
+from engramprof.analysis.context import RefaultSeries
+from engramprof.analysis.events import Chunk, ReadEvents, chunk_plan
+from engramprof.analysis.threads import ReadingThreads
+from engramprof.analysis.verdicts import CAUSES, is_slow
+from engramprof.trace import EVIDENCE_COLUMNS
+
+try:
+    from engramprof.trace import EAGAIN as _EAGAIN, RWF_NOWAIT as _RWF_NOWAIT
+except ImportError:  # the trace module may not define them yet
+    import errno as _errno
+    import os as _os
+
+    _EAGAIN, _RWF_NOWAIT = _errno.EAGAIN, getattr(_os, "RWF_NOWAIT", 0x8)
+EAGAIN = abs(int(_EAGAIN))
+RWF_NOWAIT = int(_RWF_NOWAIT)
+
+#: a call without misses on CPU longer than this is not a plausible cached copy (a few pages
+#: copy in a few µs): noted as possible CPU steal (virtualised host) or lost evidence
+SLOW_COPY_NS = 50_000
+
+_PER_BATCH_EVIDENCE = (("bio_count", "bio_count", 1.0), ("bio_ms", "bio_ns", 1e6),
+                       ("reclaim_in_calls_ms", "reclaim_ns", 1e6), ("offcpu_ms", "offcpu_ns", 1e6),
+                       ("runq_ms", "runq_ns", 1e6))
+
+
+@dataclass
+class Totals:
+    """Counts and sums over every event in a batch."""
+
+    slow: int = 0
+    slow_with_misses: int = 0
+    calls_with_misses: int = 0
+    pages_inserted: float = 0.0
+    bios: float = 0.0
+    reclaim_ns: float = 0.0
+    calls_with_reclaim: int = 0
+    offcpu_ns: float = 0.0
+    runq_ns: float = 0.0
+    nowait: int = 0
+    eagain: int = 0
+    errors: int = 0
+    slow_copy: int = 0
+    miss_wait_ns: float = 0.0  # voluntary waits in a miss context (unscaled)
+    refaulted_pages: float = 0.0  # pages inserted, weighted by their interval's refault fraction
+    nulls: dict = field(default_factory=lambda: {c: 0 for c in EVIDENCE_COLUMNS})
+
+
+@dataclass
+class MissParts:
+    """Of the events whose time a miss explains: batch, their scaled miss wait and other miss
+    time (on-CPU miss path, wake-up), their observed service per miss I/O, their sample
+    interval and their pages inserted.  Split in stage 6 once the normal service is known."""
+
+    batch: list = field(default_factory=list)
+    wait: list = field(default_factory=list)
+    other: list = field(default_factory=list)
+    observed: list = field(default_factory=list)
+    interval: list = field(default_factory=list)
+    pages: list = field(default_factory=list)
+
+    def add(self, **parts: np.ndarray) -> None:
+        for k, v in parts.items():
+            getattr(self, k).append(v)
+
+    def arrays(self) -> dict:
+        return {k: np.concatenate(getattr(self, k)) if getattr(self, k) else np.empty(0)
+                for k in ("batch", "wait", "other", "observed", "interval", "pages")}
+
+
+def _zeros(n: int) -> np.ndarray:
+    return np.zeros(n)
+
+
+@dataclass
+class BatchAccumulator:
+    """Per batch (arrays of length n) and in total, what the pass found."""
+
+    n: int
+    n_events: int = 0  # events in batches
+    cause_ns: dict = field(init=False)
+    inflight: np.ndarray = field(init=False)
+    loop_gap: np.ndarray = field(init=False)
+    handoff_gap: np.ndarray = field(init=False)
+    before_first_read: np.ndarray = field(init=False)
+    after_last_read: np.ndarray = field(init=False)
+    sum_call: np.ndarray = field(init=False)
+    slow_calls: np.ndarray = field(init=False)
+    rows: np.ndarray = field(init=False)
+    bytes: np.ndarray = field(init=False)
+    runq_preempt: np.ndarray = field(init=False)
+    runq_wake: np.ndarray = field(init=False)
+    slowest_ms: np.ndarray = field(init=False)
+    slowest_pos: np.ndarray = field(init=False)
+    evidence: dict = field(init=False)  # per-batch evidence sums and the slowest event's
+    totals: Totals = field(default_factory=Totals)
+    miss: MissParts = field(default_factory=MissParts)
+    observed_own: list = field(default_factory=list)  # observed miss service of own-I/O events
+    observed_waited: list = field(default_factory=list)  # ... of every event that waited on a miss
+    per_bio: list = field(default_factory=list)  # bio queue->complete per bio of events with bios
+    pages_per_interval: np.ndarray | None = None  # pages inserted per refault sample interval
+
+    def __post_init__(self):
+        n = self.n
+        self.cause_ns = {c: _zeros(n) for c in CAUSES}
+        for name in ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
+                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms"):
+            setattr(self, name, _zeros(n))
+        self.slowest_pos = np.zeros(n, dtype=np.int64)
+        self.evidence = {k: _zeros(n) for k in ("misses", "calls_with_misses", "bio_count", "bio_ms",
+                                                "reclaim_in_calls_ms", "offcpu_ms", "runq_ms", "slowest_misses",
+                                                "slowest_bio_ms", "slowest_reclaim_ms", "slowest_offcpu_ms",
+                                                "slowest_runq_ms")}
+
+    @property
+    def no_read(self) -> np.ndarray:
+        """Time with no read in flight, per batch (ns)."""
+        return self.before_first_read + self.after_last_read + self.handoff_gap + self.loop_gap
+
+
+@dataclass
+class AttributionInputs:
+    """What the pass needs besides the events: the batches, their threads and the settings."""
+
+    seg: object
+    threads: ReadingThreads
+    refaults: RefaultSeries | None
+    slow_ms: float
+    loop_gap_us: float
+    path_codes: np.ndarray | None  # entry-order codes + 1 (0: missing), None: no path column
+
+
+def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns) -> None:
+    """Time with no read in flight: a gap on one thread is the submitting thread's own work,
+    or a pool worker's loop (``loop_gap_ns`` of it) plus executor machinery / GIL waits (the
+    rest); before the first read / after the last (markers) is the submitter's own work when
+    that read ran on it, else a hand-off (futures, wake-up, result collection)."""
+    b, sl = ch.batch, ch.batches
+    n = len(s)
+    firsts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    reach = np.maximum.accumulate(e)  # the latest exit so far
+    holder = np.maximum.accumulate(np.where(e >= reach, np.arange(n), 0))  # the event holding it
+    gap = np.zeros(n)
+    gap[1:] = np.clip(s[1:] - reach[:-1], 0, None)
+    same_thread = np.zeros(n, dtype=bool)
+    same_thread[1:] = tcode[1:] == tcode[holder[:-1]]
+    gap[firsts] = 0.0
+    st = submit[sl]
+    on_submitter = tcode == st[b]
+    loop = np.where(same_thread, np.where(on_submitter, gap, np.minimum(gap, loop_gap_ns)), 0.0)
+    acc.loop_gap[sl] = ch.per_batch(loop)
+    acc.handoff_gap[sl] = ch.per_batch(gap - loop)
+    pre = np.clip(s[firsts] - bstart[sl], 0, None).astype(np.float64)
+    post = np.clip(bend[sl] - np.maximum.reduceat(e, firsts), 0, None).astype(np.float64)
+    last = holder[np.r_[firsts[1:], n] - 1]  # the event holding the batch's latest exit
+    own_pre = (st >= 0) & (tcode[firsts] == st)
+    own_post = (st >= 0) & (tcode[last] == st)
+    acc.loop_gap[sl] += np.where(own_pre, pre, 0.0) + np.where(own_post, post, 0.0)
+    acc.before_first_read[sl] = np.where(own_pre, 0.0, pre)
+    acc.after_last_read[sl] = np.where(own_post, 0.0, post)
+    return firsts
+
+
+def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults) -> None:
+    """Each event's share of the union (u) split in the proportions of its components; the
+    miss parts whose split waits for stage 6 go to ``acc.miss``."""
+    sl = ch.batches
+    scale = safe_div(u, d)
+    t = acc.totals
+    acc.cause_ns["python-scheduling"][sl] = (acc.before_first_read[sl] + acc.after_last_read[sl]
+                                             + acc.handoff_gap[sl] + ch.per_batch(comp.preempt * scale))
+    acc.cause_ns["cpu-copy"][sl] = acc.loop_gap[sl] + ch.per_batch(comp.copy * scale)
+    acc.cause_ns["unexplained"][sl] = ch.per_batch(comp.unexplained * scale)
+    acc.cause_ns["reclaim"][sl] = ch.per_batch(comp.reclaim * scale)  # + refault-driven misses (stage 6)
+    acc.runq_preempt[sl] = ch.per_batch(comp.preempt * scale)
+    acc.runq_wake[sl] = ch.per_batch(comp.wake * scale)
+    t.miss_wait_ns += float(comp.miss_wait.sum())
+    pages = ev.pages_added
+    other = comp.miss_cpu + comp.wake
+    sel = (comp.miss_wait > 0) | (other > 0)
+    if pages is not None:
+        sel |= pages > 0
+    if refaults is not None and pages is not None:
+        j, valid = refaults.interval_of(s)
+        acc.pages_per_interval += np.bincount(j[valid], weights=pages[valid], minlength=len(refaults.at))
+        interval = np.where(valid, j, -1)[sel]
+    else:
+        interval = np.full(int(sel.sum()), -1)
+    acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=(comp.miss_wait * scale)[sel],
+                 other=(other * scale)[sel], observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
+                 interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())))
+
+
+def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs, d, ev, firsts):
+    """Counts and sums per batch, the slowest event of each, and the totals."""
+    cols, sl, t = events.cols, ch.batches, acc.totals
+    acc.sum_call[sl] = ch.per_batch(d)
+    slow = is_slow(d, inp.slow_ms)
+    acc.slow_calls[sl] = ch.per_batch(slow)
+    t.slow += int(slow.sum())
+    if cols.has("offset"):
+        off = np.nan_to_num(ch.pick(cols.num("offset", ch.lo, ch.hi)), nan=-1.0)
+        off = np.clip(off + 1, 0, None).astype(np.int64)
+        if inp.path_codes is not None:
+            acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, ch.pick(inp.path_codes[ch.lo:ch.hi]), off)
+        else:
+            acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, off)
+    if cols.has("ret"):
+        ret = ch.pick(cols.num("ret", ch.lo, ch.hi))
+        acc.bytes[sl] = ch.per_batch(np.clip(np.nan_to_num(ret), 0, None))
+        t.eagain += int((ret == -EAGAIN).sum())
+        t.errors += int(((ret < 0) & (ret != -EAGAIN)).sum())
+    if cols.has("flags"):
+        fl = np.nan_to_num(ch.pick(cols.num("flags", ch.lo, ch.hi))).astype(np.int64)
+        t.nowait += int(((fl & RWF_NOWAIT) != 0).sum())
+    longest = np.maximum.reduceat(d, firsts)
+    cand = np.flatnonzero(d == longest[ch.batch])
+    sp = cand[np.r_[True, ch.batch[cand][1:] != ch.batch[cand][:-1]]]  # the first longest per batch
+    acc.slowest_ms[sl] = d[sp] / 1e6
+    acc.slowest_pos[sl] = ch.positions()[sp]
+    evb = acc.evidence
+    pages = ev.pages_added
+    if pages is not None:
+        evb["misses"][sl] = ch.per_batch(pages)
+        evb["calls_with_misses"][sl] = ch.per_batch(pages > 0)
+        evb["slowest_misses"][sl] = pages[sp]
+        t.calls_with_misses += int((pages > 0).sum())
+        t.pages_inserted += float(pages.sum())
+        t.slow_with_misses += int((pages[slow] > 0).sum())
+    for key, name, div in _PER_BATCH_EVIDENCE:
+        v = getattr(ev, name)
+        if v is not None:
+            evb[key][sl] = ch.per_batch(v) / div
+            if name != "bio_count":
+                evb["slowest_" + key.replace("_in_calls", "")][sl] = v[sp] / div
+    if ev.bio_count is not None:
+        t.bios += float(ev.bio_count.sum())
+    if ev.reclaim_ns is not None:
+        t.reclaim_ns += float(ev.reclaim_ns.sum())
+        t.calls_with_reclaim += int((ev.reclaim_ns > 0).sum())
+    if ev.offcpu_ns is not None:
+        t.offcpu_ns += float(ev.offcpu_ns.sum())
+    if ev.runq_ns is not None:
+        t.runq_ns += float(ev.runq_ns.sum())
+
+
+def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs) -> None:
+    """Everything the pass learns from one chunk of whole batches, into ``acc``."""
+    seg = inp.seg
+    bstart = seg.start_ns.astype(np.int64)
+    bend = seg.end_ns.astype(np.int64)
+    s = ch.pick(events.ts[ch.lo:ch.hi])
+    d = ch.pick(events.dur[ch.lo:ch.hi]).astype(np.float64)
+    e = np.minimum(s + d.astype(np.int64), bend[ch.batches][ch.batch])
+    tcode = ch.pick(inp.threads.code[ch.lo:ch.hi])
+    u = inflight_weights(s, e)
+    acc.inflight[ch.batches] = ch.per_batch(u)
+    firsts = _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3)
+    ev = Evidence.read(events.cols, ch)
+    for c, k in ev.nulls.items():
+        acc.totals.nulls[c] += k
+    comp = split_components(d, ch.batch, ch.n_batches, ev)
+    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait)
+    if obs is not None:
+        acc.observed_own.append(obs[own])
+        acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
+    if ev.bio_count is not None and ev.bio_ns is not None:
+        acc.per_bio.append(safe_div(np.clip(ev.bio_ns, 0, None), ev.bio_count)[ev.bio_count > 0])
+    if events.cols.has("offcpu_ns"):
+        acc.totals.slow_copy += int((comp.copy > SLOW_COPY_NS).sum())
+    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults)
+    _per_batch_figures(acc, ch, events, inp, d, ev, firsts)
+
+
+def attribute_batches(events: ReadEvents, inp: AttributionInputs) -> BatchAccumulator:
+    """Stage 5: one pass over the chunks of whole batches."""
+    acc = BatchAccumulator(inp.seg.n, n_events=int(inp.seg.counts.sum()))
+    if inp.refaults is not None:
+        acc.pages_per_interval = np.zeros(len(inp.refaults.at))
+    for ch in chunk_plan(inp.seg):
+        attribute_chunk(acc, ch, events, inp)
+    return acc

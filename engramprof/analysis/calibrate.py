@@ -1,0 +1,97 @@
+"""Stage 6: what normal miss service is, how many misses were refaults, and the split of each
+miss's time into residency, storage and reclaim (docs/model.md, "Misses").
+
+* normal: ``--normal-miss-us`` or the median observed service per miss I/O of the events that
+  did their own I/O, capped at NORMAL_MISS_CEILING_US;
+* storage fraction of a miss wait = max(0, 1 - normal / observed);
+* refault fraction of a sample interval = the target's (or the system's) refaults in it per
+  page the target inserted in it, capped at 1: that share of the miss time is reclaim.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engramprof.analysis.attribute import BatchAccumulator
+from engramprof.analysis.components import safe_div
+from engramprof.analysis.context import RefaultSeries
+
+#: a miss I/O slower than this is never "normal device service" unless the caller says so
+NORMAL_MISS_CEILING_US = 1000.0
+
+
+def percentile(a: np.ndarray, q: float) -> float | None:
+    a = np.asarray(a, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    return float(np.percentile(a, q)) if len(a) else None
+
+
+def ms_pair(a_ns: np.ndarray) -> dict:
+    p50, p99 = percentile(a_ns, 50), percentile(a_ns, 99)
+    return {"p50": None if p50 is None else p50 / 1e6, "p99": None if p99 is None else p99 / 1e6}
+
+
+@dataclass
+class MissService:
+    normal_ns: float | None
+    source: str | None
+    per_bio: np.ndarray | None  # bio queue->complete per bio, ns
+    waited_ms: dict | None  # p50/p99 of the observed service of every event that waited on a miss
+
+
+def calibrate_miss_service(acc: BatchAccumulator, normal_miss_us: float | None, has_bio: bool) -> MissService:
+    """The normal service of one miss I/O on this trace (or the caller's figure)."""
+    own = np.concatenate(acc.observed_own) if acc.observed_own else np.empty(0)
+    trace_normal = percentile(own, 50) if len(own) else None
+    basis = ("median service per miss I/O of the trace (max of bio queue->complete and the wait per bio)"
+             if has_bio else "median miss wait per inserted page of the trace (no bio columns)")
+    if normal_miss_us is not None:
+        normal_ns, source = float(normal_miss_us) * 1e3, "--normal-miss-us"
+    elif trace_normal is not None:
+        normal_ns, source = float(trace_normal), basis
+        if normal_ns > NORMAL_MISS_CEILING_US * 1e3:
+            normal_ns = NORMAL_MISS_CEILING_US * 1e3
+            source = f"{basis}, capped at {NORMAL_MISS_CEILING_US:g} µs"
+    else:
+        normal_ns, source = None, None
+    waited = np.concatenate(acc.observed_waited) if acc.observed_waited else np.empty(0)
+    per_bio = np.concatenate(acc.per_bio) if acc.per_bio else None
+    return MissService(normal_ns=normal_ns, source=source, per_bio=per_bio,
+                       waited_ms=ms_pair(waited) if len(waited) else None)
+
+
+def refault_fractions(acc: BatchAccumulator, refaults: RefaultSeries | None) -> np.ndarray | None:
+    """Per sample interval, refaults per page the target inserted (at most 1); None: unknown."""
+    if refaults is None or acc.pages_per_interval is None:
+        return None
+    return np.minimum(1.0, safe_div(refaults.refaults, acc.pages_per_interval))
+
+
+def split_miss_time(acc: BatchAccumulator, service: MissService, fractions: np.ndarray | None) -> None:
+    """Add each miss's time to residency, storage and reclaim (stage 6 of the pipeline)."""
+    parts = acc.miss.arrays()
+    acc.miss = type(acc.miss)()  # free the lists
+    b = parts["batch"].astype(np.int64)
+    obs = parts["observed"]
+    if service.normal_ns is not None:
+        ok = np.isfinite(obs) & (obs > 0)
+        f_storage = np.where(ok, np.clip(1.0 - service.normal_ns / np.where(ok, obs, 1.0), 0, 1), 0.0)
+    else:
+        f_storage = np.zeros(len(b))
+    if fractions is not None:
+        j = parts["interval"].astype(np.int64)
+        rf = np.where(j >= 0, fractions[np.maximum(j, 0)] if len(fractions) else 0.0, 0.0)
+        acc.totals.refaulted_pages += float((rf * parts["pages"]).sum())
+    else:
+        rf = np.zeros(len(b))
+    wait, other = parts["wait"], parts["other"]
+    n = acc.n
+    acc.cause_ns["residency"] += np.bincount(b, weights=(wait * (1.0 - f_storage) + other) * (1.0 - rf), minlength=n)
+    acc.cause_ns["storage"] += np.bincount(b, weights=wait * f_storage * (1.0 - rf), minlength=n)
+    acc.cause_ns["reclaim"] += np.bincount(b, weights=rf * (wait + other), minlength=n)
+
+
+def unsplit_wait_ns(acc: BatchAccumulator, service: MissService, has_observed: bool) -> float:
+    """Miss-wait time that could not be split into residency and storage (no evidence)."""
+    return acc.totals.miss_wait_ns if (service.normal_ns is None or not has_observed) else 0.0

@@ -1,0 +1,191 @@
+"""Stage 5's arithmetic: how one read event's time splits into components, and who owns
+each instant of the in-flight union.  Pure functions over arrays (docs/model.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from engramprof.trace import EVIDENCE_COLUMNS
+
+
+def safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    den = np.asarray(den, dtype=np.float64)
+    return np.where(den > 0, np.asarray(num, dtype=np.float64) / np.where(den > 0, den, 1.0), 0.0)
+
+
+def inflight_weights(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Per call, its part of the in-flight union: each instant is shared equally among the
+    calls in flight then.  ``s`` (entries) must be sorted; returns float64 ns, sum = union.
+
+    A merge of the sorted entries with the sorted exits gives the concurrency k between
+    consecutive events; F(t) = integral of 1/k over in-flight time; u_c = F(e_c) - F(s_c).
+    At equal times entries sort before exits, so zero-length overlaps never drop k to 0.
+    """
+    n = len(s)
+    if n == 0:
+        return np.empty(0, dtype=np.float64)
+    s = np.asarray(s, dtype=np.int64)
+    e = np.asarray(e, dtype=np.int64)
+    eo = np.argsort(e, kind="stable")
+    es = e[eo]
+    # merge the two sorted runs (a stable sort of two runs is one timsort merge); stability puts
+    # an entry before an exit at the same time
+    order = np.argsort(np.concatenate([s, es]), kind="stable")
+    pos = np.empty(2 * n, dtype=np.int64)
+    pos[order] = np.arange(2 * n)
+    del order
+    pos_s, pos_e_sorted = pos[:n], pos[n:]
+    t = np.empty(2 * n, dtype=np.int64)
+    t[pos_s] = s
+    t[pos_e_sorted] = es
+    delta = np.empty(2 * n, dtype=np.int64)
+    delta[pos_s] = 1
+    delta[pos_e_sorted] = -1
+    k = np.cumsum(delta)[:-1]
+    dt = np.diff(t).astype(np.float64)
+    del t, delta
+    w = np.where(k > 0, dt / np.maximum(k, 1), 0.0)
+    del dt, k
+    F = np.empty(2 * n, dtype=np.float64)
+    F[0] = 0.0
+    np.cumsum(w, out=F[1:])
+    del w
+    pos_e = np.empty(n, dtype=np.int64)
+    pos_e[eo] = pos_e_sorted
+    return F[pos_e] - F[pos_s]
+
+
+
+def distinct_per_batch(b: np.ndarray, nb: int, *cols: np.ndarray) -> np.ndarray:
+    """Number of distinct tuples of the (non-negative int) ``cols`` per batch ``b``."""
+    if len(b) == 0:
+        return np.zeros(nb, dtype=np.int64)
+    widths = [max(1, int(c.max()).bit_length()) for c in cols]
+    total = sum(widths)
+    if max(1, int(nb).bit_length()) + total <= 63:
+        key = b.astype(np.int64) << total
+        shift = total
+        for c, w in zip(cols, widths):
+            shift -= w
+            key |= c.astype(np.int64) << shift
+        key.sort()
+        run = np.empty(len(key), dtype=bool)
+        run[0] = True
+        np.not_equal(key[1:], key[:-1], out=run[1:])
+        return np.bincount(key[run] >> total, minlength=nb)
+    frame = pd.DataFrame({"b": b, **{f"c{i}": c for i, c in enumerate(cols)}})
+    dup = frame.duplicated().to_numpy()
+    return np.bincount(b[~dup], minlength=nb)
+
+
+@dataclass
+class Evidence:
+    """The evidence columns of a chunk's kept events (float64, missing values as 0; None:
+    the trace has no such column).  ``nulls``: per column, how many values were missing."""
+
+    pages_added: np.ndarray | None
+    bio_count: np.ndarray | None
+    bio_ns: np.ndarray | None
+    reclaim_ns: np.ndarray | None
+    offcpu_ns: np.ndarray | None
+    runq_ns: np.ndarray | None
+    nulls: dict
+
+    @classmethod
+    def read(cls, cols, chunk) -> "Evidence":
+        vals, nulls = {}, {}
+        for c in EVIDENCE_COLUMNS:
+            v = cols.num(c, chunk.lo, chunk.hi)
+            if v is not None:
+                v = chunk.pick(v)
+                bad = np.isnan(v)
+                nulls[c] = int(bad.sum())
+                if nulls[c]:
+                    v = np.where(bad, 0.0, v)
+            vals[c] = v
+        return cls(nulls=nulls, **vals)
+
+
+@dataclass
+class Components:
+    """Each event's duration split into parts (ns, float64) that sum to it.
+
+    reclaim: direct + memcg reclaim; preempt: run-queue wait not caused by a miss (CPU
+    contention); wake: run-queue wait of an event that slept on a miss (waiting for a CPU once
+    its page is there: part of the miss's cost); miss_wait: voluntary off-CPU time in a miss
+    context (the event or its batch had misses); unexplained: voluntary off-CPU time otherwise;
+    miss_cpu: on-CPU time of an event with misses; copy: on-CPU time of an event without.
+    ``missed``: the event inserted pages (or queued bios); None when the trace cannot tell."""
+
+    reclaim: np.ndarray
+    preempt: np.ndarray
+    wake: np.ndarray
+    miss_wait: np.ndarray
+    miss_cpu: np.ndarray
+    copy: np.ndarray
+    unexplained: np.ndarray
+    missed: np.ndarray | None
+
+
+def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evidence) -> Components:
+    """Split durations ``d`` into :class:`Components`.  Without offcpu_ns the time left after
+    reclaim and the run-queue wait is a miss wait in events with misses, unexplained otherwise."""
+    n = len(d)
+    recl = np.clip(ev.reclaim_ns, 0, d) if ev.reclaim_ns is not None else np.zeros(n)
+    runq = np.clip(ev.runq_ns, 0, d - recl) if ev.runq_ns is not None else np.zeros(n)
+    if ev.pages_added is not None:
+        missed = ev.pages_added > 0
+    elif ev.bio_count is not None:
+        missed = ev.bio_count > 0
+    else:
+        missed = None
+    if missed is not None:
+        batch_missed = np.bincount(batch, weights=missed, minlength=n_batches) > 0
+        in_miss_ctx = missed | batch_missed[batch]
+    if ev.offcpu_ns is not None:
+        vol = np.clip(ev.offcpu_ns - (ev.runq_ns if ev.runq_ns is not None else 0.0), 0, d - recl - runq)
+        oncpu = d - recl - runq - vol
+        if missed is not None:
+            miss_wait = np.where(in_miss_ctx, vol, 0.0)
+            wake = np.where(in_miss_ctx & (vol > 0), runq, 0.0)
+            miss_cpu = np.where(missed, oncpu, 0.0)
+        else:
+            miss_wait = wake = miss_cpu = np.zeros(n)
+        unexplained = vol - miss_wait
+        copy = oncpu - miss_cpu
+    else:
+        rest = d - recl - runq
+        miss_wait = np.where(missed, rest, 0.0) if missed is not None else np.zeros(n)
+        wake = np.where(missed, runq, 0.0) if missed is not None else np.zeros(n)
+        unexplained = rest - miss_wait
+        miss_cpu = copy = np.zeros(n)
+    return Components(reclaim=recl, preempt=runq - wake, wake=wake, miss_wait=miss_wait, miss_cpu=miss_cpu,
+                      copy=copy, unexplained=unexplained, missed=missed)
+
+
+def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray):
+    """Per event, the observed service time of one miss I/O, as the event experienced it.
+
+    An event that queued bios: max(its mean bio queue->complete time, its voluntary miss wait
+    per bio) -- the wait shows what bio timing cannot: bios held by a throttle before they
+    reach the block layer, queueing ahead of it.  An event that waited without queueing a bio
+    (on a page another thread's read or readahead is bringing in): its whole voluntary miss
+    wait.  Otherwise the batch's mean bio time.  Without bio columns the same with pages
+    inserted as the I/O count.  Returns (observed, own): ``own`` marks events that did their
+    own I/O, whose observed times define the trace's normal; (None, None) without evidence."""
+    if ev.bio_count is not None and ev.bio_ns is not None:
+        num, den = np.clip(ev.bio_ns, 0, None), ev.bio_count
+    elif ev.pages_added is not None:
+        num, den = miss_wait, ev.pages_added
+    else:
+        return None, None
+    own = den > 0
+    b_den = np.bincount(batch, weights=den, minlength=n_batches)
+    b_num = np.bincount(batch, weights=num, minlength=n_batches)
+    per_batch = np.where(b_den > 0, safe_div(b_num, b_den), np.nan)
+    mine = np.maximum(safe_div(num, den), safe_div(miss_wait, den))
+    other = np.where(miss_wait > 0, miss_wait, per_batch[batch])
+    return np.where(own, mine, other), own

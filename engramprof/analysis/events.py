@@ -1,0 +1,210 @@
+"""Stage 1: the read events, in entry-time order, and the chunks they are analysed in.
+
+A read event is one syscall read (``kind`` = ``syscall``) or, later, one page fault: entry
+time ``ts_ns``, duration ``dur_ns``, thread, file, offset, size and the evidence columns
+(engramprof.trace.EVIDENCE_COLUMNS).  The stages after this one never ask which kind an
+event is; they see the columns.  Nothing here copies the table: columns are read a chunk at a
+time through the entry-time order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from engramprof.errors import UserError
+from engramprof.trace import CONTRACT_COLUMNS, EVIDENCE_COLUMNS
+
+#: events handled at a time (whole batches per chunk): bounds memory, keeps arrays cache-sized
+CHUNK_CALLS = 1 << 20
+REQUIRED_COLUMNS = ("ts_ns", "dur_ns", "tid")
+
+
+class EventColumns:
+    """Per-event columns in entry-time order, read a slice at a time (no DataFrame copy).
+
+    ``order`` maps positions in that order to DataFrame rows (None when the DataFrame is
+    already sorted and every row is usable)."""
+
+    def __init__(self, calls: pd.DataFrame, order: np.ndarray | None):
+        self.calls = calls
+        self.order = order
+        self._has: dict[str, bool] = {}
+        self._codes: dict[str, tuple[np.ndarray, pd.Index]] = {}
+
+    def has(self, name: str) -> bool:
+        """The column exists and holds at least one value (a recorder writes an evidence
+        column all-null when the kernel could not measure it)."""
+        if name not in self._has:
+            if name not in self.calls.columns:
+                self._has[name] = False
+            elif name in ("path", "tensor"):
+                codes, uniques = self.codes(name)
+                self._has[name] = bool(len(uniques)) and bool((codes >= 0).any())
+            else:
+                self._has[name] = bool(self.calls[name].notna().any())
+        return self._has[name]
+
+    def codes(self, name: str) -> tuple[np.ndarray, pd.Index]:
+        """Small-integer codes of a text column, in table row order, and their values (a
+        categorical's own codes; else one factorisation).  -1: missing."""
+        if name not in self._codes:
+            s = self.calls[name]
+            if isinstance(s.dtype, pd.CategoricalDtype):
+                codes, uniques = s.cat.codes.to_numpy().astype(np.int64), pd.Index(s.cat.categories)
+            else:
+                c, u = pd.factorize(s, use_na_sentinel=True)
+                codes, uniques = c.astype(np.int64), pd.Index(u)
+            self._codes[name] = (codes, uniques)
+        return self._codes[name]
+
+    def text_is_categorical(self, name: str) -> bool:
+        return name in ("path", "tensor") or not pd.api.types.is_numeric_dtype(self.calls[name].dtype)
+
+    def series(self, name: str, lo: int, hi: int) -> pd.Series:
+        s = self.calls[name]
+        return s.iloc[lo:hi] if self.order is None else s.take(self.order[lo:hi])
+
+    def num(self, name: str, lo: int, hi: int) -> np.ndarray | None:
+        """float64 values of positions lo:hi (NaN where missing); None: no such column."""
+        if name not in self.calls.columns:
+            return None
+        s = self.series(name, lo, hi)
+        if not pd.api.types.is_numeric_dtype(s.dtype):
+            s = pd.to_numeric(s, errors="coerce")
+        return s.to_numpy(dtype=np.float64, na_value=np.nan)
+
+    def ints(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """int64 values of positions lo:hi of an integer column without nulls (tid, pid)."""
+        s = self.series(name, lo, hi)
+        return s.to_numpy().astype(np.int64, copy=False)
+
+    def rows(self, pos: np.ndarray) -> np.ndarray:
+        """Table rows of entry-order positions."""
+        return pos if self.order is None else self.order[pos]
+
+    def in_order(self, values: np.ndarray) -> np.ndarray:
+        """A per-row array (table order) re-read in entry-time order."""
+        return values if self.order is None else values[self.order]
+
+
+@dataclass
+class ReadEvents:
+    """The usable events in entry-time order: ``ts``/``dur`` (int64 ns) and their columns."""
+
+    ts: np.ndarray
+    dur: np.ndarray
+    cols: EventColumns
+    n_total: int  # rows in the table, usable or not
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    @property
+    def missing_evidence(self) -> list[str]:
+        return [c for c in EVIDENCE_COLUMNS if not self.cols.has(c)]
+
+
+def _exact_int(calls: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    c = calls[name]
+    if pd.api.types.is_integer_dtype(c.dtype) and getattr(c.dtype, "na_value", None) is not pd.NA:
+        return c.to_numpy(dtype=np.int64), None
+    f = pd.to_numeric(c, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(f)
+    return np.where(bad, 0, f).astype(np.int64), bad
+
+
+def prepare_read_events(calls: pd.DataFrame, notes: list[str]) -> ReadEvents:
+    """Check the table, leave out events without a usable entry time / duration (noted),
+    and order the rest by entry time (a view when the table is already clean and sorted).
+    Raises :class:`UserError` when nothing can be analysed."""
+    lacking = [c for c in REQUIRED_COLUMNS if c not in calls.columns]
+    if lacking:
+        raise UserError(f"per-call table lacks required columns: {', '.join(lacking)}")
+    absent = [c for c in CONTRACT_COLUMNS if c not in calls.columns]
+    if absent:
+        notes.append(f"per-call table lacks {', '.join(absent)}: related figures are not shown")
+    n_total = len(calls)
+    if n_total == 0:
+        raise UserError("the trace has no calls: nothing to analyse (was the target reading while traced?)")
+    ts, ts_bad = _exact_int(calls, "ts_ns")
+    dur, dur_bad = _exact_int(calls, "dur_ns")
+    good = dur >= 0
+    for bad in (ts_bad, dur_bad):
+        if bad is not None:
+            good &= ~bad
+    order = None
+    if not good.all():
+        notes.append(f"{int((~good).sum())} call(s) with a missing or negative ts_ns/dur_ns were left out")
+        order = np.flatnonzero(good)
+        if len(order) == 0:
+            raise UserError("no call has a usable ts_ns and dur_ns: nothing to analyse")
+        ts, dur = ts[order], dur[order]
+    if len(ts) > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
+        o = np.argsort(ts, kind="stable")
+        order = o if order is None else order[o]
+        ts, dur = ts[o], dur[o]
+    return ReadEvents(ts=ts, dur=dur, cols=EventColumns(calls, order), n_total=n_total, notes=notes)
+
+
+@dataclass
+class Chunk:
+    """Whole batches ``first_batch:stop_batch`` whose events sit at positions ``lo:hi``.
+
+    ``batch`` gives each kept event's batch, relative to ``first_batch``; ``keep`` (markers
+    mode) marks the positions in ``lo:hi`` that belong to a batch (None: all of them)."""
+
+    first_batch: int
+    stop_batch: int
+    lo: int
+    hi: int
+    batch: np.ndarray
+    keep: np.ndarray | None
+
+    @property
+    def n_batches(self) -> int:
+        return self.stop_batch - self.first_batch
+
+    @property
+    def batches(self) -> slice:
+        return slice(self.first_batch, self.stop_batch)
+
+    def pick(self, a: np.ndarray) -> np.ndarray:
+        """The kept events of a positions-lo:hi array."""
+        return a if self.keep is None else a[self.keep]
+
+    def positions(self) -> np.ndarray:
+        """Entry-order positions of the kept events."""
+        pos = np.arange(self.lo, self.hi)
+        return pos if self.keep is None else pos[self.keep]
+
+    def per_batch(self, weights: np.ndarray | None = None) -> np.ndarray:
+        """Per batch of the chunk, the count (or the sum of ``weights``) of its events."""
+        return np.bincount(self.batch, weights=weights, minlength=self.n_batches)
+
+
+def chunk_plan(seg, chunk_calls: int | None = None) -> Iterator[Chunk]:
+    """Chunks of whole batches, about ``chunk_calls`` events each (CHUNK_CALLS)."""
+    size = CHUNK_CALLS if chunk_calls is None else chunk_calls
+    nb = seg.n
+    if nb == 0:
+        return
+    csum = np.cumsum(seg.counts)
+    contiguous = bool(np.all(seg.first[1:] == seg.stop[:-1]))
+    bl = 0
+    while bl < nb:
+        done = int(csum[bl - 1]) if bl else 0
+        bh = min(nb, max(int(np.searchsorted(csum, done + size, side="right")), bl + 1))
+        lo, hi = int(seg.first[bl]), int(seg.stop[bh - 1])
+        if contiguous:
+            yield Chunk(bl, bh, lo, hi, np.repeat(np.arange(bh - bl), seg.counts[bl:bh]), None)
+        else:  # markers mode: events outside every marker sit between batches
+            pos = np.arange(lo, hi)
+            k = np.searchsorted(seg.first[bl:bh], pos, side="right") - 1
+            keep = pos < seg.stop[bl:bh][k]
+            yield Chunk(bl, bh, lo, hi, k[keep], keep)
+        bl = bh
