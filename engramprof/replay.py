@@ -44,7 +44,6 @@ from engramprof import residency
 from engramprof.errors import UserError
 
 DEFAULT_STRATEGIES = ("pool", "nowait", "serial")
-DEFAULT_GAP_MS = 1.0
 SENTINEL = 0x5A
 MAX_STRIPE_PAGES = 256  # 1 MiB stripes at most
 
@@ -505,13 +504,14 @@ def replay(
     strategies = list(dict.fromkeys(strategies))
     bad = [s for s in strategies if s not in readers.READERS]
     if not strategies or bad:
-        raise UserError(f"--strategies: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(readers.READERS)}")
+        raise UserError(f"reader strategies: unknown {', '.join(bad) or '(none given)'}; "
+                        f"choose from {', '.join(readers.READERS)}")
     if not 0.0 <= cold_frac <= 1.0:
-        raise UserError("--cold-frac must be between 0 and 1")
+        raise UserError("cold_frac (the fraction of rows read cold) must be between 0 and 1")
     if repeat < 1 or max_batches < 1 or threads < 1:
-        raise UserError("--repeat, --batches and --threads must be at least 1")
+        raise UserError("repeat, max_batches and threads must be at least 1")
     if rows_per_batch is not None and rows_per_batch < 1:
-        raise UserError("--rows-per-batch must be at least 1")
+        raise UserError("rows_per_batch must be at least 1")
     notes: list[str] = []
     trace = load_bundle(trace_path)
     notes.extend(trace.notes)
@@ -519,18 +519,32 @@ def replay(
     files = _open_files(rows)
     try:
         return _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, threads,
-                    max_batches, seed, preadv, progress, notes, rows_per_batch)
+                    max_batches, seed, preadv, progress, notes)
     finally:
         for f in files.values():
             f.close()
 
 
 def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, threads, max_batches,
-         seed, preadv, progress, notes, rows_per_batch) -> dict:
-    from engramprof.lab import readers
-
+         seed, preadv, progress, notes) -> dict:
     rng = np.random.default_rng(seed)
-    # populations: distinct rows per (path, tensor, size), classified by mincore (not read)
+    pops, key_index = _populations(rows, files)
+    shapes = _batch_shapes(rows, key_index, max_batches, notes)
+    planned = _plan_or_explain(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes)
+    evicting = bool(planned) and planned[0].evict
+    if cold_frac > 0 and evicting:
+        _write_back_dirty(files, notes)
+    notes.append("files read with POSIX_FADV_RANDOM (no readahead): a cold read brings in only its own pages")
+    notes.append(RACE_NOTE)
+    notes.append("component benchmark of the reader alone on this host now: not a model or endpoint result")
+    results = _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progress)
+    _arm_notes(results, evicting, notes)
+    return _result(trace_path, strategies, cold_frac, repeat, threads, allow_evict, shapes, pops, results, notes)
+
+
+def _populations(rows: pd.DataFrame, files: dict[str, ReplayFile]) -> tuple[list[Population], dict[tuple, int]]:
+    """The distinct rows per job key (path, tensor, size), classified by mincore (not read);
+    and the index of each key's population."""
     keys = rows[["path", "tensor", "size"]].drop_duplicates().reset_index(drop=True)
     pops: list[Population] = []
     key_index: dict[tuple, int] = {}
@@ -542,7 +556,13 @@ def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, th
     for p in pops:
         p.frac = residency.classify_rows(files[p.key.path].fd_probe, p.offsets,
                                          np.full(len(p.offsets), p.key.size), method="mincore")
-    # batch shapes: distinct rows per job key in each trace batch, jobs in trace order
+    return pops, key_index
+
+
+def _batch_shapes(rows: pd.DataFrame, key_index: dict[tuple, int], max_batches: int,
+                  notes: list[str]) -> list[Shape]:
+    """Distinct rows per job key in each trace batch, jobs in trace order; at most
+    ``max_batches`` of them, evenly spaced."""
     all_shapes = []
     for b, grp in rows.groupby("batch", sort=True):
         counts: dict[int, int] = {}
@@ -550,43 +570,51 @@ def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, th
             pi = key_index[(path, tensor, int(size))]
             counts[pi] = counts.get(pi, 0) + 1
         all_shapes.append(Shape(int(b), list(counts.items())))
-    if len(all_shapes) > max_batches:
-        pick = np.unique(np.linspace(0, len(all_shapes) - 1, max_batches).round().astype(int))
-        notes.append(f"replaying {len(pick)} of the trace's {len(all_shapes)} batches, evenly spaced (--batches)")
-        shapes = [all_shapes[i] for i in pick]
-    else:
-        shapes = all_shapes
-    total_resident = sum(int((p.frac >= 1).sum()) for p in pops)
-    total_cold = sum(int((p.frac <= 0).sum()) for p in pops)
-    total_rows = sum(len(p.offsets) for p in pops)
+    if len(all_shapes) <= max_batches:
+        return all_shapes
+    pick = np.unique(np.linspace(0, len(all_shapes) - 1, max_batches).round().astype(int))
+    notes.append(f"replaying {len(pick)} of the trace's {len(all_shapes)} batches, evenly spaced (--batches)")
+    return [all_shapes[i] for i in pick]
+
+
+def _plan_or_explain(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes) -> list[PlannedBatch]:
+    """:func:`plan`, with a shortage of cold or resident rows turned into a UserError that
+    says what the trace has now and what would help."""
     try:
-        planned = plan(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes)
+        return plan(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes)
     except _Shortage as exc:
-        hint = ""
         if str(exc).startswith("cold"):
-            hint = ("; pass --allow-evict to evict the pages of the rows selected as cold just before each "
-                    "timed batch (drops those pages of the data file from the page cache: on a production host "
-                    "only if you mean it), or lower --cold-frac / --repeat / --batches")
+            hint = ("; allow eviction (allow_evict) to evict the pages of the rows selected as cold just before "
+                    "each timed batch (drops those pages of the data file from the page cache: on a production "
+                    "host only if you mean it), or lower the cold fraction, the repeats or the batches")
         else:
-            hint = ("; warm the file first (read it once, e.g. `cat FILE > /dev/null`) or raise --cold-frac; "
-                    "replay never warms rows itself")
+            hint = ("; warm the file first (read it once, e.g. `cat FILE > /dev/null`) or raise the cold "
+                    "fraction; replay never warms rows itself")
+        total_resident = sum(int((p.frac >= 1).sum()) for p in pops)
+        total_cold = sum(int((p.frac <= 0).sum()) for p in pops)
+        total_rows = sum(len(p.offsets) for p in pops)
         raise UserError(f"{exc} (of the trace's {total_rows:,} distinct rows {total_resident:,} are resident "
                         f"and {total_cold:,} cold now){hint}") from None
-    if cold_frac > 0 and planned and planned[0].evict:
-        for rf in files.values():
-            dirty = residency.cachestat(rf.fd_probe).nr_dirty if residency.cachestat_available(rf.fd_probe) else 1
-            if dirty:
-                os.fdatasync(rf.fd_read)  # dirty pages cannot be evicted: write them back first
-                notes.append(f"{rf.path}: written back (fdatasync) first: dirty pages cannot be evicted")
-        notes.append("--allow-evict: before each timed batch the pages of the rows selected as cold were evicted "
-                     "(POSIX_FADV_DONTNEED) from the page cache; the arms read them back")
-    notes.append("files read with POSIX_FADV_RANDOM (no readahead): a cold read brings in only its own pages")
-    notes.append(RACE_NOTE)
-    notes.append("component benchmark of the reader alone on this host now: not a model or endpoint result")
+
+
+def _write_back_dirty(files: dict[str, ReplayFile], notes: list[str]) -> None:
+    """Dirty pages cannot be evicted: write them back before the first eviction."""
+    for rf in files.values():
+        dirty = residency.cachestat(rf.fd_probe).nr_dirty if residency.cachestat_available(rf.fd_probe) else 1
+        if dirty:
+            os.fdatasync(rf.fd_read)
+            notes.append(f"{rf.path}: written back (fdatasync) first: dirty pages cannot be evicted")
+    notes.append("--allow-evict: before each timed batch the pages of the rows selected as cold were evicted "
+                 "(POSIX_FADV_DONTNEED) from the page cache; the arms read them back")
+
+
+def _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progress) -> dict[str, ArmResult]:
+    """Every planned batch through its arm's reader, timed; returns the result per arm."""
+    from engramprof.lab import readers
 
     # destination buffers: one set per arm (separate destinations, reused across its batches:
     # a batch uses the leading rows), and one for the reference read
-    most = {}
+    most: dict[int, int] = {}
     for sh in shapes:
         for pi, n in sh.counts:
             most[pi] = max(most.get(pi, 0), n)
@@ -603,61 +631,71 @@ def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, th
     try:
         _warmup(rdrs_warm, threads)
         for i, pb in enumerate(planned):
-            res = results[pb.arm]
-            jobs = []
-            for pi, offs, is_cold in pb.jobs:
-                p = pops[pi]
-                out = bufs[pb.arm][pi][:len(offs)]
-                rf = files[p.key.path]
-                if pb.evict and is_cold.any():
-                    res.evicted_pages += _evict_rows(rf.fd_read, offs[is_cold], p.key.size)
-                out.fill(SENTINEL)  # fault the buffer in (untimed) and mark rows not written
-                jobs.append(readers.Job(rf.fd_read, offs, p.key.size, out))
-            # the residency the arm actually starts from (mincore, no read)
-            for (pi, offs, is_cold) in pb.jobs:
-                p = pops[pi]
-                fr = residency.classify_rows(files[p.key.path].fd_probe, offs, np.full(len(offs), p.key.size),
-                                             method="mincore")
-                res.cold_requested += int(is_cold.sum())
-                res.cold_observed += int((fr <= 0).sum())
-                res.resident_observed += int((fr >= 1).sum())
-                res.race_rows += int(((fr < 1) & ~is_cold).sum() + ((fr > 0) & is_cold).sum())
-            ru0 = resource.getrusage(resource.RUSAGE_SELF)
-            t0 = time.perf_counter_ns()
-            stats = rdrs[pb.arm].read_batch(jobs)
-            t1 = time.perf_counter_ns()
-            ru1 = resource.getrusage(resource.RUSAGE_SELF)
-            res.batch_ns.append(t1 - t0)
-            res.rows += sum(len(j.offsets) for j in jobs)
-            res.nvcsw += ru1.ru_nvcsw - ru0.ru_nvcsw
-            res.nivcsw += ru1.ru_nivcsw - ru0.ru_nivcsw
-            res.utime += ru1.ru_utime - ru0.ru_utime
-            res.stime += ru1.ru_stime - ru0.ru_stime
-            res.calls += stats.calls
-            res.eagain += stats.eagain
-            res.fallback_rows += stats.fallback_rows
-            res.nowait_unsupported |= stats.nowait_unsupported
-            # byte-for-byte check against a reference read made after the timed arm
-            for (pi, _, _), job in zip(pb.jobs, jobs):
-                ref = bufs["reference"][pi][:len(job.offsets)]
-                _reference_read(job.fd, job.offsets, job.row_bytes, ref)
-                res.mismatched_rows += int((ref != job.out).any(axis=1).sum())
+            ms = _timed_batch(pb, results[pb.arm], rdrs[pb.arm], pops, files, bufs)
             if progress:
-                progress(f"{i + 1}/{len(planned)} {pb.arm} batch {pb.shape} repeat {pb.repeat + 1}: "
-                         f"{(t1 - t0) / 1e6:.2f} ms")
+                progress(f"{i + 1}/{len(planned)} {pb.arm} batch {pb.shape} repeat {pb.repeat + 1}: {ms:.2f} ms")
     finally:
         for rdr in rdrs.values():
             rdr.close()
         rdrs_warm.close()
         gc.unfreeze()
+    return results
 
-    pool_p50 = float(np.median(results["pool"].batch_ns)) / 1e6 if "pool" in results else None
-    arms = {a: results[a].to_dict() for a in strategies}
-    speedup = {}
-    for a in strategies:
-        p50 = arms[a]["batch_ms"]["p50"]
-        speedup[a] = round(pool_p50 / p50, 2) if pool_p50 and p50 else None
-    if pool_p50 is None:
+
+def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population],
+                 files: dict[str, ReplayFile], bufs: dict) -> float:
+    """One planned batch: evict its cold rows (if planned), check the residency it starts
+    from, time the read, verify it byte for byte.  Adds to ``res``; returns the batch ms."""
+    from engramprof.lab import readers
+
+    jobs = []
+    for pi, offs, is_cold in pb.jobs:
+        p = pops[pi]
+        out = bufs[pb.arm][pi][:len(offs)]
+        rf = files[p.key.path]
+        if pb.evict and is_cold.any():
+            res.evicted_pages += _evict_rows(rf.fd_read, offs[is_cold], p.key.size)
+        out.fill(SENTINEL)  # fault the buffer in (untimed) and mark rows not written
+        jobs.append(readers.Job(rf.fd_read, offs, p.key.size, out))
+    _observe_start(pb, res, pops, files)
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter_ns()
+    stats = reader.read_batch(jobs)
+    t1 = time.perf_counter_ns()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    res.batch_ns.append(t1 - t0)
+    res.rows += sum(len(j.offsets) for j in jobs)
+    res.nvcsw += ru1.ru_nvcsw - ru0.ru_nvcsw
+    res.nivcsw += ru1.ru_nivcsw - ru0.ru_nivcsw
+    res.utime += ru1.ru_utime - ru0.ru_utime
+    res.stime += ru1.ru_stime - ru0.ru_stime
+    res.calls += stats.calls
+    res.eagain += stats.eagain
+    res.fallback_rows += stats.fallback_rows
+    res.nowait_unsupported |= stats.nowait_unsupported
+    # byte-for-byte check against a reference read made after the timed arm
+    for (pi, _, _), job in zip(pb.jobs, jobs):
+        ref = bufs["reference"][pi][:len(job.offsets)]
+        _reference_read(job.fd, job.offsets, job.row_bytes, ref)
+        res.mismatched_rows += int((ref != job.out).any(axis=1).sum())
+    return (t1 - t0) / 1e6
+
+
+def _observe_start(pb: PlannedBatch, res: ArmResult, pops: list[Population], files: dict[str, ReplayFile]) -> None:
+    """The residency the arm actually starts from (mincore, no read), against the plan."""
+    for pi, offs, is_cold in pb.jobs:
+        p = pops[pi]
+        fr = residency.classify_rows(files[p.key.path].fd_probe, offs, np.full(len(offs), p.key.size),
+                                     method="mincore")
+        res.cold_requested += int(is_cold.sum())
+        res.cold_observed += int((fr <= 0).sum())
+        res.resident_observed += int((fr >= 1).sum())
+        res.race_rows += int(((fr < 1) & ~is_cold).sum() + ((fr > 0) & is_cold).sum())
+
+
+def _arm_notes(results: dict[str, ArmResult], evicting: bool, notes: list[str]) -> None:
+    """What may make an arm's figures not what was asked for."""
+    if "pool" not in results:
         notes.append("no pool arm: speedups are relative to the pool and so are not given")
     for a, r in results.items():
         if r.nowait_unsupported:
@@ -666,14 +704,21 @@ def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, th
         if r.cold_requested and r.cold_observed < 0.8 * r.cold_requested:
             why = (" (POSIX_FADV_DONTNEED drops only whole folios inside the advised range: pages cached as "
                    "large folios, e.g. after the file was written or read sequentially, survive per-row eviction; "
-                   "evict the whole file once and let random reads bring the rows back)") if planned and planned[0].evict else ""
+                   "evict the whole file once and let random reads bring the rows back)") if evicting else ""
             notes.append(f"WARNING {a}: only {r.cold_observed:,} rows were cold at the start of their batches, "
                          f"{r.cold_requested:,} were requested cold: this arm did not measure the requested mix{why}")
         if r.rows and r.race_rows:
             notes.append(f"{a}: {r.race_rows:,} of {r.rows:,} rows were not in the requested state at the "
                          "pre-batch check (residency changed after classification)")
-    mismatches = sum(r.mismatched_rows for r in results.values())
-    verified = sum(r.rows for r in results.values())
+
+
+def _result(trace_path, strategies, cold_frac, repeat, threads, allow_evict, shapes, pops, results, notes) -> dict:
+    pool_p50 = float(np.median(results["pool"].batch_ns)) / 1e6 if "pool" in results else None
+    arms = {a: results[a].to_dict() for a in strategies}
+    speedup = {}
+    for a in strategies:
+        p50 = arms[a]["batch_ms"]["p50"]
+        speedup[a] = round(pool_p50 / p50, 2) if pool_p50 and p50 else None
     shape_rows = [sh.rows for sh in shapes]
     return {
         "trace": str(trace_path),
@@ -689,8 +734,8 @@ def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, th
                   "cold_now": int((p.frac <= 0).sum())} for p in pops],
         "arms": arms,
         "speedup": speedup,
-        "mismatches": mismatches,
-        "rows_verified": verified,
+        "mismatches": sum(r.mismatched_rows for r in results.values()),
+        "rows_verified": sum(r.rows for r in results.values()),
         "allow_evict": bool(allow_evict),
         "notes": notes,
     }
