@@ -69,8 +69,11 @@ def make_table_cmd(
         def progress(done: int, total: int) -> None:
             prog.update(task, completed=done, total=total)
 
-        lay = table.make_table(path, rows, dim, _parse_layers(layers), force=force, seed=seed,
-                               progress=progress)
+        try:
+            lay = table.make_table(path, rows, dim, _parse_layers(layers), force=force, seed=seed,
+                                   progress=progress)
+        except table.TableExistsError as exc:
+            raise UserError(f"{exc.path} already exists (use --force to replace it)") from None
     secs = time.monotonic() - t0
     out = Console()
     out.print(f"wrote {lay.path}: {lay.size / 2**20:.1f} MiB, {len(lay.tensors)} tensors, "

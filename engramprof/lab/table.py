@@ -49,11 +49,11 @@ def engram_layers(lay: layout.Layout) -> list[int]:
 def build_header(rows: int, dim: int, layers: tuple[int, ...] | list[int]) -> bytes:
     """The 8-byte length plus the space-padded JSON header."""
     if rows < 1:
-        raise UserError("--rows must be at least 1")
+        raise UserError("rows must be at least 1")
     if dim < SCALE_BLOCK or dim % SCALE_BLOCK:
-        raise UserError(f"--dim must be a positive multiple of {SCALE_BLOCK}")
+        raise UserError(f"dim (weights per row) must be a positive multiple of {SCALE_BLOCK}")
     if not layers or len(set(layers)) != len(layers) or min(layers) < 0:
-        raise UserError("--layers must be distinct non-negative integers, e.g. 3,17")
+        raise UserError("layers must be distinct non-negative integers, e.g. (3, 17)")
     head: dict = {"__metadata__": {
         "format": "pt", "engramprof": "lab-table", "rows": str(rows), "dim": str(dim),
     }}
@@ -73,6 +73,14 @@ def data_bytes(rows: int, dim: int, layers) -> int:
     return len(layers) * rows * (dim + dim // SCALE_BLOCK)
 
 
+class TableExistsError(UserError):
+    """The table's path exists and ``force`` was not given."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path} already exists (force=True replaces it)")
+        self.path = path
+
+
 def _create(path: Path, force: bool) -> tuple[int, Path]:
     """(fd, the path being written); the latter is a temporary name when ``force``."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -84,7 +92,7 @@ def _create(path: Path, force: bool) -> tuple[int, Path]:
     try:
         return os.open(target, flags, 0o644), target
     except FileExistsError:
-        raise UserError(f"{path} already exists (use --force to replace it)") from None
+        raise TableExistsError(path) from None
     except OSError as exc:
         raise UserError(f"cannot create {path}: {exc.strerror}") from None
 

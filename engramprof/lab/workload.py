@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
@@ -52,9 +52,9 @@ class Plan:
 
     def __init__(self, lay: layout.Layout, tokens: int, heads: int, zipf: float, seed: int):
         if tokens < 1 or heads < 1:
-            raise UserError("--tokens and --heads must be at least 1")
+            raise UserError("tokens and heads must be at least 1")
         if zipf < 0:
-            raise UserError("--zipf must be >= 0 (0 is uniform)")
+            raise UserError("zipf must be >= 0 (0 is uniform)")
         self.layers = table.engram_layers(lay)
         if not self.layers:
             raise UserError(f"{lay.path}: no Engram layers (layers.N.engram.embed.weight/scale)")
@@ -133,6 +133,17 @@ def evict(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+@dataclass
+class _Tally:
+    """What the steps of a run add up to."""
+
+    totals: readers.ReadStats = field(default_factory=readers.ReadStats)
+    batch_ns: list[int] = field(default_factory=list)
+    rows: int = 0
+    unique: int = 0
+    reads: list = field(default_factory=list)  # per batch (offset, size) list, with record_reads
+
+
 def run_workload(
     table_path: str | os.PathLike,
     reader: str = "pool",
@@ -165,12 +176,11 @@ def run_workload(
         steps = 200
     if (steps is not None and steps < 0) or (duration is not None and duration < 0) or gap_ms < 0 \
             or start_delay < 0:
-        raise UserError("--steps, --duration, --gap-ms and --start-delay must be >= 0")
+        raise UserError("steps, duration, gap_ms and start_delay must be >= 0")
     if cache not in (None, "warm", "cold"):
         raise ValueError(f"cache must be 'warm', 'cold' or None, not {cache!r}")
     path = os.path.realpath(table_path)
-    lay = layout.load(path)
-    plan = Plan(lay, tokens, heads, zipf, seed)
+    plan = Plan(layout.load(path), tokens, heads, zipf, seed)
     stop = stop or threading.Event()
     try:
         rdr = readers.make_reader(reader, threads, preadv=preadv)
@@ -187,66 +197,68 @@ def run_workload(
             on_ready()
         if start_delay:  # ends early when start_event (or stop) is set
             (start_event if start_event is not None else stop).wait(start_delay)
-        totals = readers.ReadStats()
-        batch_ns: list[int] = []
-        rows = unique = 0
-        reads = []
         t0 = time.monotonic()
-        deadline = t0 + duration if duration is not None else None
-        while not stop.is_set():
-            if steps is not None and len(batch_ns) >= steps:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            if batch_ns and gap_ms:
-                if stop.wait(gap_ms / 1000):
-                    break
-            specs = plan.next_batch()
-            jobs = [readers.Job(fd, s.offsets, s.row_bytes,
-                                np.empty((len(s.offsets), s.row_bytes), dtype=np.uint8))
-                    for s in specs]
-            n = sum(len(s.offsets) for s in specs)
-            start = time.monotonic_ns()
-            stats = rdr.read_batch(jobs)
-            end = time.monotonic_ns()
-            if writer is not None:
-                writer.write(start, end, rows=n, reader=reader, step=len(batch_ns))
-            batch_ns.append(end - start)
-            totals.add(stats)
-            rows += n
-            if record_reads:
-                reads.append(batch_reads(specs))
-                unique += len(reads[-1])
-            else:
-                unique += sum(len(np.unique(s.offsets)) for s in specs)
+        tally = _run_steps(plan, rdr, fd, writer, reader, stop, steps,
+                           t0 + duration if duration is not None else None, gap_ms, record_reads)
         elapsed = time.monotonic() - t0
     finally:
         os.close(fd)
         rdr.close()
         if writer is not None:
             writer.close()
-    ms = np.array(batch_ns, dtype=np.float64) / 1e6
+    result = _summary(tally, reader=reader, pid=os.getpid(), table=path, tokens=tokens, heads=heads,
+                      jobs_per_step=2 * len(plan.layers), cache=cache, elapsed_s=round(elapsed, 3))
+    if record_reads:
+        result["reads"] = tally.reads
+    return result
+
+
+def _run_steps(plan: Plan, rdr, fd: int, writer: MarkerWriter | None, reader: str, stop: threading.Event,
+               steps: int | None, deadline: float | None, gap_ms: float, record_reads: bool) -> _Tally:
+    """The step loop: one batch per step, a marker each, ``gap_ms`` between steps."""
+    tally = _Tally()
+    while not stop.is_set():
+        if steps is not None and len(tally.batch_ns) >= steps:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if tally.batch_ns and gap_ms:
+            if stop.wait(gap_ms / 1000):
+                break
+        specs = plan.next_batch()
+        jobs = [readers.Job(fd, s.offsets, s.row_bytes, np.empty((len(s.offsets), s.row_bytes), dtype=np.uint8))
+                for s in specs]
+        n = sum(len(s.offsets) for s in specs)
+        start = time.monotonic_ns()
+        stats = rdr.read_batch(jobs)
+        end = time.monotonic_ns()
+        if writer is not None:
+            writer.write(start, end, rows=n, reader=reader, step=len(tally.batch_ns))
+        tally.batch_ns.append(end - start)
+        tally.totals.add(stats)
+        tally.rows += n
+        if record_reads:
+            tally.reads.append(batch_reads(specs))
+            tally.unique += len(tally.reads[-1])
+        else:
+            tally.unique += sum(len(np.unique(s.offsets)) for s in specs)
+    return tally
+
+
+def _summary(tally: _Tally, **about) -> dict:
+    """The run's summary dict: counts, batch-time percentiles, then ``about`` (reader, pid, ...)."""
+    ms = np.array(tally.batch_ns, dtype=np.float64) / 1e6
     pct = (lambda q: round(float(np.percentile(ms, q)), 4)) if len(ms) else (lambda q: None)
-    result = {
-        "steps": len(batch_ns),
-        "rows": rows,
-        "unique_rows": unique,
-        "calls": totals.calls,
-        "eagain": totals.eagain,
-        "fallback_rows": totals.fallback_rows,
-        "nowait_unsupported": totals.nowait_unsupported,
+    return {
+        "steps": len(tally.batch_ns),
+        "rows": tally.rows,
+        "unique_rows": tally.unique,
+        "calls": tally.totals.calls,
+        "eagain": tally.totals.eagain,
+        "fallback_rows": tally.totals.fallback_rows,
+        "nowait_unsupported": tally.totals.nowait_unsupported,
         "batch_ms": {"p50": pct(50), "p99": pct(99),
                      "mean": round(float(ms.mean()), 4) if len(ms) else None,
                      "max": round(float(ms.max()), 4) if len(ms) else None},
-        "reader": reader,
-        "pid": os.getpid(),
-        "table": path,
-        "tokens": tokens,
-        "heads": heads,
-        "jobs_per_step": 2 * len(plan.layers),
-        "cache": cache,
-        "elapsed_s": round(elapsed, 3),
+        **about,
     }
-    if record_reads:
-        result["reads"] = reads
-    return result
