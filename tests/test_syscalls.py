@@ -17,7 +17,7 @@ from engramprof import trace as tracefmt
 from engramprof.bpf import layout
 from tests.tracing import PY, Proc, engramprof, traced_lab
 
-RWF_NOWAIT = 0x8
+RWF_NOWAIT = os.RWF_NOWAIT
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +133,7 @@ def test_pool_warm_every_call_traced_and_nothing_else(tmp_path, table):
     assert seen == _planned(table, steps, tokens)
     assert (df["ret"] == df["size"]).all()
     assert (df["syscall"] == "preadv2").all() and (df["flags"] == 0).all()
+    assert (df["kind"] == "syscall").all() and meta["format_version"] == tracefmt.FORMAT_VERSION
     # a cached table: no misses, no block I/O
     assert df["pages_added"].sum() == 0 and df["bio_ns"].sum() == 0
     # the pool's threads made the calls, not the main thread

@@ -52,6 +52,13 @@ def header_define(name: str) -> int:
     return int(m.group(1))
 
 
+@lru_cache(maxsize=None)
+def header_defines(prefix: str) -> dict[str, int]:
+    """Every ``#define PREFIXNAME <int>`` of the header, as {NAME: value} (prefix removed)."""
+    return {m.group(1): int(m.group(2))
+            for m in re.finditer(r"#define\s+%s(\w+)\s+(\d+)" % re.escape(prefix), header_text())}
+
+
 def check_against_compiled(dtype: np.dtype, leaf: type[ctypes.Structure]) -> None:
     """Raise RuntimeError when the compiled struct differs from the dtype parsed from the header."""
     if ctypes.sizeof(leaf) != dtype.itemsize:

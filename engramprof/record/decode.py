@@ -1,0 +1,75 @@
+"""Decoders: one per probe record kind, from ring-buffer records to what the pipeline carries."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from engramprof import trace
+from engramprof.bpf import layout
+
+
+@dataclass
+class ReadBatch:
+    """Read events of one kind from one drain: the decoded records (columnar, a numpy
+    structured array) plus the columns the enrichers add (numpy arrays, one value per row)."""
+
+    kind: str
+    recs: np.ndarray
+    cols: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.recs)
+
+
+def syscall_names() -> list[str]:
+    """Syscall names by code, from the header's SYSCALL_* defines."""
+    codes = layout.header_defines("SYSCALL_")
+    names = [""] * (max(codes.values()) + 1)
+    for name, code in codes.items():
+        names[code] = name.lower()
+    return names
+
+
+class CallDecoder:
+    """``struct call_record`` -> :class:`ReadBatch` of kind ``syscall``.
+
+    Records of calls that entered before the probe was fully armed (``armed_ns``) lack evidence
+    gathered by the hooks attached after them: they are dropped and counted."""
+
+    kind = "syscall"
+
+    def __init__(self, record: np.dtype, armed_ns: int):
+        trace.check_record_columns(record)  # the header struct and CALL_SCHEMA are one list
+        self.record = record
+        self.armed_ns = armed_ns
+        self.partial_at_start = 0
+        names = syscall_names()
+        self.syscall_dictionary = pa.array(names, type=pa.string())
+        self.max_syscall = len(names) - 1
+
+    def decode(self, recs: np.ndarray) -> ReadBatch | None:
+        if len(recs) == 0:
+            return None
+        early = recs["ts_ns"] < self.armed_ns
+        if early.any():
+            self.partial_at_start += int(early.sum())
+            recs = recs[~early]
+            if len(recs) == 0:
+                return None
+        return ReadBatch(self.kind, recs)
+
+
+class VmEventDecoder:
+    """``struct vm_event`` (kswapd wake / sleep, system-wide) -> ``kswapd_events`` sample rows."""
+
+    def __init__(self):
+        self.wake = layout.header_define("VM_KSWAPD_WAKE")
+        self.events = 0
+
+    def decode(self, ev: np.ndarray) -> pa.Table | None:
+        if len(ev) == 0:
+            return None
+        self.events += len(ev)
+        return trace.kswapd_events_table(ev["ts_ns"], ev["nid"], ev["kind"] == self.wake)

@@ -1,0 +1,91 @@
+"""Enrichers: columns the kernel cannot know, added to a :class:`~.decode.ReadBatch` in bulk.
+
+Each has one job and works per distinct file / fd of the batch (a process has few), never per
+event:
+
+* :class:`FdPathEnricher`: fd (at the call's entry time) -> ``path`` code and ``path_stale``;
+* :class:`TensorEnricher`: path + offset -> ``tensor`` code and ``row`` (safetensors headers).
+
+A later page-fault decoder brings a mapping (device, inode) instead of an fd: it gets its own
+path enricher and shares the tensor enricher.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engramprof.fdmap import FdResolver
+from engramprof.record.decode import ReadBatch
+from engramprof.record.strings import Interner
+
+
+class FdPathEnricher:
+    """Adds ``path`` (codes into ``paths``) and ``path_stale`` from the target's fd table."""
+
+    def __init__(self, fds: FdResolver, paths: Interner):
+        self.fds = fds
+        self.paths = paths
+        self.fds_seen: set[int] = set()
+
+    def enrich(self, batch: ReadBatch) -> None:
+        recs = batch.recs
+        fds = recs["fd"]
+        codes, stale = self.fds.resolve_codes(fds, recs["ts_ns"].astype(np.int64), self.paths.code)
+        batch.cols["path"] = codes
+        batch.cols["path_stale"] = stale
+        self.fds_seen.update(np.unique(fds).tolist())
+
+    def path_of_slot(self, fdslot: int) -> str:
+        """The last path seen for an fd (the kernel's per-fd histogram slots)."""
+        return self.fds.history.get(fdslot, [(0, "")])[-1][1]
+
+
+class TensorEnricher:
+    """Adds ``tensor`` (codes into ``tensors``; 0 = none) and ``row`` from the safetensors layout
+    of each file the batch touches (layouts parsed once per path and cached)."""
+
+    def __init__(self, paths: Interner, tensors: Interner):
+        self.paths = paths
+        self.tensors = tensors
+        self._layouts: dict[str, object] = {}
+        self._codes: dict[int, np.ndarray] = {}
+
+    def enrich(self, batch: ReadBatch) -> None:
+        path_codes = batch.cols["path"]
+        n = len(batch)
+        tensor_codes = np.zeros(n, dtype=np.int32)  # code 0 is "" (no tensor)
+        rows = np.full(n, -1, dtype=np.int64)
+        offsets = batch.recs["offset"]
+        for code in np.unique(path_codes).tolist():
+            lay = self.layout_for(self.paths.values[code])
+            if lay is None:
+                continue
+            sel = path_codes == code
+            idx, r = lay.locate(offsets[sel])
+            tensor_codes[sel] = self._tensor_codes(code, lay)[idx]  # idx -1 -> last entry ("")
+            rows[sel] = r
+        batch.cols["tensor"] = tensor_codes
+        batch.cols["row"] = rows
+
+    def _tensor_codes(self, path_code: int, lay) -> np.ndarray:
+        """Tensor code of each of a layout's live tensors, then "" (for offsets outside them);
+        interned once per file."""
+        codes = self._codes.get(path_code)
+        if codes is None:
+            codes = np.array([self.tensors.code(t) for t in lay.live_names] + [self.tensors.code("")], dtype=np.int32)
+            self._codes[path_code] = codes
+        return codes
+
+    def layout_for(self, path: str):
+        """The safetensors layout of path, or None (not safetensors / unreadable); cached."""
+        if path in self._layouts:
+            return self._layouts[path]
+        lay = None
+        if path:
+            try:
+                from engramprof import layout
+
+                lay = layout.load(path)
+            except Exception:  # not (or no longer) a readable safetensors file
+                lay = None
+        self._layouts[path] = lay
+        return lay
