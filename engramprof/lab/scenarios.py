@@ -397,8 +397,6 @@ class Scenario:
     def say(self, text: str) -> None:
         self._relay(f"scenario: {text}")
 
-    _say = say
-
     def _relay(self, line: str) -> None:
         self.lines.append(line)
         if self.log:
