@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from typing import Optional
 
 import typer
 from rich.console import Console
+
+from engramprof.commands.signals import install_stop_handlers
 
 EPILOG = """Examples:
 
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
         def on_signal(signum, _frame):
             stop.set()
 
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        restore_signals = install_stop_handlers(on_signal)
         try:
             result = diagnose.run(
                 pid, duration=duration, markers=markers, output=output, slow_ms=slow_ms, stop=stop, argv=sys.argv,
@@ -51,8 +52,7 @@ def register(app: typer.Typer) -> None:
                                            file=sys.stderr, flush=True),
             )
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            restore_signals()
         if as_json:
             print(json.dumps(diagnose.jsonable(result), indent=2, default=str))
         else:

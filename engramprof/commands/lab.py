@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from engramprof.commands.signals import install_stop_handlers
 from engramprof.errors import UserError
 
 lab_app = typer.Typer(
@@ -117,8 +118,7 @@ def run_cmd(
         stop.set()
         go.set()
 
-    old = {s: signal.signal(s, on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: go.set())
+    restore_signals = install_stop_handlers(on_stop, extra={signal.SIGUSR1: lambda *_: go.set()})
     try:
         result = workload.run_workload(
             table_path, reader, steps=steps, duration=duration, tokens=tokens, heads=heads,
@@ -132,8 +132,7 @@ def run_cmd(
     except OSError as exc:  # e.g. --markers in a directory that does not exist
         raise UserError(f"{exc.filename or table_path}: {exc.strerror}") from None
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        restore_signals()
     if as_json:
         print(json.dumps(result))
         return

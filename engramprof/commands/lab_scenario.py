@@ -3,7 +3,6 @@ engramprof.lab.scenarios).  ``register(app)`` adds the ``scenario`` command to `
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engramprof.commands.lab import lab_app
+from engramprof.commands.signals import install_stop_handlers
 from engramprof.lab import scenarios as sc_mod
 
 SCENARIO_EPILOG = """Scenarios: python-scheduling, healthy, residency, reclaim, storage.
@@ -93,12 +93,11 @@ def scenario_cmd(
             log("scenario: stopping the reader (again to abort)")
             sc.stop()
 
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        restore_signals = install_stop_handlers(on_signal)
         try:
             summary = sc.wait()
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            restore_signals()
         evidence = sc.evidence()
     finally:
         sc.close()

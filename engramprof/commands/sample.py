@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from engramprof.commands.signals import install_stop_handlers
 from engramprof.errors import UserError
 from engramprof.samplers import Sampler
 
@@ -53,10 +54,7 @@ def run_sample(
         reason["why"] = signal.Signals(signum).name
         stop.set()
 
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, on_signal)
+    restore_signals = install_stop_handlers(on_signal)
     err = Console(stderr=True)
     try:
         sampler.start(writer)
@@ -83,8 +81,7 @@ def run_sample(
             if status is not None:
                 status.stop()
     finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
+        restore_signals()
         sampler.stop()
         if writer is not None:
             writer.close(end_reason=reason["why"])

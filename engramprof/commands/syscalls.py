@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from typing import Optional
 
@@ -10,6 +9,7 @@ import typer
 from rich.console import Console
 
 from engramprof import report_syscalls
+from engramprof.commands.signals import install_stop_handlers
 from engramprof.errors import UserError
 
 EPILOG = """Examples:
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             tracer.end_reason = "signal"
             tracer.stop.set()
 
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        restore_signals = install_stop_handlers(on_signal)
         try:
             tracer.start()
             print(f"Tracing preadv2/preadv/pread64 of pid {pid}{f' tid {tid}' if tid else ''}"
@@ -77,8 +77,7 @@ def register(app: typer.Typer) -> None:
                     live.__exit__(None, None, None)
                 summary = tracer.finish() if tracer.probe is not None else None
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            restore_signals()
         if summary is None:
             return
         if as_json:
