@@ -7,7 +7,8 @@
 #      /lib/modules/$(uname -r)/{build,source} at the installed headers (BCC needs them);
 #   2. mounts tracefs at /sys/kernel/tracing;
 #   3. creates .venv with /usr/bin/python3 -m venv --system-site-packages (so BCC imports);
-#   4. pip install -e .[dev] (re-run only when pyproject.toml changed).
+#   4. pip install -e .[dev,plot] (re-run only when pyproject.toml changed; plot: matplotlib, for
+#      batch-tail --plot, which the tests and the demo use).
 # When everything is in place it changes nothing and finishes in a few seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,8 +70,8 @@ fi
 stamp=.venv/.engramprof-installed
 sum=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sum" ] || ! .venv/bin/python -c 'import engramprof' 2>/dev/null; then
-  say "pip install -e .[dev] (log: .venv/pip-install.log)"
-  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev]'; } \
+  say "pip install -e .[dev,plot] (log: .venv/pip-install.log)"
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[dev,plot]'; } \
       > .venv/pip-install.log 2>&1; then
     tail -n 30 .venv/pip-install.log >&2
     say "pip install failed (full log: .venv/pip-install.log)" >&2

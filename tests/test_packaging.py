@@ -71,3 +71,46 @@ def test_installed_package_loads_probe_and_traces(venv, tmp_path):
     r = subprocess.run([str(venv / "bin" / "python"), "-c", CHECK, str(data)], capture_output=True, text=True, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "records 100" in r.stdout
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_matplotlib_is_the_plot_extra_and_psutil_not_a_runtime_dependency():
+    proj = _pyproject()["project"]
+    names = [d.split(">")[0].split("=")[0].strip() for d in proj["dependencies"]]
+    assert "matplotlib" not in names and "psutil" not in names
+    assert any(d.startswith("matplotlib") for d in proj["optional-dependencies"]["plot"])
+    assert "'.[dev,plot]'" in (REPO / "scripts" / "setup.sh").read_text()  # tests and demo plot
+
+
+BLOCKED = r"""
+import sys
+for m in sys.argv[1].split(","):
+    sys.modules[m] = None  # as if not installed
+sys.argv = ["engramprof", *sys.argv[2:]]
+from engramprof.cli import main
+main()
+"""
+
+
+def _run_without(modules: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKED, modules, *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_plot_without_matplotlib_is_a_one_line_error(tmp_path):
+    r = _run_without("matplotlib", "batch-tail", str(tmp_path / "none"), "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 2, r.stderr  # a UserError
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "engramprof[plot]" in r.stderr and "matplotlib" in r.stderr
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_commands_run_without_psutil_and_matplotlib(tmp_path):
+    r = _run_without("psutil,matplotlib", "batch-tail", str(tmp_path / "none"))
+    assert r.returncode == 2 and "no such trace" in r.stderr, r.stderr
+    r = _run_without("psutil,matplotlib", "sample", "--duration", "0.3", "--json")
+    assert r.returncode == 0, r.stderr

@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         """Per-batch tail analysis: which cause holds each decode batch back, with evidence."""
         from engramprof import attribution, batches, report
         from engramprof.commands import validate
+        from engramprof.extras import require_plot
         from engramprof.trace import load_bundle
 
         for flag, value in (("--slow-ms", slow_ms), ("--gap-ms", gap_ms), ("--normal-miss-us", normal_miss_us)):
@@ -38,6 +39,7 @@ def register(app: typer.Typer) -> None:
         validate.share("--min-share", min_share)
 
         if plot is not None:
+            require_plot()  # matplotlib is the optional `plot` extra
             report.check_plot_path(plot)
         tr = load_bundle(trace)
         mdf, bad = (None, 0)
