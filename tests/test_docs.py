@@ -1,0 +1,441 @@
+"""The docs a user finds their way in: checked against the commands themselves.
+
+* every registered command (the typer app walked as a click group, `lab` subcommands
+  included) has its page in docs/commands/ with the BCC man-page sections, every option of
+  its --help named under OPTIONS, an example file in docs/examples/, and an examples epilog;
+* README.md is at most 300 lines and links to every command page; relative links in the
+  README, docs/ and benchmarks/RESULTS.md resolve (files and #anchors);
+* the JSON keys a page lists under FIELDS ("### JSON keys": a table whose first column holds
+  the keys in backticks, dotted paths, ``[]`` for list elements, ``<name>`` for any key; the
+  second column says when the key is present, ``always`` or a condition) are the keys the
+  command really prints with --json.  Rules, per real run:
+    - every top-level key printed is documented;
+    - where a page lists any child of an object, every child printed is documented;
+    - every key documented as ``always`` is printed (inside each printed parent).
+  Commands that need neither root nor BPF run on small synthetic or lab inputs; `syscalls`
+  and `diagnose` run for a few seconds against a lab reader (``@pytest.mark.bpf``); `lab
+  scenario` needs root.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+DOCS = REPO / "docs"
+PAGES = DOCS / "commands"
+EXAMPLES = DOCS / "examples"
+README = REPO / "README.md"
+SECTIONS = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXAMPLES", "FIELDS", "OVERHEAD", "LIMITS", "SEE ALSO"]
+MAX_README_LINES = 300
+EPILOG_WIDTH = 76  # typer pads the epilog by one column each side: fits 80 columns
+
+
+# ------------------------------------------------------------------------- the commands
+
+
+def _commands() -> dict[tuple[str, ...], object]:
+    import typer.main
+
+    from engramprof.cli import app
+
+    out: dict[tuple[str, ...], object] = {}
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, path + (name,))
+        else:
+            out[path] = cmd
+
+    walk(typer.main.get_command(app), ())
+    return out
+
+
+COMMANDS = _commands()
+
+
+def page_of(path: tuple[str, ...]) -> Path:
+    """docs/commands/<a>-<b>.md, else the group's page (lab make-table -> lab.md)."""
+    for n in range(len(path), 0, -1):
+        p = PAGES / ("-".join(path[:n]) + ".md")
+        if p.exists():
+            return p
+    return PAGES / ("-".join(path) + ".md")
+
+
+def _ids(path):
+    return " ".join(path)
+
+
+def _options(cmd) -> list[str]:
+    opts = []
+    for prm in cmd.params:
+        if type(prm).__name__.endswith("Argument"):
+            continue
+        opts += [o for o in list(prm.opts) + list(getattr(prm, "secondary_opts", [])) if o.startswith("--")]
+    return [o for o in opts if o != "--help"]
+
+
+def _has_json(cmd) -> bool:
+    return "--json" in _options(cmd)
+
+
+def sections(text: str) -> dict[str, str]:
+    """Level-2 sections of a page: heading -> body."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+# ------------------------------------------------------------------------- pages, epilogs, README
+
+
+def test_commands_found():
+    assert {("doctor",), ("syscalls",), ("sample",), ("batch-tail",), ("diagnose",), ("residency",), ("replay",),
+            ("lab", "make-table"), ("lab", "run"), ("lab", "scenario"), ("demo",)} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=_ids)
+def test_page_has_the_man_page_sections(path):
+    page = page_of(path)
+    assert page.exists(), f"no docs page for `engramprof {' '.join(path)}` ({page.relative_to(REPO)})"
+    text = page.read_text()
+    found = [h for h in re.findall(r"^## (.+)$", text, flags=re.M) if h.strip() in SECTIONS]
+    assert found == SECTIONS, f"{page.name}: sections {found}, expected {SECTIONS} in that order"
+    sec = sections(text)
+    name = "engramprof " + " ".join(path)
+    assert name in sec["NAME"], f"{page.name}: NAME does not name `{name}`"
+    assert name in sec["SYNOPSIS"], f"{page.name}: SYNOPSIS does not show `{name}`"
+    missing = [o for o in _options(COMMANDS[path]) if o not in sec["OPTIONS"]]
+    assert not missing, f"{page.name}: options of `{name} --help` not under OPTIONS: {missing}"
+    if _has_json(COMMANDS[path]):
+        assert json_key_rows(page), f"{page.name}: `{name}` has --json but FIELDS lists no JSON keys"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=_ids)
+def test_example_file_exists_and_is_linked(path):
+    page = page_of(path)
+    ex = EXAMPLES / (page.stem + ".txt")
+    assert ex.exists() and ex.stat().st_size > 200, f"no real output in {ex.relative_to(REPO)}"
+    assert f"../examples/{ex.name}" in page.read_text(), f"{page.name} does not link {ex.name}"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=_ids)
+def test_epilog_has_examples_that_fit_80_columns(path):
+    ep = COMMANDS[path].epilog or ""
+    name = "engramprof " + " ".join(path)
+    assert "Examples" in ep and name in ep, f"`{name} --help` has no examples epilog"
+    long = [line for line in ep.splitlines() if len(line) > EPILOG_WIDTH]
+    assert not long, f"`{name}` epilog lines wrap at 80 columns: {long}"
+    assert "docs/commands/" + page_of(path).name in ep, f"`{name}` epilog does not name its page"
+
+
+def test_help_renders_each_example_on_its_own_line():
+    env = dict(os.environ, COLUMNS="80")
+    out = subprocess.run([PY, "-m", "engramprof", "batch-tail", "--help"], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=60).stdout
+    lines = [l.strip() for l in out.splitlines()]
+    ex = [l for l in lines if l.startswith("engramprof batch-tail ")]
+    assert len(ex) >= 3, out
+    assert max(len(l) for l in out.splitlines()) <= 80
+
+
+def test_readme_is_short_and_links_every_page():
+    text = README.read_text()
+    n = len(text.splitlines())
+    assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES})"
+    for page in sorted(PAGES.glob("*.md")):
+        assert f"(docs/commands/{page.name})" in text, f"README.md does not link docs/commands/{page.name}"
+    for doc in ("docs/model.md", "docs/kernel.md", "benchmarks/RESULTS.md"):
+        assert f"({doc})" in text
+    for cmd in ("doctor", "syscalls", "sample", "batch-tail", "diagnose", "residency", "replay", "lab", "lab scenario",
+                "demo"):
+        assert f"`engramprof {cmd}" in text, f"README's command table lacks `engramprof {cmd}`"
+    assert "make demo" in text and "make test" in text
+
+
+def _anchors(md: Path) -> set[str]:
+    out = set()
+    for h in re.findall(r"^#{1,6} (.+)$", md.read_text(), flags=re.M):
+        a = re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        out.add(a)
+    return out
+
+
+DOC_FILES = [README, REPO / "benchmarks" / "RESULTS.md", *sorted(DOCS.rglob("*.md"))]
+
+
+@pytest.mark.parametrize("md", DOC_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_links_resolve(md):
+    text = re.sub(r"```.*?```", "", md.read_text(), flags=re.S)
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (md.parent / file).resolve() if file else md
+        if not dest.exists():
+            bad.append(target)
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            bad.append(target)
+    assert not bad, f"{md.relative_to(REPO)}: broken links {bad}"
+
+
+# ------------------------------------------------------------------------- JSON keys: the parser
+
+
+def json_key_rows(page: Path) -> list[tuple[tuple[str, ...], bool]]:
+    """(path segments, always?) for every key in the page's "### JSON keys" tables."""
+    fields = sections(page.read_text()).get("FIELDS", "")
+    rows: list[tuple[tuple[str, ...], bool]] = []
+    in_table = False
+    for line in fields.splitlines():
+        if re.match(r"^\|\s*key\s*\|", line):
+            in_table = True
+            continue
+        if not line.startswith("|"):
+            in_table = False
+            continue
+        if not in_table or re.match(r"^\|\s*-", line):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        always = len(cells) > 1 and cells[1] == "always"
+        for key in re.findall(r"`([^`]+)`", cells[0]):
+            rows.append((_split(key), always))
+    return rows
+
+
+def _split(key: str) -> tuple[str, ...]:
+    segs: list[str] = []
+    for part in key.split("."):
+        while part.endswith("[]"):
+            segs += [part[:-2]] if part[:-2] else []
+            segs.append("[]")
+            part = ""
+        if part:
+            segs.append(part)
+    return tuple(segs)
+
+
+def printed_paths(obj) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+    """(every key path printed, the paths that are non-empty containers)."""
+    paths: set[tuple[str, ...]] = set()
+    containers: set[tuple[str, ...]] = {()}
+
+    def walk(o, p):
+        if isinstance(o, dict):
+            if o and p:
+                containers.add(p)
+            for k, v in o.items():
+                paths.add(p + (k,))
+                walk(v, p + (k,))
+        elif isinstance(o, list):
+            dicts = [e for e in o if isinstance(e, dict)]
+            if dicts:
+                paths.add(p + ("[]",))
+                containers.add(p)
+                for e in dicts:
+                    walk(e, p + ("[]",))
+
+    walk(obj, ())
+    return paths, containers
+
+
+def _match(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
+    return len(pattern) == len(path) and all(a == b or (a.startswith("<") and a.endswith(">"))
+                                             for a, b in zip(pattern, path))
+
+
+def check_keys(page: Path, obj, what: str) -> None:
+    rows = json_key_rows(page)
+    documented = [p for p, _ in rows]
+    paths, containers = printed_paths(obj)
+    undocumented = []
+    for p in sorted(paths):
+        parent = p[:-1]
+        lists_children = len(p) == 1 or any(len(d) == len(p) and _match(d[:-1], parent) for d in documented)
+        if lists_children and not any(_match(d, p) for d in documented):
+            undocumented.append(".".join(p).replace(".[]", "[]"))
+    missing = []
+    for d, always in rows:
+        if not always:
+            continue
+        for q in containers:
+            if len(q) == len(d) - 1 and _match(d[:-1], q):
+                last = d[-1]
+                wildcard = last.startswith("<")
+                if not wildcard and q + (last,) not in paths:
+                    missing.append(".".join(d).replace(".[]", "[]"))
+    assert not undocumented, f"{what}: printed but not in {page.name}'s JSON keys: {undocumented}"
+    assert not missing, f"{what}: documented as always present but not printed: {sorted(set(missing))}"
+
+
+def test_key_parser():
+    assert _split("files[].tensors[].name") == ("files", "[]", "tensors", "[]", "name")
+    assert _split("arms.<arm>.batch_ms.p50") == ("arms", "<arm>", "batch_ms", "p50")
+    page_rows = json_key_rows(PAGES / "replay.md")
+    assert (("arms", "<arm>", "batch_ms", "p50"), True) in page_rows
+    paths, cont = printed_paths({"a": {"b": 1}, "l": [{"x": 1}], "e": []})
+    assert ("a", "b") in paths and ("l", "[]", "x") in paths and ("l",) in cont and ("e",) not in cont
+
+
+# ------------------------------------------------------------------------- JSON keys: real runs
+
+
+def _run(*args, timeout=120, check=True) -> str:
+    p = subprocess.run([PY, "-m", "engramprof", *map(str, args)], capture_output=True, text=True,
+                       cwd=REPO, timeout=timeout)
+    if check:
+        assert p.returncode == 0, f"engramprof {' '.join(map(str, args))}: exit {p.returncode}: {p.stderr[-2000:]}"
+    return p.stdout
+
+
+def _fs_type(path: Path) -> str:
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def lab_inputs(tmp_path_factory):
+    """A small lab table, a synthetic trace of its planned reads (3 batches 20 ms apart) and
+    markers for those batches: inputs for batch-tail, residency and replay without root."""
+    from engramprof.lab import table, workload
+    from engramprof.trace import CALL_SCHEMA, TraceWriter
+
+    d = tmp_path_factory.mktemp("docs")
+    if _fs_type(d) in ("tmpfs", "ramfs"):
+        pytest.skip("tmp is on tmpfs: residency and replay need a filesystem with a droppable page cache")
+    t = d / "table.safetensors"
+    table.make_table(t, rows=4096, seed=5)
+    batches = workload.planned_reads(t, steps=3, tokens=16)
+    recs, marks, ts = [], [], 1_000_000_000
+    for b in batches:
+        start = ts
+        for off, size in b:
+            recs.append((ts, off, size))
+            ts += 3_000
+        marks.append({"start_ns": start - 50_000, "end_ns": ts + 50_000, "tid": 7})
+        ts += 20_000_000
+    a = np.array(recs, dtype=np.int64)
+    n = len(a)
+    df = pd.DataFrame({c: np.zeros(n, dtype=CALL_SCHEMA.field(c).type.to_pandas_dtype()) for c in CALL_SCHEMA.names})
+    df["ts_ns"], df["dur_ns"], df["pid"], df["tid"] = a[:, 0], 2_000, 7, 7 + np.arange(n) % 4
+    df["path"], df["offset"], df["size"], df["ret"] = str(t), a[:, 1], a[:, 2], a[:, 2]
+    df["syscall"], df["tensor"], df["row"] = "preadv2", "", -1
+    w = TraceWriter(d / "trace")
+    w.append_calls(df)
+    w.close()
+    m = d / "markers.jsonl"
+    m.write_text("".join(json.dumps(x) + "\n" for x in marks))
+    workload.evict(t)
+    workload.warm(t)
+    return {"table": t, "trace": d / "trace", "markers": m, "dir": d}
+
+
+def _json(out: str):
+    return json.loads(out)
+
+
+def test_json_keys_batch_tail(lab_inputs):
+    page = PAGES / "batch-tail.md"
+    check_keys(page, _json(_run("batch-tail", lab_inputs["trace"], "--json")), "batch-tail (inferred)")
+    check_keys(page, _json(_run("batch-tail", lab_inputs["trace"], "--markers", lab_inputs["markers"], "--json")),
+               "batch-tail --markers")
+
+
+def test_json_keys_residency(lab_inputs):
+    page = PAGES / "residency.md"
+    check_keys(page, _json(_run("residency", lab_inputs["table"], "--tensors", "--ranges", "2", "--json")),
+               "residency --tensors --ranges")
+    check_keys(page, _json(_run("residency", "--rows", lab_inputs["trace"], "--json")), "residency --rows")
+    check_keys(page, _json(_run("residency", lab_inputs["table"], "--method", "mincore", "--json")),
+               "residency --method mincore")
+
+
+def test_json_keys_replay(lab_inputs):
+    out = _run("replay", lab_inputs["trace"], "--markers", lab_inputs["markers"], "--repeat", "1", "--threads", "4",
+               "--json")
+    check_keys(PAGES / "replay.md", _json(out), "replay")
+
+
+def test_json_keys_lab_run(lab_inputs):
+    out = _run("lab", "run", "--table", lab_inputs["table"], "--steps", "5", "--threads", "4", "--json")
+    check_keys(PAGES / "lab.md", _json(out), "lab run")
+
+
+def test_json_keys_sample():
+    check_keys(PAGES / "sample.md", _json(_run("sample", "--duration", "1", "--json")), "sample")
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        out = _run("sample", "--pid", target.pid, "--duration", "1", "--json")
+    finally:
+        target.kill()
+        target.wait()
+    check_keys(PAGES / "sample.md", _json(out), "sample --pid")
+
+
+def test_json_keys_doctor():
+    out = _run("doctor", "--json", check=False)  # exit 1 where this host cannot trace: the JSON is still printed
+    check_keys(PAGES / "doctor.md", _json(out), "doctor")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lab scenario needs root")
+def test_json_keys_lab_scenario(tmp_path):
+    out = _run("lab", "scenario", "python-scheduling", "--steps", "5", "--rows", "4096", "--threads", "4",
+               "--markers", tmp_path / "m.jsonl", "--json")
+    lines = [json.loads(l) for l in out.splitlines() if l.strip()]
+    check_keys(PAGES / "lab-scenario.md", {l["event"]: l for l in lines}, "lab scenario --json")
+
+
+@pytest.fixture(scope="module")
+def lab_reader(lab_inputs):
+    """A lab reader running for the bpf tests, with its markers; killed at the end."""
+    m = lab_inputs["dir"] / "reader-markers.jsonl"
+    p = subprocess.Popen([PY, "-m", "engramprof", "lab", "run", "--table", str(lab_inputs["table"]),
+                          "--warm", "--duration", "60", "--gap-ms", "2", "--threads", "8", "--markers", str(m)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 60
+    for line in p.stderr:
+        if line.startswith("lab: ready") or time.monotonic() > deadline:
+            break
+    yield {"pid": p.pid, "markers": m}
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.bpf
+def test_json_keys_syscalls_and_batch_tail_on_a_real_trace(lab_reader, tmp_path):
+    trace = tmp_path / "trace"
+    out = _run("syscalls", "--pid", lab_reader["pid"], "--duration", "2", "--output", trace, "--json")
+    check_keys(PAGES / "syscalls.md", _json(out), "syscalls")
+    check_keys(PAGES / "batch-tail.md", _json(_run("batch-tail", trace, "--json")), "batch-tail on a real trace")
+    check_keys(PAGES / "batch-tail.md", _json(_run("batch-tail", trace, "--markers", lab_reader["markers"], "--json")),
+               "batch-tail --markers on a real trace")
+
+
+@pytest.mark.bpf
+def test_json_keys_diagnose(lab_reader):
+    out = _run("diagnose", "--pid", lab_reader["pid"], "--duration", "3", "--markers", lab_reader["markers"], "--json")
+    check_keys(PAGES / "diagnose.md", _json(out), "diagnose")
+
+
+def test_every_json_command_is_checked():
+    """A new command with --json needs its keys documented and a run here."""
+    checked = {("batch-tail",), ("residency",), ("replay",), ("lab", "run"), ("sample",), ("doctor",),
+               ("lab", "scenario"), ("syscalls",), ("diagnose",)}
+    assert {p for p, c in COMMANDS.items() if _has_json(c)} == checked
