@@ -125,6 +125,8 @@ def main() -> int:
     ap.add_argument("--dictionary-load", action="store_true",
                     help="load with the read path proposed for trace.load_bundle (string columns read as "
                          "dictionaries, no sort copy when already sorted) instead of load_bundle")
+    ap.add_argument("--numpy-hugepages", action="store_true",
+                    help="keep NumPy's huge-page advice (the command line turns it off: engramprof/pages.py)")
     ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = int(args.calls)
@@ -149,11 +151,16 @@ def main() -> int:
             print(f"built {built['calls']:,} calls in {built['batches']:,} batches in {built['build_s']:.1f} s -> {trace}")
         from engramprof import report
         from engramprof.attribution import analyse
-        from engramprof.trace import load_bundle
+        from engramprof.pages import prefer_small_pages
+
+        if not args.numpy_hugepages:
+            prefer_small_pages()  # what the command line does
+        from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
 
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         t0, c0 = time.perf_counter(), time.process_time()
-        tr = dictionary_load(trace) if args.dictionary_load else load_bundle(trace)
+        tr = (dictionary_load(trace) if args.dictionary_load
+              else load_bundle(trace, columns=EVENT_READ_COLUMNS, categories=True))
         t1, c1 = time.perf_counter(), time.process_time()
         rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         res = analyse(tr)

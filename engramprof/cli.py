@@ -33,6 +33,9 @@ for _mod in COMMAND_MODULES:
 
 
 def main() -> None:
+    from engramprof.pages import prefer_small_pages
+
+    prefer_small_pages()
     try:
         app()
     except UserError as exc:

@@ -152,7 +152,7 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     that read ran on it, else a hand-off (futures, wake-up, result collection)."""
     b, sl = ch.batch, ch.batches
     n = len(s)
-    firsts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    firsts = ch.firsts
     reach = np.maximum.accumulate(e)  # the latest exit so far
     holder = np.maximum.accumulate(np.where(e >= reach, np.arange(n), 0))  # the event holding it
     gap = np.zeros(n)
@@ -173,7 +173,6 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     acc.loop_gap[sl] += np.where(own_pre, pre, 0.0) + np.where(own_post, post, 0.0)
     acc.before_first_read[sl] = np.where(own_pre, 0.0, pre)
     acc.after_last_read[sl] = np.where(own_post, 0.0, post)
-    return firsts
 
 
 def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults) -> None:
@@ -182,13 +181,13 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     sl = ch.batches
     scale = safe_div(u, d)
     t = acc.totals
+    acc.runq_preempt[sl] = ch.per_batch(comp.preempt * scale)
+    acc.runq_wake[sl] = ch.per_batch(comp.wake * scale)
     acc.cause_ns["python-scheduling"][sl] = (acc.before_first_read[sl] + acc.after_last_read[sl]
-                                             + acc.handoff_gap[sl] + ch.per_batch(comp.preempt * scale))
+                                             + acc.handoff_gap[sl] + acc.runq_preempt[sl])
     acc.cause_ns["cpu-copy"][sl] = acc.loop_gap[sl] + ch.per_batch(comp.copy * scale)
     acc.cause_ns["unexplained"][sl] = ch.per_batch(comp.unexplained * scale)
     acc.cause_ns["reclaim"][sl] = ch.per_batch(comp.reclaim * scale)  # + refault-driven misses (stage 6)
-    acc.runq_preempt[sl] = ch.per_batch(comp.preempt * scale)
-    acc.runq_wake[sl] = ch.per_batch(comp.wake * scale)
     t.miss_wait_ns += float(comp.miss_wait.sum())
     pages = ev.pages_added
     other = comp.miss_cpu + comp.wake
@@ -206,7 +205,7 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
                  interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())))
 
 
-def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs, d, ev, firsts):
+def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs, d, ev):
     """Counts and sums per batch, the slowest event of each, and the totals."""
     cols, sl, t = events.cols, ch.batches, acc.totals
     acc.sum_call[sl] = ch.per_batch(d)
@@ -228,7 +227,7 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
     if cols.has("flags"):
         fl = np.nan_to_num(ch.pick(cols.num("flags", ch.lo, ch.hi))).astype(np.int64)
         t.nowait += int(((fl & RWF_NOWAIT) != 0).sum())
-    longest = np.maximum.reduceat(d, firsts)
+    longest = np.maximum.reduceat(d, ch.firsts)
     cand = np.flatnonzero(d == longest[ch.batch])
     sp = cand[np.r_[True, ch.batch[cand][1:] != ch.batch[cand][:-1]]]  # the first longest per batch
     acc.slowest_ms[sl] = d[sp] / 1e6
@@ -270,12 +269,12 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     tcode = ch.pick(inp.threads.code[ch.lo:ch.hi])
     u = inflight_weights(s, e)
     acc.inflight[ch.batches] = ch.per_batch(u)
-    firsts = _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3)
+    _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3)
     ev = Evidence.read(events.cols, ch)
     for c, k in ev.nulls.items():
         acc.totals.nulls[c] += k
-    comp = split_components(d, ch.batch, ch.n_batches, ev)
-    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait)
+    comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch)
+    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch)
     if obs is not None:
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
@@ -284,7 +283,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     if events.cols.has("offcpu_ns"):
         acc.totals.slow_copy += int((comp.copy > SLOW_COPY_NS).sum())
     _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults)
-    _per_batch_figures(acc, ch, events, inp, d, ev, firsts)
+    _per_batch_figures(acc, ch, events, inp, d, ev)
 
 
 def attribute_batches(events: ReadEvents, inp: AttributionInputs) -> BatchAccumulator:

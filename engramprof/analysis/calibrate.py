@@ -21,14 +21,23 @@ from engramprof.analysis.context import RefaultSeries
 NORMAL_MISS_CEILING_US = 1000.0
 
 
+def percentiles(a: np.ndarray, qs) -> list[float | None]:
+    """Percentiles of the finite values of ``a`` (one partition for all of ``qs``)."""
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.integer):
+        a = np.asarray(a, dtype=np.float64)
+        a = a[np.isfinite(a)]
+    if not len(a):
+        return [None] * len(qs)
+    return [float(v) for v in np.percentile(a, list(qs))]
+
+
 def percentile(a: np.ndarray, q: float) -> float | None:
-    a = np.asarray(a, dtype=np.float64)
-    a = a[np.isfinite(a)]
-    return float(np.percentile(a, q)) if len(a) else None
+    return percentiles(a, (q,))[0]
 
 
 def ms_pair(a_ns: np.ndarray) -> dict:
-    p50, p99 = percentile(a_ns, 50), percentile(a_ns, 99)
+    p50, p99 = percentiles(a_ns, (50, 99))
     return {"p50": None if p50 is None else p50 / 1e6, "p99": None if p99 is None else p99 / 1e6}
 
 

@@ -130,9 +130,15 @@ class Components:
     missed: np.ndarray | None
 
 
-def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evidence) -> Components:
+def _bincounter(batch: np.ndarray, n_batches: int):
+    return lambda w: np.bincount(batch, weights=w, minlength=n_batches)
+
+
+def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evidence, per_batch=None) -> Components:
     """Split durations ``d`` into :class:`Components`.  Without offcpu_ns the time left after
-    reclaim and the run-queue wait is a miss wait in events with misses, unexplained otherwise."""
+    reclaim and the run-queue wait is a miss wait in events with misses, unexplained otherwise.
+    ``per_batch(weights)``: per-batch sums (default: a bincount over ``batch``)."""
+    per_batch = per_batch or _bincounter(batch, n_batches)
     n = len(d)
     recl = np.clip(ev.reclaim_ns, 0, d) if ev.reclaim_ns is not None else np.zeros(n)
     runq = np.clip(ev.runq_ns, 0, d - recl) if ev.runq_ns is not None else np.zeros(n)
@@ -143,7 +149,7 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
     else:
         missed = None
     if missed is not None:
-        batch_missed = np.bincount(batch, weights=missed, minlength=n_batches) > 0
+        batch_missed = per_batch(missed) > 0
         in_miss_ctx = missed | batch_missed[batch]
     if ev.offcpu_ns is not None:
         vol = np.clip(ev.offcpu_ns - (ev.runq_ns if ev.runq_ns is not None else 0.0), 0, d - recl - runq)
@@ -166,7 +172,7 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
                       copy=copy, unexplained=unexplained, missed=missed)
 
 
-def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray):
+def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray, per_batch=None):
     """Per event, the observed service time of one miss I/O, as the event experienced it.
 
     An event that queued bios: max(its mean bio queue->complete time, its voluntary miss wait
@@ -182,9 +188,10 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
         num, den = miss_wait, ev.pages_added
     else:
         return None, None
+    per_batch = per_batch or _bincounter(batch, n_batches)
     own = den > 0
-    b_den = np.bincount(batch, weights=den, minlength=n_batches)
-    b_num = np.bincount(batch, weights=num, minlength=n_batches)
+    b_den = per_batch(den)
+    b_num = per_batch(num)
     per_batch = np.where(b_den > 0, safe_div(b_num, b_den), np.nan)
     mine = np.maximum(safe_div(num, den), safe_div(miss_wait, den))
     other = np.where(miss_wait > 0, miss_wait, per_batch[batch])

@@ -39,8 +39,18 @@ class ReadingThreads:
         return int(hit[0]) if len(hit) else NO_THREAD
 
 
+#: integer ids (tid, pid) below this are coded through a lookup table (O(n), no hashing)
+_LOOKUP_MAX = 1 << 24
+
+
 def _codes_in_order(events: ReadEvents, name: str) -> tuple[np.ndarray, np.ndarray]:
-    c, uniques = pd.factorize(events.cols.calls[name].to_numpy(), use_na_sentinel=True)
+    values = events.cols.calls[name].to_numpy()
+    if np.issubdtype(values.dtype, np.integer) and len(values) and 0 <= values.min() and values.max() < _LOOKUP_MAX:
+        present = np.bincount(values) > 0
+        uniques = np.flatnonzero(present)
+        lookup = np.cumsum(present, dtype=np.int32) - 1
+        return events.cols.in_order(lookup[values]), uniques
+    c, uniques = pd.factorize(values, use_na_sentinel=True)
     uniques = np.asarray(uniques)
     if (c < 0).any():  # a missing value is one more "thread" of its own
         c = np.where(c < 0, len(uniques), c)
@@ -51,10 +61,13 @@ def _codes_in_order(events: ReadEvents, name: str) -> tuple[np.ndarray, np.ndarr
 def _coverage(seg, code: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarray]:
     """(batches each code reads in, distinct codes per batch)."""
     nb = seg.n
-    if nb * max(n_codes, 1) <= _DENSE_CELLS:
-        seen = np.zeros((nb, max(n_codes, 1)), dtype=bool)
+    width = max(n_codes, 1)
+    if nb * width <= _DENSE_CELLS:
+        seen = np.zeros(nb * width, dtype=np.int64)
         for ch in chunk_plan(seg):
-            seen[ch.batch + ch.first_batch, ch.pick(code[ch.lo:ch.hi])] = True
+            key = (ch.batch + ch.first_batch).astype(np.int64) * width + ch.pick(code[ch.lo:ch.hi])
+            seen += np.bincount(key, minlength=nb * width)
+        seen = (seen > 0).reshape(nb, width)
         return seen.sum(axis=0), seen.sum(axis=1)
     pairs = []
     for ch in chunk_plan(seg):

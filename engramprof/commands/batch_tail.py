@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         from engramprof import attribution, batches, report
         from engramprof.commands import validate
         from engramprof.extras import require_plot
-        from engramprof.trace import load_bundle
+        from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
 
         for flag, value in (("--slow-ms", slow_ms), ("--gap-ms", gap_ms), ("--normal-miss-us", normal_miss_us)):
             validate.positive(flag, value)
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             require_plot()  # matplotlib is the optional `plot` extra
             report.check_plot_path(plot)
-        tr = load_bundle(trace)
+        tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, categories=True)
         mdf, bad = (None, 0)
         if markers is not None:
             mdf, bad = batches.read_markers(markers)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from engramprof.trace.reader import Trace, empty_calls, load, load_bundle
 from engramprof.trace.schema import (CALL_SCHEMA, CGROUP_COUNTERS, CGROUP_GAUGES, CONTRACT_COLUMNS, DICT_COLUMNS,
-                                     ENRICHED_COLUMNS, EVENT_SCHEMA, EVIDENCE_COLUMNS, FORMAT, FORMAT_VERSION,
+                                     ENRICHED_COLUMNS, EVENT_READ_COLUMNS, EVENT_SCHEMA, EVIDENCE_COLUMNS, FORMAT, FORMAT_VERSION,
                                      PSI_RESOURCES, READ_KINDS, SAMPLE_NAMES, SAMPLE_READ_COLUMNS, SAMPLE_SCHEMAS,
                                      TABLE_SCHEMAS, VMSTAT_COUNTERS, VMSTAT_DERIVED, WRITE_SCHEMA, bio_latency_table,
                                      check_record_columns, fd_latency_table, kswapd_events_table, sample_schema,
@@ -33,7 +33,7 @@ from engramprof.trace.schema import (CALL_SCHEMA, CGROUP_COUNTERS, CGROUP_GAUGES
 from engramprof.trace.writer import TraceWriter
 
 __all__ = [
-    "CALL_SCHEMA", "CGROUP_COUNTERS", "CGROUP_GAUGES", "CONTRACT_COLUMNS", "DICT_COLUMNS", "ENRICHED_COLUMNS",
+    "CALL_SCHEMA", "CGROUP_COUNTERS", "CGROUP_GAUGES", "CONTRACT_COLUMNS", "DICT_COLUMNS", "ENRICHED_COLUMNS", "EVENT_READ_COLUMNS",
     "EVENT_SCHEMA", "EVIDENCE_COLUMNS", "FORMAT", "FORMAT_VERSION", "PSI_RESOURCES", "READ_KINDS", "SAMPLE_NAMES",
     "SAMPLE_READ_COLUMNS", "SAMPLE_SCHEMAS", "TABLE_SCHEMAS", "Trace", "TraceWriter", "VMSTAT_COUNTERS",
     "VMSTAT_DERIVED", "WRITE_SCHEMA", "bio_latency_table", "check_record_columns", "empty_calls",

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,22 +44,90 @@ class Trace:
         return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
 
 
-def _read_dir(d: Path) -> pd.DataFrame | None:
+def _read_part(p: Path, columns: list[str] | None) -> pa.Table:
+    try:
+        if columns is None:
+            return pq.read_table(p)
+        have = set(pq.read_schema(p).names)
+        return pq.read_table(p, columns=[c for c in columns if c in have])
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{p}: corrupt trace part ({exc})") from None
+
+
+def _read_dir(d: Path, columns: list[str] | None = None) -> pd.DataFrame | None:
+    """The parts of one table directory as one DataFrame (only ``columns``, when given)."""
     if not d.is_dir():
         return None
     parts = sorted(d.glob("part-*.parquet"))
     if not parts:
         return None
-    tables = []
+    if columns is not None:
+        return _read_parts_into_arrays(parts, columns)
+    table = pa.concat_tables([_read_part(p, columns) for p in parts], promote_options="default")
+    # one dictionary per string column instead of one per part: pandas then builds a single
+    # categorical (fast); load() turns it into plain strings unless asked to keep categories
+    return table.unify_dictionaries().to_pandas(self_destruct=True, split_blocks=True)
+
+
+def _read_parts_into_arrays(parts: list[Path], columns: list[str]) -> pd.DataFrame:
+    """Read part after part into one preallocated array per numeric column (a part's decode
+    buffers are freed, and reused, before the next part is read), text columns as one
+    categorical each.  Peak memory is the result plus one part, not twice the result."""
+    heads = []
     for p in parts:
         try:
-            tables.append(pq.read_table(p))
+            heads.append(pq.ParquetFile(p))
         except (pa.ArrowException, OSError) as exc:
             raise UserError(f"{p}: corrupt trace part ({exc})") from None
-    table = pa.concat_tables(tables, promote_options="default")
-    # one dictionary per string column instead of one per part: pandas then builds a single
-    # categorical (fast), and load() turns it into plain strings by a take over the categories
-    return table.unify_dictionaries().to_pandas()
+    n = sum(h.metadata.num_rows for h in heads)
+    present = [c for c in columns if any(c in h.schema_arrow.names for h in heads)]
+    out: dict[str, np.ndarray] = {}
+    text: dict[str, list] = {}
+    lo = 0
+    for p, h in zip(parts, heads):
+        tab = _read_part(p, present)
+        m = tab.num_rows
+        for c in present:
+            col = tab.column(c) if c in tab.column_names else None
+            if col is not None and _is_text(col.type) or col is None and c in text:
+                text.setdefault(c, [pa.nulls(lo, pa.string())] if lo else [])
+                text[c].extend(col.chunks if col is not None else [pa.nulls(m, pa.string())])
+                continue
+            if col is None:  # an older part without this column: NaN, like load()
+                out[c] = _as_float(out.get(c), n, nan_before=lo if c not in out else 0)
+                out[c][lo:lo + m] = np.nan
+                continue
+            values = col.to_numpy()
+            if c not in out:
+                if lo or col.null_count:
+                    out[c] = _as_float(None, n, nan_before=lo)
+                else:
+                    out[c] = np.empty(n, dtype=values.dtype)
+            elif col.null_count or (values.dtype.kind == "f" and out[c].dtype.kind != "f"):
+                out[c] = _as_float(out[c], n)
+            out[c][lo:lo + m] = values
+        lo += m
+        del tab
+    pa.default_memory_pool().release_unused()  # the last part's decode buffers
+    for c, chunks in text.items():
+        as_dict = pa.dictionary(pa.int32(), pa.string())
+        arr = pa.chunked_array([(ch if pa.types.is_dictionary(ch.type) else ch.cast(pa.string()).dictionary_encode())
+                                .cast(as_dict) for ch in chunks], type=as_dict)
+        out[c] = arr.unify_dictionaries().to_pandas().array
+    return pd.DataFrame({c: out[c] for c in present}, copy=False)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _as_float(a: np.ndarray | None, n: int, nan_before: int = 0) -> np.ndarray:
+    """``a`` as float64 (NaN for missing values); a new array NaN in its first ``nan_before``."""
+    if a is None:
+        a = np.empty(n, dtype=np.float64)
+        a[:nan_before] = np.nan
+        return a
+    return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
 def _read_meta(p: Path) -> dict:
@@ -88,11 +157,16 @@ def _read_single_table(p: Path) -> pd.DataFrame:
         raise UserError(f"{p}: not a trace (neither a bundle directory nor a Parquet table: {type(exc).__name__})") from None
 
 
-def load_bundle(path: str | os.PathLike) -> Trace:
+def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, categories: bool = False) -> Trace:
     """Read a bundle (or a bare Parquet/CSV per-call file) with clear errors.
 
     Bundles of an older format version are read (format 1 has no ``kind``: every row is a
-    ``syscall``); a newer one is refused with both versions named."""
+    ``syscall``); a newer one is refused with both versions named.  ``columns``: read only
+    these event columns (those of the contract among them must exist; others absent from an
+    older bundle are skipped), e.g.
+    :data:`EVENT_READ_COLUMNS` for the analysis.  ``categories``: keep the text columns
+    (path, tensor, syscall) as pandas categoricals instead of plain strings: far less memory
+    and time for large traces, and what the analysis wants."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"{p}: no such trace")
@@ -103,22 +177,25 @@ def load_bundle(path: str | os.PathLike) -> Trace:
         meta = _read_meta(p)
         if not meta.get("complete", False):
             notes.append("trace was not closed cleanly (recorder killed?): analysing the parts that were flushed")
-        calls = _read_dir(p / "calls")
+        want = None if columns is None else list(dict.fromkeys(columns))
+        calls = _read_dir(p / "calls", want)
         if calls is None:
-            calls = empty_calls()
-    missing = [c for c in CONTRACT_COLUMNS if c not in calls.columns]
+            calls = empty_calls() if want is None else empty_calls()[[c for c in want if c in EVENT_SCHEMA.names]]
+    required = CONTRACT_COLUMNS if columns is None else [c for c in CONTRACT_COLUMNS if c in columns]
+    missing = [c for c in required if c not in calls.columns]
     if missing:
         raise UserError(f"{p}: per-call table lacks required columns: {', '.join(missing)}")
     for c in DICT_COLUMNS:
-        if c != "kind" and c in calls.columns and isinstance(calls[c].dtype, pd.CategoricalDtype):
+        if c != "kind" and not categories and c in calls.columns and isinstance(calls[c].dtype, pd.CategoricalDtype):
             calls[c] = calls[c].astype(object)
     if "kind" not in calls.columns:  # format 1, or a table from another tool
         calls["kind"] = kind_categorical("syscall", len(calls))
     elif not isinstance(calls["kind"].dtype, pd.CategoricalDtype):
         calls["kind"] = calls["kind"].astype("category")
     if not calls["ts_ns"].is_monotonic_increasing:
-        calls = calls.sort_values("ts_ns", kind="stable")
-    calls = calls.reset_index(drop=True)
+        calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+    elif not isinstance(calls.index, pd.RangeIndex) or calls.index.start != 0 or calls.index.step != 1:
+        calls = calls.reset_index(drop=True)
     return Trace(path=p, meta=meta, calls=calls, notes=notes)
 
 
