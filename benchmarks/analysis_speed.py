@@ -160,7 +160,7 @@ def main() -> int:
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         t0, c0 = time.perf_counter(), time.process_time()
         tr = (dictionary_load(trace) if args.dictionary_load
-              else load_bundle(trace, columns=EVENT_READ_COLUMNS, categories=True))
+              else load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True))
         t1, c1 = time.perf_counter(), time.process_time()
         rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         res = analyse(tr)

@@ -90,7 +90,7 @@ def _path_codes(events: ReadEvents) -> np.ndarray | None:
     if not events.cols.has("path"):
         return None
     codes, _ = events.cols.codes("path")
-    return events.cols.in_order((codes + 1).astype(np.int32))  # 0: missing
+    return events.cols.in_order(codes.astype(np.int32) + 1)  # 0: missing
 
 
 def analyse(

@@ -200,8 +200,9 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
         interval = np.where(valid, j, -1)[sel]
     else:
         interval = np.full(int(sel.sum()), -1)
-    acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=(comp.miss_wait * scale)[sel],
-                 other=(other * scale)[sel], observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
+    scale_sel = scale[sel]
+    acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=comp.miss_wait[sel] * scale_sel,
+                 other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
                  interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())))
 
 
@@ -264,8 +265,9 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     bstart = seg.start_ns.astype(np.int64)
     bend = seg.end_ns.astype(np.int64)
     s = ch.pick(events.ts[ch.lo:ch.hi])
-    d = ch.pick(events.dur[ch.lo:ch.hi]).astype(np.float64)
-    e = np.minimum(s + d.astype(np.int64), bend[ch.batches][ch.batch])
+    dur = ch.pick(events.dur[ch.lo:ch.hi])
+    d = dur.astype(np.float64)
+    e = np.minimum(s + dur, bend[ch.batches][ch.batch])
     tcode = ch.pick(inp.threads.code[ch.lo:ch.hi])
     u = inflight_weights(s, e)
     acc.inflight[ch.batches] = ch.per_batch(u)

@@ -52,11 +52,11 @@ class EventColumns:
         categorical's own codes; else one factorisation).  -1: missing."""
         if name not in self._codes:
             s = self.calls[name]
-            if isinstance(s.dtype, pd.CategoricalDtype):
-                codes, uniques = s.cat.codes.to_numpy().astype(np.int64), pd.Index(s.cat.categories)
+            if isinstance(s.dtype, pd.CategoricalDtype):  # its own codes (int8/16/32), no copy
+                codes, uniques = s.cat.codes.to_numpy(), pd.Index(s.cat.categories)
             else:
                 c, u = pd.factorize(s, use_na_sentinel=True)
-                codes, uniques = c.astype(np.int64), pd.Index(u)
+                codes, uniques = c.astype(np.int32), pd.Index(u)
             self._codes[name] = (codes, uniques)
         return self._codes[name]
 

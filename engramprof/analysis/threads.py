@@ -63,11 +63,11 @@ def _coverage(seg, code: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarr
     nb = seg.n
     width = max(n_codes, 1)
     if nb * width <= _DENSE_CELLS:
-        seen = np.zeros(nb * width, dtype=np.int64)
-        for ch in chunk_plan(seg):
-            key = (ch.batch + ch.first_batch).astype(np.int64) * width + ch.pick(code[ch.lo:ch.hi])
-            seen += np.bincount(key, minlength=nb * width)
-        seen = (seen > 0).reshape(nb, width)
+        seen = np.zeros(nb * width, dtype=bool)
+        for ch in chunk_plan(seg):  # each chunk counts only its own batches' cells
+            key = ch.batch.astype(np.int64) * width + ch.pick(code[ch.lo:ch.hi])
+            seen[ch.first_batch * width:ch.stop_batch * width] = np.bincount(key, minlength=ch.n_batches * width) > 0
+        seen = seen.reshape(nb, width)
         return seen.sum(axis=0), seen.sum(axis=1)
     pairs = []
     for ch in chunk_plan(seg):
@@ -103,7 +103,10 @@ def find_reading_threads(events: ReadEvents, seg) -> ReadingThreads:
             submit[given] = np.array([threads.code_of(int(t)) for t in vals], dtype=np.int64)[inverse]
             threads.submitter_info = {"tid": int(vals[np.argmax(cnt)]),  # the most frequent one
                                       "source": "markers" + ("" if given.all() else " (some markers lack it)")}
-    if "pid" in events.cols.calls.columns:
+    pids = events.cols.calls["pid"] if "pid" in events.cols.calls.columns else None
+    if pids is not None and len(pids) and pids.min() == pids.max():
+        threads.processes = 1  # one process: nothing to count per batch
+    elif pids is not None:
         pcode, puniq = _codes_in_order(events, "pid")
         pcov, _ = _coverage(seg, np.maximum(pcode, 0), max(len(puniq), 1))
         threads.processes = int((pcov > 0).sum())

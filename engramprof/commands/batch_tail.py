@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             require_plot()  # matplotlib is the optional `plot` extra
             report.check_plot_path(plot)
-        tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, categories=True)
+        tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
         mdf, bad = (None, 0)
         if markers is not None:
             mdf, bad = batches.read_markers(markers)

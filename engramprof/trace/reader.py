@@ -54,7 +54,7 @@ def _read_part(p: Path, columns: list[str] | None) -> pa.Table:
         raise UserError(f"{p}: corrupt trace part ({exc})") from None
 
 
-def _read_dir(d: Path, columns: list[str] | None = None) -> pd.DataFrame | None:
+def _read_dir(d: Path, columns: list[str] | None = None, narrow: bool = False) -> pd.DataFrame | None:
     """The parts of one table directory as one DataFrame (only ``columns``, when given)."""
     if not d.is_dir():
         return None
@@ -62,17 +62,38 @@ def _read_dir(d: Path, columns: list[str] | None = None) -> pd.DataFrame | None:
     if not parts:
         return None
     if columns is not None:
-        return _read_parts_into_arrays(parts, columns)
+        return _read_parts_into_arrays(parts, columns, narrow)
     table = pa.concat_tables([_read_part(p, columns) for p in parts], promote_options="default")
     # one dictionary per string column instead of one per part: pandas then builds a single
     # categorical (fast); load() turns it into plain strings unless asked to keep categories
     return table.unify_dictionaries().to_pandas(self_destruct=True, split_blocks=True)
 
 
-def _read_parts_into_arrays(parts: list[Path], columns: list[str]) -> pd.DataFrame:
+def _int32_columns(heads: list, columns: list[str]) -> set[str]:
+    """The int64 columns whose every value, by the parts' Parquet statistics, fits in int32."""
+    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    fits = set(columns)
+    for h in heads:
+        md = h.metadata
+        names = h.schema_arrow
+        for c in list(fits):
+            if c not in names.names or names.field(c).type != pa.int64():
+                fits.discard(c)
+                continue
+            j = md.schema.names.index(c) if c in md.schema.names else None
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(j).statistics if j is not None else None
+                if st is None or not st.has_min_max or st.min < lo or st.max > hi:
+                    fits.discard(c)
+                    break
+    return fits
+
+
+def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool = False) -> pd.DataFrame:
     """Read part after part into one preallocated array per numeric column (a part's decode
     buffers are freed, and reused, before the next part is read), text columns as one
-    categorical each.  Peak memory is the result plus one part, not twice the result."""
+    categorical each.  Peak memory is the result plus one part, not twice the result.
+    ``narrow``: int64 columns whose statistics fit int32 are stored as int32."""
     heads = []
     for p in parts:
         try:
@@ -81,6 +102,7 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str]) -> pd.DataFra
             raise UserError(f"{p}: corrupt trace part ({exc})") from None
     n = sum(h.metadata.num_rows for h in heads)
     present = [c for c in columns if any(c in h.schema_arrow.names for h in heads)]
+    narrow_to_32 = _int32_columns(heads, [c for c in present if c != "ts_ns"]) if narrow else set()
     out: dict[str, np.ndarray] = {}
     text: dict[str, list] = {}
     lo = 0
@@ -102,7 +124,7 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str]) -> pd.DataFra
                 if lo or col.null_count:
                     out[c] = _as_float(None, n, nan_before=lo)
                 else:
-                    out[c] = np.empty(n, dtype=values.dtype)
+                    out[c] = np.empty(n, dtype=np.int32 if c in narrow_to_32 else values.dtype)
             elif col.null_count or (values.dtype.kind == "f" and out[c].dtype.kind != "f"):
                 out[c] = _as_float(out[c], n)
             out[c][lo:lo + m] = values
@@ -157,16 +179,17 @@ def _read_single_table(p: Path) -> pd.DataFrame:
         raise UserError(f"{p}: not a trace (neither a bundle directory nor a Parquet table: {type(exc).__name__})") from None
 
 
-def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, categories: bool = False) -> Trace:
+def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compact: bool = False) -> Trace:
     """Read a bundle (or a bare Parquet/CSV per-call file) with clear errors.
 
     Bundles of an older format version are read (format 1 has no ``kind``: every row is a
     ``syscall``); a newer one is refused with both versions named.  ``columns``: read only
     these event columns (those of the contract among them must exist; others absent from an
     older bundle are skipped), e.g.
-    :data:`EVENT_READ_COLUMNS` for the analysis.  ``categories``: keep the text columns
-    (path, tensor, syscall) as pandas categoricals instead of plain strings: far less memory
-    and time for large traces, and what the analysis wants."""
+    :data:`EVENT_READ_COLUMNS` for the analysis.  ``compact`` (with ``columns``): keep the text
+    columns (path, tensor, syscall) as pandas categoricals instead of plain strings, and read
+    an integer column as int32 when the bundle's Parquet statistics show every value fits:
+    far less memory and time for large traces, and what the analysis wants."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"{p}: no such trace")
@@ -178,7 +201,7 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, categ
         if not meta.get("complete", False):
             notes.append("trace was not closed cleanly (recorder killed?): analysing the parts that were flushed")
         want = None if columns is None else list(dict.fromkeys(columns))
-        calls = _read_dir(p / "calls", want)
+        calls = _read_dir(p / "calls", want, narrow=compact)
         if calls is None:
             calls = empty_calls() if want is None else empty_calls()[[c for c in want if c in EVENT_SCHEMA.names]]
     required = CONTRACT_COLUMNS if columns is None else [c for c in CONTRACT_COLUMNS if c in columns]
@@ -186,7 +209,7 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, categ
     if missing:
         raise UserError(f"{p}: per-call table lacks required columns: {', '.join(missing)}")
     for c in DICT_COLUMNS:
-        if c != "kind" and not categories and c in calls.columns and isinstance(calls[c].dtype, pd.CategoricalDtype):
+        if c != "kind" and not compact and c in calls.columns and isinstance(calls[c].dtype, pd.CategoricalDtype):
             calls[c] = calls[c].astype(object)
     if "kind" not in calls.columns:  # format 1, or a table from another tool
         calls["kind"] = kind_categorical("syscall", len(calls))
