@@ -35,7 +35,7 @@ import pandas as pd
 from engramprof.errors import UserError
 from engramprof.markers import read_markers_df
 
-# ---- thresholds of the gap inference (documented in README.md, "engramprof batch-tail") ----------
+# ---- thresholds of the gap inference (docs/model.md, "Batches") ----------------------------------
 #: a split threshold is never inferred below this: a forward pass shorter than 0.25 ms is not
 #: credible, and within-batch pool hand-offs and GIL stalls of tens to hundreds of µs are common.
 MIN_SPLIT_GAP_NS = 250_000

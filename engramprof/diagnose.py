@@ -220,10 +220,10 @@ def run(pid: int, duration: float = 20.0, markers: str | None = None, output: st
     """Record PID for `duration` seconds, then diagnose.  `stop` (threading.Event) ends early."""
     from engramprof.syscalls import SyscallTracer
 
-    if duration <= 0:
-        raise UserError("--duration must be > 0")
+    if not duration > 0:
+        raise UserError(f"the recording's duration must be > 0 s (got {duration})")
     if markers and not os.path.isfile(markers):
-        raise UserError(f"--markers {markers}: no such file")
+        raise UserError(f"{markers}: no such markers file")
     tmpdir = None
     if output is None:
         tmpdir = tempfile.mkdtemp(prefix="engramprof-diagnose-")  # private (0700), ours alone

@@ -609,3 +609,19 @@ def test_slow_means_strictly_longer_than_the_threshold():
     rows = [(T0 + i * 10_000_000, int(x), 7) + (0,) * len(EV) for i, x in enumerate(d)]
     _, s = analyse(hand_calls(rows), gap_ms=1.0)
     assert s["evidence"]["slow_calls"] == 1
+
+
+def test_threads_do_not_change_results(monkeypatch):
+    import engramprof.analysis.attribute as AT
+    import engramprof.analysis.events as EV
+
+    kinds = ["python-scheduling", "residency", "healthy", "storage", "reclaim"] * 4
+    calls, markers = decode_trace(kinds=kinds, n_batches=len(kinds), seed=9)
+    monkeypatch.setattr(EV, "CHUNK_CALLS", 200)  # many chunks, several in flight at once
+    results = []
+    for threads in (1, 2):
+        monkeypatch.setattr(AT, "ANALYSIS_THREADS", threads)
+        results.append(analyse(calls, markers))
+    pd.testing.assert_frame_equal(results[0][0], results[1][0])  # bit for bit: merged in chunk order
+    assert results[0][1]["evidence"] == results[1][1]["evidence"]
+    assert results[0][1]["share"] == results[1][1]["share"]

@@ -8,6 +8,11 @@ interval) are kept compactly in :class:`MissParts` for stage 6 (engramprof.analy
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +38,10 @@ RWF_NOWAIT = int(_RWF_NOWAIT)
 #: a call without misses on CPU longer than this is not a plausible cached copy (a few pages
 #: copy in a few µs): noted as possible CPU steal (virtualised host) or lost evidence
 SLOW_COPY_NS = 50_000
+
+#: threads the chunks are attributed on (2 cores here; more buys little: the chunks' array
+#: work is memory-bound)
+ANALYSIS_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 _PER_BATCH_EVIDENCE = (("bio_count", "bio_count", 1.0), ("bio_ms", "bio_ns", 1e6),
                        ("reclaim_in_calls_ms", "reclaim_ns", 1e6), ("offcpu_ms", "offcpu_ns", 1e6),
@@ -131,6 +140,33 @@ class BatchAccumulator:
     def no_read(self) -> np.ndarray:
         """Time with no read in flight, per batch (ns)."""
         return self.before_first_read + self.after_last_read + self.handoff_gap + self.loop_gap
+
+    def for_chunk(self) -> "BatchAccumulator":
+        """A view for one chunk: the same per-batch arrays (a chunk writes only its own
+        batches' slices), its own totals and lists, merged back in chunk order by :meth:`merge`
+        (so that chunks can run on several threads and the sums stay deterministic)."""
+        part = copy.copy(self)
+        part.totals = Totals()
+        part.miss = MissParts()
+        part.observed_own, part.observed_waited, part.per_bio = [], [], []
+        if self.pages_per_interval is not None:
+            part.pages_per_interval = np.zeros_like(self.pages_per_interval)
+        return part
+
+    def merge(self, part: "BatchAccumulator") -> None:
+        for f in dataclasses.fields(Totals):
+            if f.name == "nulls":
+                for c, k in part.totals.nulls.items():
+                    self.totals.nulls[c] += k
+            else:
+                setattr(self.totals, f.name, getattr(self.totals, f.name) + getattr(part.totals, f.name))
+        for f in dataclasses.fields(MissParts):
+            getattr(self.miss, f.name).extend(getattr(part.miss, f.name))
+        self.observed_own += part.observed_own
+        self.observed_waited += part.observed_waited
+        self.per_bio += part.per_bio
+        if self.pages_per_interval is not None:
+            self.pages_per_interval += part.pages_per_interval
 
 
 @dataclass
@@ -288,11 +324,31 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     _per_batch_figures(acc, ch, events, inp, d, ev)
 
 
-def attribute_batches(events: ReadEvents, inp: AttributionInputs) -> BatchAccumulator:
-    """Stage 5: one pass over the chunks of whole batches."""
+def _attribute_part(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs):
+    part = acc.for_chunk()
+    attribute_chunk(part, ch, events, inp)
+    return part
+
+
+def attribute_batches(events: ReadEvents, inp: AttributionInputs, threads: int | None = None) -> BatchAccumulator:
+    """Stage 5: one pass over the chunks of whole batches, on ``threads`` threads (default
+    ANALYSIS_THREADS: NumPy releases the GIL in the array work), merged in chunk order."""
     acc = BatchAccumulator(inp.seg.n, n_events=int(inp.seg.counts.sum()))
     if inp.refaults is not None:
         acc.pages_per_interval = np.zeros(len(inp.refaults.at))
-    for ch in chunk_plan(inp.seg):
-        attribute_chunk(acc, ch, events, inp)
+    workers = ANALYSIS_THREADS if threads is None else threads
+    chunks = chunk_plan(inp.seg)
+    if workers <= 1:
+        parts = (_attribute_part(acc, ch, events, inp) for ch in chunks)
+        for part in parts:
+            acc.merge(part)
+        return acc
+    pending: deque = deque()  # at most 2 chunks per thread in flight: memory stays bounded
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engramprof-analysis") as pool:
+        for ch in chunks:
+            pending.append(pool.submit(_attribute_part, acc, ch, events, inp))
+            if len(pending) >= 2 * workers:
+                acc.merge(pending.popleft().result())
+        while pending:
+            acc.merge(pending.popleft().result())
     return acc

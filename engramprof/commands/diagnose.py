@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         duration: float = typer.Option(20.0, "--duration", "-d", help="Seconds to record."),
         markers: Optional[str] = typer.Option(None, "--markers", help="Batch markers (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC)."),
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Keep the recorded trace here (a new directory); default: a private temporary one, removed."),
-        slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call at least this slow is 'slow'."),
+        slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this (ms) is 'slow'."),
         as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
     ):
         """Which of residency, reclaim, storage or Python scheduling holds PID's batches back.
@@ -37,7 +37,13 @@ def register(app: typer.Typer) -> None:
         Records PID's read calls and memory / scheduling context for --duration seconds, then
         answers with a verdict, the evidence chain, what the data cannot prove, and the fix to try.
         """
-        from engramprof import diagnose
+        from engramprof import batches, diagnose
+        from engramprof.commands import validate
+
+        validate.positive("--duration", duration)
+        validate.positive("--slow-ms", slow_ms)
+        if markers is not None:  # a bad markers file fails now, not after the recording
+            batches.read_markers(markers)
 
         stop = threading.Event()
 

@@ -223,5 +223,5 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
 
 
 def load(path: str | os.PathLike) -> pd.DataFrame:
-    """The per-call table of a trace (DESIGN.md contract columns plus evidence columns)."""
+    """The per-call table of a trace (the contract columns of docs/commands/syscalls.md plus evidence columns)."""
     return load_bundle(path).calls
