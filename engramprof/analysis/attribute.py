@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -25,15 +26,8 @@ from engramprof.analysis.threads import ReadingThreads
 from engramprof.analysis.verdicts import CAUSES, is_slow
 from engramprof.trace import EVIDENCE_COLUMNS
 
-try:
-    from engramprof.trace import EAGAIN as _EAGAIN, RWF_NOWAIT as _RWF_NOWAIT
-except ImportError:  # the trace module may not define them yet
-    import errno as _errno
-    import os as _os
-
-    _EAGAIN, _RWF_NOWAIT = _errno.EAGAIN, getattr(_os, "RWF_NOWAIT", 0x8)
-EAGAIN = abs(int(_EAGAIN))
-RWF_NOWAIT = int(_RWF_NOWAIT)
+EAGAIN = errno.EAGAIN  # a refused RWF_NOWAIT read returns -EAGAIN
+RWF_NOWAIT = os.RWF_NOWAIT
 
 #: a call without misses on CPU longer than this is not a plausible cached copy (a few pages
 #: copy in a few µs): noted as possible CPU steal (virtualised host) or lost evidence

@@ -15,15 +15,7 @@ import pandas as pd
 
 from engramprof.errors import UserError
 
-try:  # the trace module owns the read contract
-    from engramprof.trace import SAMPLE_READ_COLUMNS as SAMPLE_COLUMNS
-except ImportError:  # pragma: no cover - older trace module
-    SAMPLE_COLUMNS = {
-        "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],
-        "vmstat": ["ts_ns", "workingset_refault_file"],
-        "psi": ["ts_ns", "resource", "some_us"],
-        "cgroup": ["ts_ns", "refault_file"],
-    }
+from engramprof.trace import SAMPLE_READ_COLUMNS as SAMPLE_COLUMNS  # the trace module owns the contract
 
 SampleGetter = Callable[[str], "pd.DataFrame | None"]
 

@@ -216,11 +216,11 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
     ],
 }
 
-# The sample columns the analysis reads (engramprof/attribution.py); each is in SAMPLE_SCHEMAS.
 #: the read events' columns the batch analysis reads (engramprof.analysis): a bundle is read
-#: with only these, text columns kept as categories (load_bundle(columns=..., categories=True))
+#: with only these, compact (load_bundle(columns=EVENT_READ_COLUMNS, compact=True))
 EVENT_READ_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "kind", "path", "offset", "ret", "flags",
                       "pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns", "tensor", "row"]
+# The sample columns the analysis reads (engramprof.analysis.context); each is in SAMPLE_SCHEMAS.
 SAMPLE_READ_COLUMNS = {
     "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],
     "vmstat": ["ts_ns", "workingset_refault_file"],
