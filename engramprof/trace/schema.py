@@ -214,6 +214,14 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("nid", pa.int32()),
         ("event", pa.string()),  # wake | sleep
     ],
+    # holes in the record stream: between two drains of the ring buffer (start_ns, end_ns:
+    # the drains' CLOCK_MONOTONIC times) the kernel counted ``lost`` records it could not
+    # deliver (ring full); the analysis treats [start_ns, end_ns] as blind
+    "lost_records": [
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("lost", pa.int64()),
+    ],
 }
 
 #: the read events' columns the batch analysis reads (engramprof.analysis): a bundle is read
@@ -226,6 +234,7 @@ SAMPLE_READ_COLUMNS = {
     "vmstat": ["ts_ns", "workingset_refault_file"],
     "psi": ["ts_ns", "resource", "some_us"],
     "cgroup": ["ts_ns", "refault_file"],
+    "lost_records": ["start_ns", "end_ns", "lost"],
 }
 
 
