@@ -32,12 +32,59 @@ for _mod in COMMAND_MODULES:
     _mod.register(app)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from engramprof import __version__
+
+        print(f"engramprof {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print engramprof's version and exit."),
+) -> None:
+    pass
+
+
+def usage_line(exc) -> str:
+    """A click usage error as one line: ``engramprof: COMMAND: message (see ... --help)``."""
+    msg = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else PROG
+    sub = path[len(PROG):].strip()
+    where = f"{sub}: " if sub else ""
+    return f"{PROG}: {where}{msg} (see '{path} --help')"
+
+
+PROG = "engramprof"
+
+
 def main() -> None:
+    from typer import exceptions as typer_exc
+    from typer._click import exceptions as click_exc  # typer's own click
+
     from engramprof.pages import prefer_small_pages
 
     prefer_small_pages()
     try:
-        app()
+        # standalone_mode=False: click's usage errors come here (one line, exit 2) instead
+        # of typer's boxed panel; --help is printed by click itself, rich as before
+        rc = app(standalone_mode=False, prog_name=PROG)
+        if isinstance(rc, int) and not isinstance(rc, bool) and rc:
+            sys.exit(rc)
+    except click_exc.NoArgsIsHelpError:  # `engramprof lab`: typer printed the help, as before
+        sys.exit(2)
+    except click_exc.UsageError as exc:
+        print(usage_line(exc), file=sys.stderr)
+        sys.exit(2)
+    except click_exc.ClickException as exc:
+        print(f"{PROG}: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer_exc.Abort:
+        print(f"{PROG}: aborted", file=sys.stderr)
+        sys.exit(1)
     except UserError as exc:
         print(f"engramprof: {exc}", file=sys.stderr)
         sys.exit(exc.code)

@@ -45,14 +45,20 @@ def register(app: typer.Typer) -> None:
         from engramprof import syscalls as sc
         from engramprof.bpf import loader
 
+        from engramprof.commands import validate
+
         if hook not in ("auto", "raw", "tracepoint"):
-            raise UserError("--hook must be auto, raw or tracepoint")
-        if min_us < 0 or (duration is not None and duration <= 0):
-            raise UserError("--min-us must be >= 0 and --duration > 0")
+            raise UserError(f"--hook must be auto, raw or tracepoint (got {hook!r})")
+        validate.pid("--pid", pid)
+        validate.at_least("--tid", tid, 0, validate.MAX_PID)
+        validate.duration("--duration", duration)
+        validate.non_negative("--min-us", min_us)
+        validate.sample_hz("--sample-hz", sample_hz, zero_is_off=True)
         if ebpf:
             plan = loader.plan(loader.ProbeConfig(tgid=pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=hook))
             sys.stdout.write(loader.program_text(plan))
             return
+        validate.live_process("--pid", pid)
         err = Console(stderr=True)
         tracer = sc.SyscallTracer(pid, tid=tid, min_us=min_us, output=output, sample_hz=sample_hz,
                                   syscall_hook=hook, argv=sys.argv)

@@ -1,19 +1,125 @@
 """Checks of command-line numbers, worded with the flag the user typed (one place, so every
-command rejects a bad number the same way)."""
+command rejects a bad number the same way: ``UserError`` with code 2, one line naming the flag).
+
+Every check lets ``None`` (an optional flag not given) through.  Floats must be finite
+(``nan`` and ``inf`` parse as floats but mean nothing here: "no limit" is spelled by leaving
+the flag out)."""
 from __future__ import annotations
 
 import math
 
 from engramprof.errors import UserError
 
+#: longest --duration any command accepts (leave --duration out to run until Ctrl-C)
+MAX_DURATION_S = 30 * 86400
+#: the samplers' highest rate (engramprof.samplers.Sampler refuses more)
+MAX_SAMPLE_HZ = 1000.0
+#: the most pool threads a reader may start
+MAX_THREADS = 4096
+#: process ids are positive and below the kernel's pid_max limit (2^22)
+MAX_PID = 1 << 22
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite(flag: str, value: float | None) -> None:
+    """Any finite number (not nan, not +-inf)."""
+    if value is not None and not (_is_number(value) and math.isfinite(value)):
+        raise UserError(f"{flag} must be a finite number (got {value})")
+
 
 def positive(flag: str, value: float | None) -> None:
-    """A finite number > 0 (None: not given)."""
-    if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    """A finite number > 0."""
+    if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
         raise UserError(f"{flag} must be a positive number (got {value})")
 
 
-def share(flag: str, value: float) -> None:
+def non_negative(flag: str, value: float | None) -> None:
+    """A finite number >= 0."""
+    if value is not None and not (_is_number(value) and math.isfinite(value) and value >= 0):
+        raise UserError(f"{flag} must be a number >= 0 (got {value})")
+
+
+def in_range(flag: str, value: float | None, lo: float, hi: float, *, lo_open: bool = False,
+             hi_open: bool = False, what: str = "") -> None:
+    """A finite number in [lo, hi] (``lo_open`` / ``hi_open``: that end excluded)."""
+    if value is None:
+        return
+    ok = _is_number(value) and math.isfinite(value)
+    ok = ok and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise UserError(f"{flag} must be in {interval}{what} (got {value})")
+
+
+def at_least(flag: str, value: int | None, lo: int, hi: int | None = None) -> None:
+    """An integer >= lo (and <= hi, when given)."""
+    if value is None:
+        return
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)):
+        bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise UserError(f"{flag} must be an integer {bound} (got {value})")
+
+
+def share(flag: str, value: float | None) -> None:
     """A share of time in (0, 1]."""
-    if not (isinstance(value, (int, float)) and 0.0 < value <= 1.0):
-        raise UserError(f"{flag} must be in (0, 1] (got {value})")
+    in_range(flag, value, 0.0, 1.0, lo_open=True)
+
+
+def fraction(flag: str, value: float | None) -> None:
+    """A fraction in [0, 1]."""
+    in_range(flag, value, 0.0, 1.0)
+
+
+def duration(flag: str, value: float | None) -> None:
+    """Seconds: finite, > 0 and at most :data:`MAX_DURATION_S` (no --duration: no limit)."""
+    if value is None:
+        return
+    positive(flag, value)
+    if value > MAX_DURATION_S:
+        raise UserError(f"{flag} must be at most {MAX_DURATION_S:,} s (30 days) (got {value:g}); "
+                        "leave it out to run until Ctrl-C")
+
+
+def sample_hz(flag: str, value: float | None, *, zero_is_off: bool = False) -> None:
+    """A sampling rate in (0, MAX_SAMPLE_HZ] (``zero_is_off``: 0 too, meaning no sampling)."""
+    if zero_is_off and value == 0:
+        return
+    in_range(flag, value, 0.0, MAX_SAMPLE_HZ, lo_open=True, what=" Hz" + (" (0: off)" if zero_is_off else ""))
+
+
+def pid(flag: str, value: int | None) -> None:
+    """A process id: 1 .. 2^22."""
+    at_least(flag, value, 1, MAX_PID)
+
+
+def threads(flag: str, value: int | None) -> None:
+    """A pool size: 1 .. MAX_THREADS."""
+    at_least(flag, value, 1, MAX_THREADS)
+
+
+def seed(flag: str, value: int | None) -> None:
+    """A random seed (NumPy takes non-negative integers)."""
+    at_least(flag, value, 0)
+
+
+def live_process(flag: str, value: int | None) -> None:
+    """A process that exists and has not exited: the same words in every command (a zombie is
+    a process that has exited, whose parent has not collected it yet)."""
+    if value is None:
+        return
+    pid(flag, value)
+    try:
+        with open(f"/proc/{value}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        raise UserError(f"{flag} {value}: no such process") from None
+    try:
+        comm = data[data.index(b"(") + 1:data.rindex(b")")].decode(errors="replace")
+        state = data[data.rindex(b")") + 2:][:1].decode()
+    except ValueError:
+        return
+    if state in ("Z", "X"):
+        raise UserError(f"{flag} {value} ({comm}): the process has already exited (a zombie)")
