@@ -121,7 +121,8 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     psi = (ctx.get("psi") or {}).get("memory") or {}
     cg = ctx.get("cgroup") or {}
     rec_ms = float(calls["reclaim_ns"].sum() / 1e6) if "reclaim_ns" in calls.columns else None
-    window = (ctx.get("window") or {}).get("duration_s") or trace_summary.get("duration_s") or 0
+    # the span the recorder really had (the sampler's window may run past it)
+    window = trace_summary.get("duration_s") or (ctx.get("window") or {}).get("duration_s") or 0
     refaults = vm.get("workingset_refault_file")
     cg_ref = cg.get("refault_file")
     parts = [f"workingset refaults {int(refaults or 0):,} system-wide"
@@ -161,16 +162,39 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     return steps
 
 
+END_REASONS = {
+    "duration": "ran for the requested {asked:g} s",
+    "target-exit": "the target exited after {got:.1f} s of the {asked:g} s asked",
+    "signal": "interrupted after {got:.1f} s of the {asked:g} s asked",
+    "disk-full": "the disk filled after {got:.1f} s of the {asked:g} s asked",
+}
+
+
+def recorded_window(trace_summary: dict, requested_s: float) -> dict:
+    """The window the recording really had: its span, why it ended, and the one-line wording."""
+    got = float(trace_summary.get("duration_s") or 0.0)
+    reason = trace_summary.get("end_reason") or "unknown"
+    how = END_REASONS.get(reason, "ended ({reason}) after {got:.1f} s of the {asked:g} s asked")
+    return {"requested_s": float(requested_s), "recorded_s": round(got, 3), "end_reason": reason,
+            "text": f"one {got:.1f}-second window ({how.format(asked=requested_s, got=got, reason=reason)})"}
+
+
 def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> list[str]:
-    out = [f"one {duration:g}-second window with no control run: it says what held these batches back, "
+    win = recorded_window(trace_summary, duration)
+    out = [f"{win['text']} with no control run: it says what held these batches back, "
            "not that changing it will speed up the model end to end (prove that with a matched before/after)"]
     if not markers:
         out.append("batches were inferred from gaps in the read stream (no --markers): time before a batch's "
                    "first read is not seen, so Python scheduling is under-counted")
     out.append("residency of the hot rows is observed after the window and can change right after it is observed")
-    if trace_summary.get("lost_records"):
-        out.append(f"{trace_summary['lost_records']:,} call records were lost (ring buffer full); totals and "
-                   "latency percentiles come from the kernel's counters")
+    lost = bt.get("lost_records") or {}
+    if lost.get("records") or trace_summary.get("lost_records"):
+        n = int(lost.get("records") or trace_summary.get("lost_records") or 0)
+        where = (f": the trace was blind for {lost.get('blind_frac', 0):.1%} of the window and "
+                 f"{lost.get('batches_excluded', 0)} batch(es) overlapping a hole were left out"
+                 if lost.get("source") == "intervals" else ": when is not known, so no batch could be left out")
+        out.append(f"{n:,} call records were lost (ring buffer full){where}; call totals and latency "
+                   "percentiles come from the kernel's counters")
     if bt.get("missing_evidence"):
         out.append("not measured on this kernel: " + ", ".join(bt["missing_evidence"]))
     if bt.get("batches", 0) < 20:
@@ -207,6 +231,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "verdict_share": round(float(bt["share"].get(verdict, 0.0)), 3) if verdict != "healthy" else None,
         "evidence": chain,
         "limits": limits(bt, trace_summary, duration, markers is not None),
+        "window": {k: v for k, v in recorded_window(trace_summary, duration).items() if k != "text"},
         "recommendation": {k: ADVICE[verdict][k] for k in ("fix", "confirm")},
         "hot_rows": hot,
         "batch_tail": bt,
@@ -241,7 +266,13 @@ def run(pid: int, duration: float = 20.0, markers: str | None = None, output: st
             tracer.run(duration=duration)
         finally:
             summary = tracer.finish()
-        result = analyse_trace(trace_dir, markers, slow_ms, summary, duration)
+        try:
+            result = analyse_trace(trace_dir, markers, slow_ms, summary, duration)
+        except UserError as exc:
+            if tmpdir:  # keep what was recorded: the user may analyse it another way
+                keep, tmpdir = trace_dir, None
+                raise UserError(f"{exc} (the recording is kept in {keep})", code=exc.code) from None
+            raise UserError(f"{exc} (the recording is in {trace_dir})", code=exc.code) from None
         result["output"] = output
         result["end_reason"] = summary.get("end_reason")
         return result

@@ -625,3 +625,36 @@ def test_threads_do_not_change_results(monkeypatch):
     pd.testing.assert_frame_equal(results[0][0], results[1][0])  # bit for bit: merged in chunk order
     assert results[0][1]["evidence"] == results[1][1]["evidence"]
     assert results[0][1]["share"] == results[1][1]["share"]
+
+
+# ---------------------------------------------------- holes of lost records (issue 11, item 4) --
+
+def test_batches_overlapping_lost_records_are_left_out_and_the_blind_time_is_stated():
+    calls, markers = decode_trace("python-scheduling", n_batches=30, seed=21)
+    ts = calls["ts_ns"].to_numpy()
+    # the recorder stopped delivering for 3 s: from the middle of batch 10 to the middle of
+    # batch 12 the calls are gone, and the hole is longer than any forward pass
+    mid = lambda k: int((markers["start_ns"].iloc[k] + markers["end_ns"].iloc[k]) // 2)  # noqa: E731
+    b0, b1 = mid(10), mid(12)
+    kept = calls[(ts < b0) | (ts > b1)].copy()
+    shift = 3_000_000_000
+    later = kept["ts_ns"] > b1
+    kept.loc[later, "ts_ns"] += shift
+    hole = pd.DataFrame({"start_ns": [b0 - 100_000], "end_ns": [b1 + shift + 100_000], "lost": [150]})
+    _, blind = analyse(kept)
+    _, seen = analyse(kept, samples={"lost_records": hole})
+    assert blind["lost_records"]["records"] == 0
+    lr = seen["lost_records"]
+    assert lr["records"] == 150 and lr["intervals"] == 1 and lr["source"] == "intervals"
+    assert lr["blind_ms"] == pytest.approx((b1 + shift - b0 + 200_000) / 1e6, rel=1e-6)
+    assert 0.5 < lr["blind_frac"] < 1.0
+    # the two half batches at the edges of the hole are left out, the rest kept
+    assert lr["batches_excluded"] == 2 and seen["batches"] == blind["batches"] - 2
+    assert any("were lost in 1 interval" in n for n in seen["notes"])
+
+
+def test_lost_records_without_intervals_are_noted():
+    calls, _ = decode_trace("healthy", n_batches=10, seed=22)
+    _, s = analyse(calls, meta={"totals": {"lost_records": 1234}})
+    assert s["lost_records"]["source"] == "total only" and s["lost_records"]["records"] == 1234
+    assert any("1,234 call records were lost" in n for n in s["notes"])

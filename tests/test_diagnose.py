@@ -112,3 +112,55 @@ def test_mixed_residency_and_scheduling_names_both():
     assert share["python-scheduling"] > 0.05
     ranked = sorted(("residency", "reclaim", "storage", "python-scheduling"), key=lambda c: -share[c])
     assert [d["verdict"], d["runner_up"]] == ranked[:2]
+
+
+# ---- the window it really had (issue 11, item 5) ----------------------------------------------
+
+def test_limits_state_the_recorded_span_and_why_it_ended():
+    from engramprof.diagnose import limits, recorded_window
+
+    bt = {"batches": 50, "missing_evidence": []}
+    line = limits(bt, {"duration_s": 3.04, "end_reason": "target-exit"}, 20, True)[0]
+    assert line.startswith("one 3.0-second window (the target exited after 3.0 s of the 20 s asked)")
+    line = limits(bt, {"duration_s": 5.2, "end_reason": "signal"}, 100000, True)[0]
+    assert "one 5.2-second window (interrupted after 5.2 s of the 100000 s asked)" in line
+    assert "100000-second" not in line
+    w = recorded_window({"duration_s": 20.0, "end_reason": "duration"}, 20)
+    assert w["text"] == "one 20.0-second window (ran for the requested 20 s)"
+    assert (w["recorded_s"], w["end_reason"]) == (20.0, "duration")
+
+
+@pytest.mark.bpf
+def test_target_that_exits_early_is_reported_as_such(tmp_path):
+    import os
+    import signal
+
+    from tests.tracing import Proc
+
+    table = tmp_path / "t.safetensors"
+    subprocess.run(engramprof("lab", "make-table", table, "--rows", "16384"), check=True, capture_output=True)
+    lab = Proc(engramprof("lab", "run", "--table", table, "--reader", "pool", "--warm", "--duration", "3",
+                          "--gap-ms", "5", "--start-delay", "120", "--json"))
+    lab.wait_line("lab: ready")
+    diag = Proc(engramprof("diagnose", "--pid", lab.pid, "--duration", "20", "--json"))
+    diag.wait_line("Tracing")
+    os.kill(lab.pid, signal.SIGUSR1)  # the lab runs 3 s once the probes are attached, then exits
+    lab.finish()
+    rc, out, err = diag.finish()
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["window"]["end_reason"] == "target-exit"
+    assert d["window"]["recorded_s"] < 10 and d["window"]["requested_s"] == 20
+    assert "the target exited after" in d["limits"][0] and "20-second" not in d["limits"][0]
+
+
+def test_bad_markers_file_fails_before_recording(tmp_path):
+    # validated before the probes attach: no recording is made and lost (pid 1 is never traced)
+    bad = tmp_path / "m.jsonl"
+    bad.write_text("not json\n")
+    t0 = time.monotonic()
+    r = subprocess.run(engramprof("diagnose", "--pid", "1", "--duration", "30", "--markers", tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "directory" in r.stderr and time.monotonic() - t0 < 20
+    r = subprocess.run(engramprof("diagnose", "--pid", "1", "--duration", "nan"), capture_output=True, text=True)
+    assert r.returncode == 2 and "--duration" in r.stderr

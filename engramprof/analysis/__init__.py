@@ -4,7 +4,8 @@ The model is documented once, in docs/model.md.  The analysis is a pipeline of n
 each a function over arrays / DataFrames in its own module:
 
 1. :func:`~engramprof.analysis.events.prepare_read_events` -- usable read events in entry order
-2. :func:`segment_batches` -- markers, else inferred from the gaps (engramprof.batches)
+2. :func:`segment_batches` -- markers, else inferred from the gaps (engramprof.batches);
+   :mod:`~engramprof.analysis.holes` leaves out the batches that overlap lost records
 3. :func:`~engramprof.analysis.context.load_context` -- samples: threads, PSI, refaults
 4. :func:`~engramprof.analysis.threads.find_reading_threads` -- threads per batch, the submitter
 5. :func:`~engramprof.analysis.attribute.attribute_batches` -- one pass: in-flight union, gaps,
@@ -29,6 +30,7 @@ from engramprof.analysis import calibrate
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, prepare_read_events
+from engramprof.analysis.holes import exclude_blind_batches, read_holes
 from engramprof.analysis.summary import Settings, evidence_notes, slow_copy_note, summarize
 from engramprof.analysis.table import batch_shares, batch_table
 from engramprof.analysis.threads import find_reading_threads
@@ -86,6 +88,12 @@ def segment_batches(events: ReadEvents, markers_df: pd.DataFrame | None, gap_ms:
     return seg
 
 
+def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
+    """The recording window: the recorder's start/end when it wrote them, else the events' span."""
+    win = _batches.recording_window(meta)
+    return win if win is not None else (int(events.ts[0]), int(events.end.max()))
+
+
 def _path_codes(events: ReadEvents) -> np.ndarray | None:
     if not events.cols.has("path"):
         return None
@@ -120,6 +128,7 @@ def analyse(
     calls, getter, meta, notes = _inputs(trace_or_calls, samples, meta)
     events = prepare_read_events(calls, notes)
     seg = segment_batches(events, markers_df, gap_ms, meta, markers_bad_lines, notes)
+    seg, lost = exclude_blind_batches(seg, read_holes(getter, meta), _window(events, meta), notes)
     context: SampleContext = load_context(getter, notes)
     threads = find_reading_threads(events, seg)
     acc = attribute_batches(events, AttributionInputs(seg=seg, threads=threads, refaults=context.refaults,
@@ -145,4 +154,5 @@ def analyse(
     settings = Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
                         loop_gap_us=loop_gap_us, top=top)
     summary = summarize(acc, seg, events, threads, context, service, table, denom, settings, ctx, notes)
+    summary["lost_records"] = lost
     return BatchTailResult(table, summary)
