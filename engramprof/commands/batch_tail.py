@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         for flag, value in (("--slow-ms", slow_ms), ("--gap-ms", gap_ms), ("--normal-miss-us", normal_miss_us)):
             validate.positive(flag, value)
         validate.share("--min-share", min_share)
+        validate.at_least("--top", top, 1)
 
         if plot is not None:
             require_plot()  # matplotlib is the optional `plot` extra

@@ -40,10 +40,12 @@ def register(app: typer.Typer) -> None:
         from engramprof import batches, diagnose
         from engramprof.commands import validate
 
-        validate.positive("--duration", duration)
+        validate.pid("--pid", pid)
+        validate.duration("--duration", duration)
         validate.positive("--slow-ms", slow_ms)
         if markers is not None:  # a bad markers file fails now, not after the recording
             batches.read_markers(markers)
+        validate.live_process("--pid", pid)
 
         stop = threading.Event()
 

@@ -59,22 +59,34 @@ def make_table_cmd(
     seed: Optional[int] = typer.Option(None, "--seed", help="random seed for the contents"),
 ) -> None:
     """Write a safetensors Engram table (weight F8_E4M3 + scale U8 per layer) of random bytes."""
+    from engramprof.commands import validate
     from engramprof.lab import table
 
+    validate.at_least("--rows", rows, 1)
+    if dim < table.SCALE_BLOCK or dim % table.SCALE_BLOCK:
+        raise UserError(f"--dim must be a positive multiple of {table.SCALE_BLOCK} (got {dim})")
+    layer_list = _parse_layers(layers)
+    if not layer_list or len(set(layer_list)) != len(layer_list) or min(layer_list) < 0:
+        raise UserError(f"--layers must be distinct non-negative integers, e.g. 3,17 (got {layers!r})")
+    validate.seed("--seed", seed)
     err = Console(stderr=True)
     t0 = time.monotonic()
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True) as prog:
-        task = prog.add_task(f"writing {path.name}", total=None)
+    try:
+        # every refusal (exists, a directory, no room) before the progress bar: one clean line
+        table.check_can_create(path, rows, dim, layer_list, force=force)
+        if not err.is_terminal:
+            lay = table.make_table(path, rows, dim, layer_list, force=force, seed=seed)
+        else:
+            with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                          TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True) as prog:
+                task = prog.add_task(f"writing {path.name}", total=None)
 
-        def progress(done: int, total: int) -> None:
-            prog.update(task, completed=done, total=total)
+                def progress(done: int, total: int) -> None:
+                    prog.update(task, completed=done, total=total)
 
-        try:
-            lay = table.make_table(path, rows, dim, _parse_layers(layers), force=force, seed=seed,
-                                   progress=progress)
-        except table.TableExistsError as exc:
-            raise UserError(f"{exc.path} already exists (use --force to replace it)") from None
+                lay = table.make_table(path, rows, dim, layer_list, force=force, seed=seed, progress=progress)
+    except table.TableExistsError as exc:
+        raise UserError(f"{exc.path} already exists (use --force to replace it)") from None
     secs = time.monotonic() - t0
     out = Console()
     out.print(f"wrote {lay.path}: {lay.size / 2**20:.1f} MiB, {len(lay.tensors)} tensors, "
@@ -106,10 +118,22 @@ def run_cmd(
     from engramprof.lab import readers, workload
     from engramprof.markers import MarkerFileError
 
+    from engramprof.commands import validate
+
     if reader not in readers.READERS:
         raise UserError(f"--reader must be one of {', '.join(readers.READERS)}, not {reader!r}")
-    if not table_path.is_file():
-        raise UserError(f"--table {table_path}: no such file")
+    validate.at_least("--steps", steps, 1)
+    validate.duration("--duration", duration)
+    validate.at_least("--tokens", tokens, 1)
+    validate.at_least("--heads", heads, 1)
+    validate.non_negative("--gap-ms", gap_ms)
+    validate.non_negative("--zipf", zipf)
+    validate.seed("--seed", seed)
+    validate.non_negative("--start-delay", start_delay)
+    validate.threads("--threads", threads)
+    validate.existing_file("--table", table_path)
+    if markers is not None:
+        validate.new_or_regular_file("--markers", markers)
     print(f"lab: pid {os.getpid()}", file=sys.stderr, flush=True)
     stop = threading.Event()
     go = threading.Event()  # SIGUSR1: start now (a tracer is attached)

@@ -65,10 +65,27 @@ def scenario_cmd(
     threads: int = typer.Option(32, "--threads", help="pool threads"),
 ) -> None:
     """Run the lab reader under one real fault, print its pid, remove everything on exit."""
+    from engramprof.commands import validate
     from engramprof.lab import readers
 
+    if name not in sc_mod.SCENARIOS:
+        raise sc_mod.UserError(f"unknown scenario {name!r}; choose one of {', '.join(sc_mod.SCENARIOS)}")
     if reader is not None and reader not in readers.READERS:
         raise sc_mod.UserError(f"--reader must be one of {', '.join(readers.READERS)}, not {reader!r}")
+    validate.at_least("--steps", steps, 1)
+    validate.duration("--duration", duration)
+    validate.at_least("--tokens", tokens, 1)
+    validate.non_negative("--gap-ms", gap_ms)
+    validate.at_least("--rows", rows, 1)
+    validate.non_negative("--start-delay", start_delay)
+    validate.positive("--evict-ms", evict_ms)
+    validate.positive("--memory-mib", memory_mib)
+    validate.at_least("--iops", iops, 1)
+    validate.seed("--seed", seed)
+    validate.threads("--threads", threads)
+    validate.existing_file("--table", table)
+    if markers is not None:
+        validate.new_or_regular_file("--markers", markers)
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

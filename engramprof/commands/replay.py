@@ -27,7 +27,15 @@ def replay(
 ) -> None:
     """Component A/B of reader strategies on the trace's recorded files, offsets and sizes."""
     from engramprof import replay as rp
+    from engramprof.commands import validate
 
+    validate.fraction("--cold-frac", cold_frac)
+    validate.at_least("--repeat", repeat, 1)
+    validate.at_least("--rows-per-batch", rows_per_batch, 1)
+    validate.threads("--threads", threads)
+    validate.at_least("--batches", batches, 1)
+    validate.positive("--gap-ms", gap_ms)
+    validate.seed("--seed", seed)
     arms = [s.strip() for s in strategies.split(",") if s.strip()]
     progress = None
     if not as_json and sys.stderr.isatty():

@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.table import Table
 
 from engramprof.commands.signals import install_stop_handlers
-from engramprof.errors import UserError
 from engramprof.samplers import Sampler
 
 
@@ -39,8 +38,13 @@ def run_sample(
     Returns the summary (see :func:`engramprof.samplers.summarize`); writes a TRACE bundle
     with the sample series when ``output`` is given.
     """
-    if duration is not None and duration <= 0:
-        raise UserError(f"--duration must be positive, got {duration}")
+    from engramprof.commands import validate
+
+    validate.pid("--pid", pid)
+    validate.duration("--duration", duration)
+    validate.sample_hz("--sample-hz", hz)
+    if proc_root == "/proc":
+        validate.live_process("--pid", pid)
     sampler = Sampler(pid=pid, hz=hz, proc_root=proc_root, sys_root=sys_root)
     writer = None
     if output is not None:

@@ -16,7 +16,7 @@ MAX_DURATION_S = 30 * 86400
 MAX_SAMPLE_HZ = 1000.0
 #: the most pool threads a reader may start
 MAX_THREADS = 4096
-#: process ids are positive and below the kernel's pid_max limit (2^22)
+#: thread ids: the kernel's pid_max limit (2^22)
 MAX_PID = 1 << 22
 
 
@@ -33,7 +33,7 @@ def finite(flag: str, value: float | None) -> None:
 def positive(flag: str, value: float | None) -> None:
     """A finite number > 0."""
     if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
-        raise UserError(f"{flag} must be a positive number (got {value})")
+        raise UserError(f"{flag} must be a finite number > 0 (got {value})")
 
 
 def non_negative(flag: str, value: float | None) -> None:
@@ -91,8 +91,8 @@ def sample_hz(flag: str, value: float | None, *, zero_is_off: bool = False) -> N
 
 
 def pid(flag: str, value: int | None) -> None:
-    """A process id: 1 .. 2^22."""
-    at_least(flag, value, 1, MAX_PID)
+    """A process id: >= 1 (whether it exists is :func:`live_process`)."""
+    at_least(flag, value, 1)
 
 
 def threads(flag: str, value: int | None) -> None:
@@ -106,8 +106,9 @@ def seed(flag: str, value: int | None) -> None:
 
 
 def live_process(flag: str, value: int | None) -> None:
-    """A process that exists and has not exited: the same words in every command (a zombie is
-    a process that has exited, whose parent has not collected it yet)."""
+    """A process that exists and has not exited, in the same words in every command: "no
+    process with pid N", or "pid N (comm) has already exited (zombie)" (a process that has
+    exited and whose parent has not collected it yet)."""
     if value is None:
         return
     pid(flag, value)
@@ -115,11 +116,59 @@ def live_process(flag: str, value: int | None) -> None:
         with open(f"/proc/{value}/stat", "rb") as f:
             data = f.read()
     except OSError:
-        raise UserError(f"{flag} {value}: no such process") from None
+        raise UserError(f"no process with pid {value}") from None
     try:
         comm = data[data.index(b"(") + 1:data.rindex(b")")].decode(errors="replace")
         state = data[data.rindex(b")") + 2:][:1].decode()
     except ValueError:
         return
     if state in ("Z", "X"):
-        raise UserError(f"{flag} {value} ({comm}): the process has already exited (a zombie)")
+        raise UserError(f"pid {value} ({comm}) has already exited (zombie)")
+
+
+def existing_file(flag: str | None, path) -> None:
+    """An existing regular file (to read): a missing path, a directory and a special file
+    each get their own words.  ``flag`` None: an argument, named by its path only."""
+    import os
+    import stat
+
+    if path is None:
+        return
+    where = f"{flag} {path}" if flag else f"{path}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{where}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{where}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{where}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{where}: not a regular file")
+
+
+def new_or_regular_file(flag: str, path) -> None:
+    """A file to write: refused when it is a symbolic link (never written through), a
+    directory or a special file, or when its directory does not exist."""
+    import os
+    import stat
+
+    if path is None:
+        return
+    p = os.fspath(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        d = os.path.dirname(os.path.abspath(p))
+        if not os.path.isdir(d):
+            raise UserError(f"{flag} {p}: directory {d} does not exist") from None
+        return
+    except OSError as exc:
+        raise UserError(f"{flag} {p}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{flag} {p}: is a symbolic link; engramprof does not write through symlinks "
+                        "(give the real path)")
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{flag} {p}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{flag} {p}: not a regular file")

@@ -4,10 +4,13 @@ Per Engram layer L: ``layers.L.engram.embed.weight`` [rows, dim] F8_E4M3 and
 ``layers.L.engram.embed.scale`` [rows, dim/32] U8 (one scale byte per 32 weights).
 Without ``force`` the file is created with ``O_EXCL | O_NOFOLLOW``; with ``force`` it is
 written to a new temporary file beside it and renamed over the path (which replaces a
-symlink rather than writing through it).
+symlink rather than writing through it).  The free space of the target's filesystem is
+checked first (statvfs), and a disk that fills anyway (ENOSPC, EDQUOT) is an exit-1 error;
+the partial file is removed in every case.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -81,6 +84,43 @@ class TableExistsError(UserError):
         self.path = path
 
 
+#: write errors that mean "the disk is full" rather than a bug
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def check_space(path: Path, total: int) -> None:
+    """Exit-1 UserError unless the filesystem of ``path`` has ``total`` bytes free for us."""
+    d = path.parent if str(path.parent) else Path(".")
+    try:
+        st = os.statvfs(d)
+    except FileNotFoundError:
+        raise UserError(f"cannot create {path}: {d} does not exist") from None
+    except OSError as exc:
+        raise UserError(f"cannot create {path}: {d}: {exc.strerror}") from None
+    free = st.f_bavail * st.f_frsize
+    if free < total:
+        raise UserError(f"not enough free space for {path}: the table needs {_mib(total)}, "
+                        f"{d} has {_mib(free)} free", code=1)
+
+
+def check_can_create(path: str | os.PathLike, rows: int, dim: int, layers, force: bool = False) -> int:
+    """Every check :func:`make_table` makes before writing a byte (shape, existing path,
+    directory, free space); returns the file's size."""
+    path = Path(path)
+    header = build_header(rows, dim, tuple(layers))
+    if path.is_dir() and not path.is_symlink():
+        raise UserError(f"{path} is a directory (give the path of the table file to create)")
+    if not force and os.path.lexists(path):
+        raise TableExistsError(path)
+    total = len(header) + data_bytes(rows, dim, layers)
+    check_space(path, total)
+    return total
+
+
 def _create(path: Path, force: bool) -> tuple[int, Path]:
     """(fd, the path being written); the latter is a temporary name when ``force``."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -110,10 +150,12 @@ def make_table(
     """Write the table; ``progress(done_bytes, total_bytes)`` is called per chunk.
     Returns the parsed (validated) layout of the written file."""
     path = Path(path)
+    check_can_create(path, rows, dim, layers, force)
     header = build_header(rows, dim, tuple(layers))
     total = len(header) + data_bytes(rows, dim, layers)
     rng = np.random.default_rng(seed)
     fd, target = _create(path, force)
+    done = 0
     try:
         with os.fdopen(fd, "wb", buffering=0) as f:
             f.write(header)
@@ -128,10 +170,13 @@ def make_table(
                     progress(done, total)
         if target != path:
             os.replace(target, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(target)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            raise UserError(f"{path}: {exc.strerror} after {_mib(done)} of {_mib(total)} "
+                            "(the partial file was removed)", code=1) from None
         raise
     return layout.load(path)
