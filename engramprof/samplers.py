@@ -50,7 +50,10 @@ from engramprof.trace.schema import (CGROUP_COUNTERS, CGROUP_GAUGES, PSI_RESOURC
                                      VMSTAT_COUNTERS, VMSTAT_DERIVED, sample_schema as schema)
 
 FLUSH_MIN_ROWS = 64
-FLUSH_MAX_S = 10.0
+# at a periodic flush, a series whose oldest buffered row is older than this goes out however
+# few rows it has: with flush_s = 1 s every series is written about once a second, like the
+# calls, so a killed recorder loses at most about a second of any series
+FLUSH_MAX_S = 0.5
 
 
 class Sampler:
@@ -146,9 +149,8 @@ class Sampler:
         """Move buffered rows into Arrow tables and hand them to the writer (if any).
 
         ``force=False`` (the periodic flush) skips series with fewer than ``FLUSH_MIN_ROWS``
-        rows buffered unless their oldest row is ``FLUSH_MAX_S`` old: every Parquet part costs
-        about a millisecond to write whatever its size, so the 10-rows-a-second system series
-        go out every 10 s and the per-thread series every ``flush_s``.
+        rows buffered unless their oldest row is ``FLUSH_MAX_S`` old (so with ``flush_s`` = 1 s,
+        ``kill -9`` loses at most about a second of any series).
         """
         now = self.clock()
         with self._lock:

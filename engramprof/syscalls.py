@@ -8,8 +8,20 @@ stays flat however long it runs.  Running aggregates feed the live view and the 
 the kernel keeps exact totals and per-fd log2 histograms so the summary stays right when
 records are lost.
 
-It ends on: the duration, SIGINT/SIGTERM (the caller sets ``stop``), or the target's exit
-(pidfd becomes readable).  In every case the trace is closed cleanly.
+It ends on: the duration, SIGINT/SIGTERM (the caller sets ``stop``), the target's exit
+(pidfd becomes readable), or a write that fails (disk full: ``end_reason`` ``disk-full``,
+``disk-quota``, ``disk-io-error``).  In every case the trace is closed cleanly: the parts
+written before stay loadable and meta.json gets the kernel's totals.
+
+Crash safety (``kill -9`` at any moment): parts appear atomically (engramprof/trace/writer.py),
+and everything is flushed about once a second -- calls, samples, lost-record intervals, the
+kernel's histograms (a snapshot), the traced files' identities, and the running totals in
+meta.json -- so a killed recorder loses at most the last second.
+
+Lost records: after every drain the kernel's ``lost_records`` total is read; when it grew,
+one ``lost_records`` sample row (start_ns, end_ns = the CLOCK_MONOTONIC times of the previous
+and this reading, lost = the growth) says where the record stream has its hole.  The times are
+when the records were dropped, i.e. when those calls returned.
 """
 from __future__ import annotations
 
@@ -32,6 +44,7 @@ from engramprof.record.target import ExitWatch, check_privileges, check_target, 
 
 DRAIN_S = 0.05
 FLUSH_S = 1.0
+HIST_FLUSH_S = 1.0  # snapshot of the kernel's histograms into tables/ (replaced each time)
 
 
 class SyscallTracer:
@@ -57,6 +70,11 @@ class SyscallTracer:
         self.calls: CallDecoder | None = None
         self.vm_events = VmEventDecoder()
         self.sink = TraceSink(None, self.notes)
+        self.lost_seen = 0  # the kernel's lost_records total at the last drain
+        self.lost_checked_ns = 0  # when it was read
+        self.lost_intervals = 0
+        #: test hook: while set, run() does not drain (the ring fills up and records are lost)
+        self.pause_draining = threading.Event()
 
     @property
     def partial_at_start(self) -> int:
@@ -89,6 +107,7 @@ class SyscallTracer:
             raise
         self._build_pipeline()
         self.state.started_ns = time.monotonic_ns()
+        self.lost_checked_ns = self.probe.armed_ns
         if self.writer:
             self.writer.update_meta(start_ns=self.state.started_ns)
             self.writer.flush_meta()
@@ -136,14 +155,21 @@ class SyscallTracer:
     def run(self, duration: float | None = None, on_tick=None) -> None:
         """Drain until duration / stop / target exit; call on_tick(self) about once a second."""
         t0 = time.monotonic()
-        last_flush = t0
+        last_flush = last_hist = t0
         while True:
             if self.stop.wait(DRAIN_S):
                 self.end_reason = self.end_reason if self.end_reason != "running" else "signal"
                 break
-            self.drain()
+            if self.write_failed():
+                self.end_reason = self.writer.failed[0] if self.writer.failed else "write-error"
+                break
+            if not self.pause_draining.is_set():
+                self.drain()
             now = time.monotonic()
             if now - last_flush >= FLUSH_S:
+                if now - last_hist >= HIST_FLUSH_S:
+                    self.snapshot_kernel_state()
+                    last_hist = now
                 self.flush()
                 if on_tick:
                     on_tick(self)
@@ -155,6 +181,9 @@ class SyscallTracer:
             if self.target_exited():
                 self.end_reason = "target-exit"
                 break
+
+    def write_failed(self) -> bool:
+        return self.writer is not None and (self.sink.failed is not None or self.writer.failed is not None)
 
     def finish(self) -> dict:
         """Detach, drain what is left, write the closing metadata; return the summary."""
@@ -172,22 +201,55 @@ class SyscallTracer:
                 self.sampler.stop()
             except Exception as exc:
                 self.notes.append(f"sampler stop failed: {exc}")
+        if self.writer and probe is not None:
+            self._put_kernel_tables(hists, bio_hist)
         self.flush()
         self.sink.close()
+        if self.write_failed():
+            if self.end_reason in ("running", "duration", "signal", "target-exit") or not self.end_reason:
+                self.end_reason = self.writer.failed[0] if self.writer.failed else "write-error"
+            self.write_error = self.writer.failed[1] if self.writer.failed else str(self.sink.failed)
+            self.notes.append(f"recording stopped: {self.write_error}; the kernel's totals count every call, "
+                              f"{self.sink.dropped_rows:,} recorded calls could not be written")
         summary = self.summary(totals, hists, end_ns, bio_hist)
         if self.writer:
-            self.writer.write_table("latency_log2_by_fd", trace.fd_latency_table(hists, self.fd_paths.path_of_slot))
-            if bio_hist is not None:
-                self.writer.write_table("bio_latency_log2", trace.bio_latency_table(bio_hist))
-            self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
-                              lost_records=totals.get("lost_records", 0), notes=self.notes,
-                              partial_at_start=self.partial_at_start,
-                              fd_history={str(k): v for k, v in self.fds.history.items()})
+            try:
+                self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
+                                  lost_records=totals.get("lost_records", 0), notes=self.notes,
+                                  lost_record_intervals=self.lost_intervals,
+                                  calls_not_written=self.sink.dropped_rows,
+                                  partial_at_start=self.partial_at_start,
+                                  fd_history={str(k): v for k, v in self.fds.history.items()})
+            except OSError as exc:  # not even meta.json fits: the parts written stay loadable
+                self.meta_error = f"{type(exc).__name__}: {exc}"
         if probe is not None:
             probe.close()
         if self._exit is not None:
             self._exit.close()
         return summary
+
+    write_error: str | None = None
+    meta_error: str | None = None
+
+    def _put_kernel_tables(self, hists: dict, bio_hist) -> None:
+        self.sink.put_table("latency_log2_by_fd", trace.fd_latency_table(hists, self.fd_paths.path_of_slot))
+        if bio_hist is not None:
+            self.sink.put_table("bio_latency_log2", trace.bio_latency_table(bio_hist))
+
+    def snapshot_kernel_state(self) -> None:
+        """The kernel's histograms and totals so far, to tables/ and meta.json (kill -9 safety)."""
+        if self.writer is None or self.probe is None or self.sink.failed is not None:
+            return
+        try:
+            hists = self.probe.histograms(self.fd_paths.fds_seen)
+            bio = self.probe.bio_histogram() if self.plan.features.get("HAVE_BIO") else None
+            totals = self.probe.totals()
+        except Exception as exc:  # context; never stop the recording for it
+            self.notes.append(f"histogram snapshot failed: {exc}")
+            return
+        self._put_kernel_tables(hists, bio)
+        self.sink.put_meta(totals=totals, totals_ns=time.monotonic_ns(), lost_records=totals.get("lost_records", 0),
+                           lost_record_intervals=self.lost_intervals, notes=list(self.notes))
 
     # ---- data path --------------------------------------------------------------------
     def drain(self) -> None:
@@ -195,13 +257,26 @@ class SyscallTracer:
         kswapd = self.vm_events.decode(self.probe.vm_ring.drain())
         if kswapd is not None:
             self.sink.add_samples("kswapd_events", kswapd)
-        batch = self.calls.decode(self.probe.ring.drain())
+        recs = self.probe.ring.drain()
+        self._check_lost()
+        batch = self.calls.decode(recs)
         if batch is None:
             return
         for e in self.enrichers:
             e.enrich(batch)
         self.account.add(batch)
         self.sink.add_events(self.tables.build(batch))
+
+    def _check_lost(self) -> None:
+        """One ``lost_records`` row when the kernel's count grew since the last drain."""
+        lost = self.probe.lost_records()
+        now = time.monotonic_ns()
+        if lost > self.lost_seen:
+            self.sink.add_samples("lost_records", trace.lost_records_table([self.lost_checked_ns], [now],
+                                                                           [lost - self.lost_seen]))
+            self.lost_intervals += 1
+            self.lost_seen = lost
+        self.lost_checked_ns = now
 
     def flush(self) -> None:
         """Hand the pending tables to the writer thread (one Parquet part)."""

@@ -176,6 +176,10 @@ class LoadedProbe:
             out[name] = max(vals) if name == "max_ns" else sum(vals)
         return out
 
+    def lost_records(self) -> int:
+        """The kernel's count of records dropped because the ring was full (all CPUs)."""
+        return sum(v.lost_records for v in self.bpf["call_totals"][0])
+
     def histograms(self, fds) -> dict[int, np.ndarray]:
         """log2(ns) latency counts per fd slot, summed over CPUs (fd >= FD_SLOTS-1 share one)."""
         table = self.bpf["latency_log2_by_fd"]

@@ -90,3 +90,9 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(summary, indent=2, default=str))
         else:
             report_syscalls.print_summary(Console(), summary)
+        if tracer.write_error:  # disk full, ...: the summary above is complete, the trace is not
+            kept = tracer.writer.meta.get("calls_written", 0) if tracer.writer else 0
+            meta = "" if not tracer.meta_error else f"; meta.json not updated ({tracer.meta_error})"
+            raise UserError(f"{tracer.end_reason}: {tracer.write_error}: recording stopped after "
+                            f"{summary['duration_s']:.1f} s; the {kept:,} calls written before are in {output}{meta}",
+                            code=1)

@@ -28,7 +28,7 @@ from engramprof.trace.schema import (CALL_SCHEMA, CGROUP_COUNTERS, CGROUP_GAUGES
                                      ENRICHED_COLUMNS, EVENT_READ_COLUMNS, EVENT_SCHEMA, EVIDENCE_COLUMNS, FORMAT, FORMAT_VERSION,
                                      PSI_RESOURCES, READ_KINDS, SAMPLE_NAMES, SAMPLE_READ_COLUMNS, SAMPLE_SCHEMAS,
                                      TABLE_SCHEMAS, VMSTAT_COUNTERS, VMSTAT_DERIVED, WRITE_SCHEMA, bio_latency_table,
-                                     check_record_columns, fd_latency_table, kswapd_events_table, sample_schema,
+                                     check_record_columns, fd_latency_table, kswapd_events_table, lost_records_table, sample_schema,
                                      table_schema)
 from engramprof.trace.writer import TraceWriter
 
@@ -37,5 +37,5 @@ __all__ = [
     "EVENT_SCHEMA", "EVIDENCE_COLUMNS", "FORMAT", "FORMAT_VERSION", "PSI_RESOURCES", "READ_KINDS", "SAMPLE_NAMES",
     "SAMPLE_READ_COLUMNS", "SAMPLE_SCHEMAS", "TABLE_SCHEMAS", "Trace", "TraceWriter", "VMSTAT_COUNTERS",
     "VMSTAT_DERIVED", "WRITE_SCHEMA", "bio_latency_table", "check_record_columns", "empty_calls",
-    "fd_latency_table", "kswapd_events_table", "load", "load_bundle", "sample_schema", "table_schema",
+    "fd_latency_table", "kswapd_events_table", "load", "lost_records_table", "load_bundle", "sample_schema", "table_schema",
 ]

@@ -27,16 +27,23 @@ class Trace:
     notes: list[str] = field(default_factory=list)
 
     def samples(self, name: str) -> pd.DataFrame | None:
-        return _read_dir(self.path / "samples" / name)
+        """Sample series ``name`` (incomplete parts skipped, each with a note), or None."""
+        return _read_dir(self.path / "samples" / name, notes=self._note)
 
     def table(self, name: str) -> pd.DataFrame | None:
+        """tables/NAME.parquet, or None (absent, or unreadable: then with a note)."""
         p = self.path / "tables" / f"{name}.parquet"
         if not p.is_file():
             return None
         try:
             return pq.read_table(p).to_pandas()
         except (pa.ArrowException, OSError) as exc:
-            raise UserError(f"{p}: not a readable Parquet table ({exc})") from None
+            self._note(f"skipped {_rel(p)}: not a complete Parquet file ({_short(exc)})")
+            return None
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     @property
     def sample_names(self) -> list[str]:
@@ -54,15 +61,46 @@ def _read_part(p: Path, columns: list[str] | None) -> pa.Table:
         raise UserError(f"{p}: corrupt trace part ({exc})") from None
 
 
-def _read_dir(d: Path, columns: list[str] | None = None, narrow: bool = False) -> pd.DataFrame | None:
-    """The parts of one table directory as one DataFrame (only ``columns``, when given)."""
+def _rel(p: Path) -> str:
+    """``calls/part-000012.parquet``: a part named from its bundle."""
+    return f"{p.parent.name}/{p.name}" if p.parent.parent.name != "samples" else f"samples/{p.parent.name}/{p.name}"
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+
+
+def complete_parts(d: Path, notes=None) -> list[pq.ParquetFile]:
+    """The parts of one table directory whose Parquet footer reads (a part cut short, by a
+    kill before the writer renamed parts atomically or by a copy, is skipped); leftover
+    temporaries of an interrupted write (``.part-*.tmp``) are ignored.  Each skip is
+    reported through ``notes(text)``."""
     if not d.is_dir():
+        return []
+    say = notes or (lambda _t: None)
+    leftovers = sorted(q.name for q in d.glob(".*.tmp"))
+    if leftovers:
+        say(f"ignored {len(leftovers)} unfinished temporary file(s) in {_rel(d / leftovers[0]).rsplit('/', 1)[0]}/ "
+            f"({leftovers[0]}{', ...' if len(leftovers) > 1 else ''}): a write interrupted by the recorder's end")
+    heads = []
+    for p in sorted(d.glob("part-*.parquet")):
+        try:
+            heads.append(pq.ParquetFile(p))
+            heads[-1].path = p
+        except (pa.ArrowException, OSError) as exc:
+            say(f"skipped {_rel(p)}: not a complete Parquet file ({_short(exc)})")
+    return heads
+
+
+def _read_dir(d: Path, columns: list[str] | None = None, narrow: bool = False, notes=None) -> pd.DataFrame | None:
+    """The parts of one table directory as one DataFrame (only ``columns``, when given);
+    incomplete parts are skipped with a note (see :func:`complete_parts`)."""
+    heads = complete_parts(d, notes)
+    if not heads:
         return None
-    parts = sorted(d.glob("part-*.parquet"))
-    if not parts:
-        return None
+    parts = [h.path for h in heads]
     if columns is not None:
-        return _read_parts_into_arrays(parts, columns, narrow)
+        return _read_parts_into_arrays(parts, columns, narrow, heads)
     table = pa.concat_tables([_read_part(p, columns) for p in parts], promote_options="default")
     # one dictionary per string column instead of one per part: pandas then builds a single
     # categorical (fast); load() turns it into plain strings unless asked to keep categories
@@ -89,17 +127,19 @@ def _int32_columns(heads: list, columns: list[str]) -> set[str]:
     return fits
 
 
-def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool = False) -> pd.DataFrame:
+def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool = False,
+                            heads: list | None = None) -> pd.DataFrame:
     """Read part after part into one preallocated array per numeric column (a part's decode
     buffers are freed, and reused, before the next part is read), text columns as one
     categorical each.  Peak memory is the result plus one part, not twice the result.
     ``narrow``: int64 columns whose statistics fit int32 are stored as int32."""
-    heads = []
-    for p in parts:
-        try:
-            heads.append(pq.ParquetFile(p))
-        except (pa.ArrowException, OSError) as exc:
-            raise UserError(f"{p}: corrupt trace part ({exc})") from None
+    if heads is None:
+        heads = []
+        for p in parts:
+            try:
+                heads.append(pq.ParquetFile(p))
+            except (pa.ArrowException, OSError) as exc:
+                raise UserError(f"{p}: corrupt trace part ({exc})") from None
     n = sum(h.metadata.num_rows for h in heads)
     present = [c for c in columns if any(c in h.schema_arrow.names for h in heads)]
     narrow_to_32 = _int32_columns(heads, [c for c in present if c != "ts_ns"]) if narrow else set()
@@ -200,8 +240,11 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
         meta = _read_meta(p)
         if not meta.get("complete", False):
             notes.append("trace was not closed cleanly (recorder killed?): analysing the parts that were flushed")
+        if meta.get("write_error"):
+            notes.append(f"recording stopped early ({meta.get('end_reason', 'write error')}: {meta['write_error']}): "
+                         "analysing the parts written before")
         want = None if columns is None else list(dict.fromkeys(columns))
-        calls = _read_dir(p / "calls", want, narrow=compact)
+        calls = _read_dir(p / "calls", want, narrow=compact, notes=notes.append)
         if calls is None:
             calls = empty_calls() if want is None else empty_calls()[[c for c in want if c in EVENT_SCHEMA.names]]
     required = CONTRACT_COLUMNS if columns is None else [c for c in CONTRACT_COLUMNS if c in columns]

@@ -252,6 +252,14 @@ def kswapd_events_table(ts_ns: np.ndarray, nid: np.ndarray, is_wake: np.ndarray)
     }, schema=sample_schema("kswapd_events"))
 
 
+def lost_records_table(start_ns, end_ns, lost) -> pa.Table:
+    """``lost_records`` sample rows: the kernel dropped ``lost`` records between the drains at
+    ``start_ns`` and ``end_ns``."""
+    return pa.table({"start_ns": pa.array(np.asarray(start_ns, dtype=np.int64)),
+                     "end_ns": pa.array(np.asarray(end_ns, dtype=np.int64)),
+                     "lost": pa.array(np.asarray(lost, dtype=np.int64))}, schema=sample_schema("lost_records"))
+
+
 # ------------------------------------------------------------------------ tables/<name>
 
 TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {

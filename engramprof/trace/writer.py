@@ -1,9 +1,24 @@
-"""Writing a bundle incrementally (see engramprof/trace/__init__.py for the layout)."""
+"""Writing a bundle incrementally (see engramprof/trace/__init__.py for the layout).
+
+Every file appears atomically: it is written under a temporary name that starts with a dot
+(``.part-000012.parquet.<pid>.tmp``; readers, pandas and pyarrow datasets ignore dot files),
+fsync'd, then renamed into place, so a recorder killed at any moment leaves only complete
+parts (and at most one leftover temporary, which :func:`~engramprof.trace.load_bundle` ignores
+with a note).
+
+A write that fails because the disk is full, over quota or broken (ENOSPC, EDQUOT, EIO, or any
+other OSError) removes its temporary, marks the writer :attr:`~TraceWriter.failed` and raises
+:class:`WriteFailed`; every later part is refused the same way (the recorder stops).  A small
+reserve file made with the bundle is released then, so that the closing ``meta.json`` (with
+the in-kernel totals and the end reason) still fits on the full disk.
+"""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,19 +33,53 @@ from engramprof.trace.schema import (DICT_COLUMNS, CALL_SCHEMA, EVENT_SCHEMA, FO
                                      kind_column)
 
 
+RESERVE_BYTES = 256 << 10  # room kept for the closing meta.json on a disk that fills up
+RESERVE_NAME = ".reserve"
+# end_reason of a recording stopped by a failed write, by errno name
+WRITE_END_REASONS = {"ENOSPC": "disk-full", "EDQUOT": "disk-quota", "EIO": "disk-io-error"}
+
+
+class WriteFailed(OSError):
+    """A part could not be written (disk full, ...): the bundle takes no more parts."""
+
+
+def end_reason_for(exc: OSError) -> str:
+    """``disk-full`` for ENOSPC, ``disk-quota`` (EDQUOT), ``disk-io-error`` (EIO), else
+    ``write-error-ENAME``."""
+    name = errno.errorcode.get(exc.errno or 0, "EUNKNOWN")
+    return WRITE_END_REASONS.get(name, f"write-error-{name}")
+
+
 def _open_excl(path: Path, mode: str = "wb"):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     return os.fdopen(fd, mode)
 
 
+def _tmp_name(path: Path) -> Path:
+    """The temporary a file is written under before its rename: a dot file in the same
+    directory (ignored by every reader), unique to this process and moment."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _atomic_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
-    with _open_excl(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = _tmp_name(path)
+    try:
+        with _open_excl(tmp, "w") as f:
+            json.dump(obj, f, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
 
 
 def _events_from_pandas(df: pd.DataFrame) -> pa.Table:
@@ -71,12 +120,41 @@ class TraceWriter:
         if meta:
             self.meta.update(meta)
         self._parts: dict[str, int] = {}
+        self._lock = threading.RLock()  # parts are written from the recorder's and the sampler's threads
         self.closed = False
+        #: None, or (end reason, message) once a write failed: no more parts are written
+        self.failed: tuple[str, str] | None = None
+        self._reserve: Path | None = None
         _atomic_json(self.path / "meta.json", self.meta)
+        self._make_reserve()
+
+    def _make_reserve(self) -> None:
+        """Set aside RESERVE_BYTES (released when a write fails, for the closing meta.json)."""
+        p = self.path / RESERVE_NAME
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return
+        try:
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            except OSError:  # no fallocate here (or no room already): real zeros
+                os.write(fd, bytes(RESERVE_BYTES))
+            self._reserve = p
+        except OSError:
+            _unlink_quietly(p)
+        finally:
+            os.close(fd)
+
+    def _release_reserve(self) -> None:
+        if self._reserve is not None:
+            _unlink_quietly(self._reserve)
+            self._reserve = None
 
     def _next_part(self, key: str, directory: Path) -> Path:
-        n = self._parts.get(key, 0)
-        self._parts[key] = n + 1
+        with self._lock:
+            n = self._parts.get(key, 0)
+            self._parts[key] = n + 1
         directory.mkdir(exist_ok=True)
         return directory / f"part-{n:06d}.parquet"
 
@@ -90,40 +168,90 @@ class TraceWriter:
         if table.num_rows == 0:
             return
         self._write(table, self._next_part("calls", self.path / "calls"))
-        self.meta["calls_written"] += table.num_rows
+        with self._lock:
+            self.meta["calls_written"] += table.num_rows
 
     def append_samples(self, name: str, df: pd.DataFrame | pa.Table) -> None:
         table = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
         if table.num_rows == 0:
             return
         self._write(table, self._next_part(f"samples/{name}", self.path / "samples" / name))
+        with self._lock:
+            counts = self.meta.setdefault("samples_written", {})
+            counts[name] = counts.get(name, 0) + table.num_rows
 
     def write_table(self, name: str, df: pd.DataFrame | pa.Table) -> None:
+        """tables/NAME.parquet, replaced atomically (a later call supersedes an earlier one)."""
         table = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
-        target = self.path / "tables" / f"{name}.parquet"
-        tmp = target.with_name(f".{name}.{time.monotonic_ns()}.tmp")
-        self._write(table, tmp)
-        os.replace(tmp, target)
+        self._write(table, self.path / "tables" / f"{name}.parquet")
 
-    @staticmethod
-    def _write(table: pa.Table, path: Path) -> None:
-        with _open_excl(path) as f:
-            # dictionary pages only for the text columns: an int64 column of a million distinct
-            # values (entry times, offsets) tried as a dictionary reads back 2x slower
-            pq.write_table(table, f, compression="zstd",
-                           use_dictionary=[c for c in DICT_COLUMNS if c in table.column_names])
+    def _write(self, table: pa.Table, path: Path) -> None:
+        """``table`` as ``path``: temporary, fsync, rename.  Raises :class:`WriteFailed`."""
+        if self.failed is not None:
+            raise WriteFailed(errno.ENOSPC, f"not written after an earlier failure ({self.failed[1]})", str(path))
+        tmp = _tmp_name(path)
+        try:
+            with _open_excl(tmp) as f:
+                # dictionary pages only for the text columns: an int64 column of a million distinct
+                # values (entry times, offsets) tried as a dictionary reads back 2x slower
+                pq.write_table(table, f, compression="zstd",
+                               use_dictionary=[c for c in DICT_COLUMNS if c in table.column_names])
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except (OSError, pa.ArrowException) as exc:
+            _unlink_quietly(tmp)
+            oserr = exc if isinstance(exc, OSError) else _arrow_oserror(exc)
+            if oserr is None:
+                raise
+            self._fail(oserr, path)
+            raise WriteFailed(oserr.errno, f"{path.relative_to(self.path)}: {oserr.strerror or oserr}") from exc
+
+    def _fail(self, exc: OSError, path: Path) -> None:
+        with self._lock:
+            if self.failed is None:
+                name = errno.errorcode.get(exc.errno or 0, "EUNKNOWN")
+                rel = path.relative_to(self.path) if path.is_relative_to(self.path) else path
+                self.failed = (end_reason_for(exc), f"{name} writing {rel}: {exc.strerror or exc}")
+                self.meta["write_error"] = self.failed[1]
+        self._release_reserve()
 
     def update_meta(self, **kw: Any) -> None:
         self.meta.update(kw)
 
     def flush_meta(self) -> None:
-        _atomic_json(self.path / "meta.json", self.meta)
+        """Rewrite meta.json now (atomically); a failure marks the writer failed."""
+        if self.failed is not None:
+            return
+        with self._lock:
+            snapshot = json.loads(json.dumps(self.meta, default=str))
+        try:
+            _atomic_json(self.path / "meta.json", snapshot)
+        except OSError as exc:
+            self._fail(exc, self.path / "meta.json")
 
     def close(self, **kw: Any) -> None:
+        """The closing meta.json (``complete: true``); after a failed write the reserve has
+        been released to make room for it."""
         if self.closed:
             return
-        self.meta.update(kw)
-        self.meta["complete"] = True
-        self.meta["closed_monotonic_ns"] = time.monotonic_ns()
-        _atomic_json(self.path / "meta.json", self.meta)
-        self.closed = True
+        with self._lock:
+            self.meta.update(kw)
+            self.meta["complete"] = True
+            self.meta["closed_monotonic_ns"] = time.monotonic_ns()
+            if self.failed is not None:
+                self.meta.setdefault("write_error", self.failed[1])
+        try:
+            _atomic_json(self.path / "meta.json", self.meta)
+        finally:
+            self._release_reserve()
+            self.closed = True
+
+
+def _arrow_oserror(exc: Exception) -> OSError | None:
+    """The OSError behind an Arrow I/O error ("[Errno 28] No space left on device"), if any."""
+    msg = str(exc)
+    for code, name in errno.errorcode.items():
+        if f"[Errno {code}]" in msg or name in msg.split():
+            return OSError(code, os.strerror(code))
+    return None
