@@ -136,7 +136,7 @@ def test_make_table_rejects_bad_shapes(tmp_path, rows, dim, layers):
 
 # ---- readers: real bytes ------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", readers.READERS)
+@pytest.mark.parametrize("name", readers.SYSCALL_READERS)
 def test_readers_return_the_files_bytes(tbl, content, fd, name):
     lay = layout.load(tbl)
     rng = np.random.default_rng(7)
@@ -172,6 +172,55 @@ def test_all_readers_agree(tbl, fd):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("name", readers.MMAP_READERS)
+def test_mmap_readers_return_the_files_bytes(tbl, content, fd, name):
+    """The mapping gathers: byte for byte the file's rows (duplicates and both ends included),
+    no preadv call, the pool variant on the pool's threads with the pool's chunk rule."""
+    lay = layout.load(tbl)
+    rng = np.random.default_rng(7)
+    rows = np.concatenate([rng.integers(0, ROWS, 300), [0, ROWS - 1, 5, 5, 5]])
+    jobs = _jobs(fd, lay, rows)
+    rec = Scripted()
+    seen = []
+    real = readers._gather
+
+    def spy(view, r, out):
+        seen.append((threading.current_thread().name, len(r)))
+        return real(view, r, out)
+
+    readers._gather = spy
+    try:
+        with make_reader(name, threads=32, preadv=rec) as r:
+            stats = r.read_batch(jobs)
+            assert r._maps[fd].mm._mmap is not None
+    finally:
+        readers._gather = real
+    for job in jobs:
+        np.testing.assert_array_equal(job.out, _expected(content, job))
+    assert stats.calls == 0 and rec.calls == []
+    if name == "mmap":
+        assert seen == [(threading.current_thread().name, len(rows))] * len(jobs)
+    else:  # 4 jobs x 305 rows over 32 threads: ceil(1220 / 32) = 39 -> capped at 16 a task
+        assert all(t.startswith("engram-read") for t, _ in seen)
+        assert [n for _, n in seen] == ([16] * 19 + [1]) * len(jobs)
+
+
+def test_mmap_reader_refuses_rows_outside_the_file(tbl, fd):
+    with make_reader("mmap") as r, pytest.raises(ShortReadError):
+        r.read_batch([Job(fd, np.array([os.path.getsize(tbl) - 4]), 8, np.zeros((1, 8), np.uint8))])
+
+
+def test_workload_mmap_readers_write_markers(tbl, tmp_path):
+    for name in readers.MMAP_READERS:
+        markers = tmp_path / f"{name}.jsonl"
+        res = workload.run_workload(tbl, name, steps=3, tokens=5, heads=6, seed=11, threads=4,
+                                    markers=markers, cache="warm")
+        lines = [json.loads(l) for l in markers.read_text().splitlines()]
+        assert res["steps"] == 3 and res["calls"] == 0 and res["reader"] == name
+        assert [l["rows"] for l in lines] == [120] * 3 and {l["reader"] for l in lines} == {name}
+        assert {l["tid"] for l in lines} == {threading.get_native_id()}
+
+
 class CountingPool:
     def __init__(self, inner):
         self.inner, self.sizes = inner, []
@@ -197,7 +246,7 @@ def test_pool_task_size(tbl, fd, threads, rows, sizes):
     r.close()  # idempotent
     assert counting.sizes == sizes
     with pytest.raises(ValueError):
-        make_reader("mmap")
+        make_reader("mmap2")
 
 
 # ---- nowait reader: forced paths ----------------------------------------------------------
@@ -320,7 +369,7 @@ def test_terminal_short_read_raises(tbl, fd, name):
         _run(tbl, fd, rule, reader=name)
 
 
-@pytest.mark.parametrize("name", readers.READERS)
+@pytest.mark.parametrize("name", readers.SYSCALL_READERS)
 def test_real_eof_raises(tbl, content, fd, name):
     job = Job(fd, np.array([len(content) - 3]), 8, np.zeros((1, 8), np.uint8))
     with make_reader(name, threads=2) as r, pytest.raises(ShortReadError):
@@ -435,7 +484,7 @@ def test_cli_make_table_and_run_json(tmp_path):
 def test_cli_bad_input_is_one_line_error(tmp_path):
     p = _cli("lab", "run", "--table", tmp_path / "missing", "--steps", 1)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no such file" in p.stderr
-    p = _cli("lab", "run", "--table", tmp_path, "--reader", "mmap")
+    p = _cli("lab", "run", "--table", tmp_path, "--reader", "mmap2")
     assert p.returncode == 2 and "--reader must be one of" in p.stderr
 
 

@@ -8,6 +8,13 @@
   to the pool.  If the kernel/filesystem rejects the flag (EINVAL, ENOSYS, EOPNOTSUPP) the
   whole batch goes to the pool and the reader remembers not to try again.
 - ``serial``: blocking reads in the calling thread.
+- ``mmap``: no read syscall at all.  The table is mapped once (``numpy.memmap``, read-only,
+  ``madvise(MADV_RANDOM)`` on the mapping, so a cold page is one page read, no readahead) and
+  each job is one fancy-index gather (``np.take`` of the job's row ids) on the calling thread:
+  a cold row is a page fault.  Every requested row is gathered (numpy does not de-duplicate;
+  a repeated row touches an already mapped page).
+- ``mmap-pool``: the same gather split across the 32-thread pool with the pool's chunk rule
+  (``max(1, min(16, ceil(total_rows / threads)))`` rows a task, tasks never span jobs).
 
 Every blocking row read is a full-read loop: a partial read continues, a zero return raises
 :class:`ShortReadError` rather than leaving stale bytes.  ``ReadStats.calls`` counts every
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import math
+import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +34,10 @@ from typing import Callable
 
 import numpy as np
 
-READERS = ("pool", "nowait", "serial")
+SYSCALL_READERS = ("pool", "nowait", "serial")  # rows read with preadv2
+MMAP_READERS = ("mmap", "mmap-pool")  # rows gathered through a mapping (page faults)
+READERS = SYSCALL_READERS + MMAP_READERS
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 UNSUPPORTED_ERRNOS = frozenset(
     e for e in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", None)) if e
@@ -147,6 +158,10 @@ class Reader:
 
     def read_batch(self, jobs: list[Job]) -> ReadStats:
         raise NotImplementedError
+
+    def prepare(self, fd: int, populate: bool = False) -> None:
+        """Called once per table fd before the first batch (the mmap readers map it here, so
+        the mapping is not made inside a step).  No-op for the syscall readers."""
 
     def close(self) -> None:
         pass
@@ -284,9 +299,129 @@ class NowaitReader(PoolReader):
         return stats
 
 
+class _Mapping:
+    """One read-only ``numpy.memmap`` of a table file, ``MADV_RANDOM`` on the whole mapping."""
+
+    def __init__(self, fd: int, populate: bool = False):
+        st = os.fstat(fd)
+        self.ident = (st.st_dev, st.st_ino)
+        self.size = st.st_size
+        with open(fd, "rb", closefd=False) as f:
+            self.mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(st.st_size,))
+        raw = self.mm._mmap  # the mmap.mmap numpy made: madvise acts on the whole mapping
+        raw.madvise(mmap.MADV_RANDOM)
+        if populate:  # map every (cached) page now: later gathers make no fault at all
+            try:
+                raw.madvise(MADV_POPULATE_READ)
+            except OSError:  # older kernel: touch one byte a page (the pages are cached)
+                int(self.mm[::mmap.PAGESIZE].sum())
+
+    def rows(self, job: Job) -> tuple[np.ndarray, np.ndarray]:
+        """(2-D [rows, row_bytes] view of the job's tensor region, row ids of job.offsets)."""
+        rb, offs = job.row_bytes, job.offsets
+        if not len(offs):
+            return self.mm[:0].reshape(0, rb), offs
+        phase = int(offs[0]) % rb
+        if ((offs - phase) % rb).any() or int(offs.min()) < 0 or int(offs.max()) + rb > self.size:
+            raise ShortReadError(errno.EIO, f"rows outside the mapping or not row-aligned (fd {job.fd})")
+        nrows = (self.size - phase) // rb
+        return self.mm[phase:phase + nrows * rb].reshape(nrows, rb), (offs - phase) // rb
+
+    def close(self) -> None:
+        raw = getattr(self.mm, "_mmap", None)
+        self.mm = None
+        if raw is not None:
+            try:
+                raw.close()
+            except BufferError:  # a view is still alive somewhere: let GC unmap it
+                pass
+
+
+def _gather(view: np.ndarray, rows: np.ndarray, out: np.ndarray) -> int:
+    """The fancy-index gather: out[:] = view[rows] without a temporary (bounds checked)."""
+    np.take(view, rows, axis=0, out=out, mode="clip")
+    return 0
+
+
+class MmapReader(Reader):
+    """Rows gathered through a mapping on the calling thread (see the module doc)."""
+
+    name = "mmap"
+
+    def __init__(self, threads: int = 32, preadv: Preadv | None = None):
+        super().__init__(threads, preadv)
+        self._maps: dict[int, _Mapping] = {}  # fd -> mapping
+
+    def prepare(self, fd: int, populate: bool = False) -> None:
+        self._mapping(fd, populate)
+
+    def _mapping(self, fd: int, populate: bool = False) -> _Mapping:
+        m = self._maps.get(fd)
+        st = os.fstat(fd)
+        if m is None or m.ident != (st.st_dev, st.st_ino) or m.size != st.st_size:
+            if m is not None:
+                m.close()
+            m = self._maps[fd] = _Mapping(fd, populate)
+        return m
+
+    def _work(self, jobs: list[Job]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        work = []
+        for job in jobs:
+            view, rows = self._mapping(job.fd).rows(job)
+            work.append((view, rows, job.out))
+        return work
+
+    def read_batch(self, jobs: list[Job]) -> ReadStats:
+        for view, rows, out in self._work(jobs):
+            _gather(view, rows, out)
+        return ReadStats()
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
+
+
+class MmapPoolReader(MmapReader):
+    """The mmap gather cut into the pool's tasks, every task a future on the shared pool."""
+
+    name = "mmap-pool"
+
+    def __init__(self, threads: int = 32, preadv: Preadv | None = None):
+        super().__init__(threads, preadv)
+        self._pool: ThreadPoolExecutor | None = _acquire_pool(threads)
+
+    def read_batch(self, jobs: list[Job]) -> ReadStats:
+        if self._pool is None:
+            raise ValueError(f"{self.name} reader is closed")
+        work = self._work(jobs)
+        total = sum(len(rows) for _, rows, _ in work)
+        if not total:
+            return ReadStats()
+        size = max(1, min(MAX_TASK_ROWS, math.ceil(total / self.threads)))
+        futures = [self._pool.submit(_gather, view, rows[k:k + size], out[k:k + size])
+                   for view, rows, out in work for k in range(0, len(rows), size)]
+        error = None
+        for fut in futures:  # wait for every task, even after a failure: they write into out
+            try:
+                fut.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                error = error or exc
+        if error is not None:
+            raise error
+        return ReadStats()
+
+    def close(self) -> None:
+        super().close()
+        if self._pool is not None:
+            self._pool = None
+            _release_pool(self.threads)
+
+
 def make_reader(name: str, threads: int = 32, *, preadv: Preadv | None = None) -> Reader:
-    """A reader by name (``pool``, ``nowait`` or ``serial``)."""
-    cls = {"pool": PoolReader, "nowait": NowaitReader, "serial": SerialReader}.get(name)
+    """A reader by name (``pool``, ``nowait``, ``serial``, ``mmap`` or ``mmap-pool``)."""
+    cls = {"pool": PoolReader, "nowait": NowaitReader, "serial": SerialReader,
+           "mmap": MmapReader, "mmap-pool": MmapPoolReader}.get(name)
     if cls is None:
         raise ValueError(f"unknown reader {name!r}; choose one of {', '.join(READERS)}")
     return cls(threads, preadv)

@@ -193,6 +193,8 @@ def run_workload(
             warm(path)
         elif cache == "cold":
             evict(path)
+        # the mmap readers map the table here, not inside a step (warm: every page mapped too)
+        rdr.prepare(fd, populate=cache == "warm")
         if on_ready:
             on_ready()
         if start_delay:  # ends early when start_event (or stop) is set
