@@ -66,6 +66,8 @@ MIN_JUDGED_BATCHES = 3
 REGULARITY_FACTOR = 1.25
 REGULARITY_SLACK = 0.02
 IRREGULAR_CV = 0.5
+#: an inferred batch longer than this (median) is not a step: the read stream shows no steps
+LONG_BATCH_NS = 2_000_000_000
 
 _EPOCH_2000 = 946_684_800
 _EPOCH_2100 = 4_102_444_800
@@ -556,6 +558,12 @@ def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None) -> Batch
         stop_ns = np.maximum.reduceat(end, first)
     else:
         first = stop = start = stop_ns = np.empty(0, np.int64)
+    if n and src != "user" and len(first) and float(np.median(stop_ns - start)) > LONG_BATCH_NS:
+        notes.append(
+            f"the inferred batches last {np.median(stop_ns - start) / 1e9:.1f} s each (median): no decode or prefill "
+            "step is that long, so the gaps in the read stream do not show the steps (a reader with no pause "
+            "between them); pass --markers (the application's step boundaries)"
+        )
     return Batches(first=first, stop=stop, start_ns=start, end_ns=stop_ns, n_calls=n, source="inferred",
                    gap_ns=thr, gap_source=src, notes=notes, info=info)
 

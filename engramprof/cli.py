@@ -72,8 +72,8 @@ def main() -> None:
         # standalone_mode=False: click's usage errors come here (one line, exit 2) instead
         # of typer's boxed panel; --help is printed by click itself, rich as before
         rc = app(standalone_mode=False, prog_name=PROG)
-        if isinstance(rc, int) and not isinstance(rc, bool) and rc:
-            sys.exit(rc)
+        # exit as click's standalone mode does (callers and tests expect SystemExit)
+        sys.exit(rc if isinstance(rc, int) and not isinstance(rc, bool) else 0)
     except click_exc.NoArgsIsHelpError:  # `engramprof lab`: typer printed the help, as before
         sys.exit(2)
     except click_exc.UsageError as exc:

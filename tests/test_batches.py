@@ -252,3 +252,14 @@ def test_stream_without_batches_says_it_found_no_structure():
     assert seg.n == 1 or any("irregular" in n for n in seg.notes), (seg.n, seg.info)
     if seg.n == 1:
         assert any("one batch" in n for n in seg.notes)
+
+
+def test_back_to_back_reads_for_seconds_say_the_stream_shows_no_steps():
+    # issue 11, item 8: no gap between steps -> one 11-second "batch" and no warning
+    rng = np.random.default_rng(8)
+    n = 400_000
+    dur = rng.integers(2_000, 6_000, n)
+    ts = T0 + np.cumsum(dur + rng.integers(500, 30_000, n))  # 11 s of reads, no pause between steps
+    seg = B.infer(ts, ts + dur)
+    text = " ".join(seg.notes)
+    assert ("one batch" in text or "do not show the steps" in text) and "--markers" in text

@@ -20,6 +20,8 @@ from engramprof.trace import CONTRACT_COLUMNS, EVIDENCE_COLUMNS
 #: events handled at a time (whole batches per chunk): bounds memory, keeps arrays cache-sized
 CHUNK_CALLS = 1 << 18
 REQUIRED_COLUMNS = ("ts_ns", "dur_ns", "tid")
+#: the contract columns the analysis reads (``size`` is not one: it is not read for it)
+USED_CONTRACT_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "path", "offset", "ret", "flags")
 
 
 class EventColumns:
@@ -129,7 +131,7 @@ def prepare_read_events(calls: pd.DataFrame, notes: list[str]) -> ReadEvents:
     lacking = [c for c in REQUIRED_COLUMNS if c not in calls.columns]
     if lacking:
         raise UserError(f"per-call table lacks required columns: {', '.join(lacking)}")
-    absent = [c for c in CONTRACT_COLUMNS if c not in calls.columns]
+    absent = [c for c in CONTRACT_COLUMNS if c in USED_CONTRACT_COLUMNS and c not in calls.columns]
     if absent:
         notes.append(f"per-call table lacks {', '.join(absent)}: related figures are not shown")
     n_total = len(calls)
