@@ -222,6 +222,17 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("end_ns", pa.int64()),
         ("lost", pa.int64()),
     ],
+    # every off-CPU span of the target's threads, in or out of a read (probes/sched.bpf.c):
+    # switched out at start_ns, back on a CPU at end_ns; preempted (still runnable: waited
+    # for a CPU) or a voluntary sleep; who woke it (sched_wakeup's waker, -1: not seen)
+    "offcpu": [
+        ("tid", pa.int32()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("preempted", pa.bool_()),
+        ("waker_tid", pa.int32()),
+        ("waker_pid", pa.int32()),
+    ],
 }
 
 #: the read events' columns the batch analysis reads (engramprof.analysis): a bundle is read
@@ -235,6 +246,7 @@ SAMPLE_READ_COLUMNS = {
     "psi": ["ts_ns", "resource", "some_us"],
     "cgroup": ["ts_ns", "refault_file"],
     "lost_records": ["start_ns", "end_ns", "lost"],
+    "offcpu": ["tid", "start_ns", "end_ns", "preempted", "waker_tid"],
 }
 
 
