@@ -18,6 +18,7 @@ from rich.text import Text
 from engramprof import present
 from engramprof.analysis.verdicts import CAUSES, col
 from engramprof.errors import UserError
+from engramprof.render import Col, fit_table
 
 CAUSE_COLOURS = {
     "residency": "#d62728",
@@ -155,10 +156,8 @@ def _slow_evidence(r: pd.Series | dict) -> str:
 def render(result, console: Console | None = None, top: int = 10) -> None:
     """Rich terminal report: summary sentences, cause shares (all / tail), slowest batches."""
     batches, s = result
-    if console is None:
+    if console is None:  # the terminal's width; piped: COLUMNS, else 80 (never forced wider)
         console = Console(highlight=False)
-        if not console.is_terminal:
-            console = Console(highlight=False, width=140)
     console.print(Text(f"batch-tail: {s['batches']:,} batches, {s['calls_in_batches']:,} of {s['calls']:,} calls — "
                        + _source_line(s), style="bold"))
     console.print(
@@ -192,22 +191,26 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
     console.print(t)
 
     if len(batches):
-        st = Table(title=f"Slowest batches (of {len(batches):,})", title_justify="left")
-        for name, just in (("#", "right"), ("start s", "right"), ("wall ms", "right"), ("in flight", "right"),
-                           ("calls", "right"), ("slow", "right"), ("misses", "right"), ("slowest ms", "right"),
-                           ("slowest call evidence", "left"), ("verdict", "left")):
-            st.add_column(name, justify=just, overflow="fold")
+        # what a decision rests on stays whole (batch, wall, in-flight and slowest-call times,
+        # the slowest call's file@offset); start time and call count go first when narrow
+        cols = [Col("#"), Col("start s", drop=2), Col("wall ms"), Col("in flight"), Col("calls", drop=3),
+                Col("slow", drop_if_zero=True, drop=1), Col("misses", drop_if_zero=True), Col("slowest ms"),
+                Col("slowest call evidence", "left", wrap=True, min_width=16),
+                Col("verdict", "left", wrap=True, min_width=12)]
+        rows = []
         for _, r in batches.nlargest(min(top, len(batches)), "wall_ms").iterrows():
             shares = {c: r[f"share_{col(c)}"] for c in CAUSES}
             tc = max(CAUSES, key=lambda c: shares[c])
-            st.add_row(
+            verdict = (f"{r['verdict']} {shares[tc]:.0%}" if tc == r["verdict"]
+                       else f"{r['verdict']} ({tc} {shares[tc]:.0%})")
+            rows.append([
                 str(int(r["batch"])), f"{r['start_s']:.3f}", fmt_ms(r["wall_ms"]), fmt_ms(r["inflight_ms"]),
                 f"{int(r['calls']):,}", f"{int(r['slow_calls']):,}",
                 f"{int(r['misses']):,}" if "misses" in r else "-",
                 fmt_ms(r["slowest_call_ms"]), _slow_evidence(r),
-                Text(f"{r['verdict']} ({tc} {shares[tc]:.0%})", style=CAUSE_STYLE.get(r["verdict"], "")),
-            )
-        console.print(st)
+                Text(verdict, style=CAUSE_STYLE.get(r["verdict"], "")),
+            ])
+        console.print(fit_table(console, cols, rows, title=f"Slowest batches (of {len(batches):,})"))
     sub = s.get("submitter") or {}
     console.print(Text("submitting thread: " + (f"tid {sub['tid']} ({sub['source']})" if sub.get("tid") is not None
                                                 else "none identified: every reading thread is treated as a pool worker"),

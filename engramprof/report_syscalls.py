@@ -8,6 +8,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from engramprof.render import Col, fit_table
+
 
 def _fmt_us(v) -> str:
     if v is None or v != v:
@@ -106,28 +108,32 @@ def print_summary(console: Console, s: dict) -> None:
         t.add_row("trace", s["output"])
     console.print(t)
     if s["files"]:
-        ft = Table(title="files by total time", title_justify="left")
-        for col in ("file", "calls", "total ms", "max", "calls w/ misses", "EAGAIN"):
-            ft.add_column(col, justify="left" if col == "file" else "right")
-        for f in s["files"]:
-            ft.add_row(_short(f["path"], 60), f"{f['calls']:,}", f"{f['total_ms']:,.1f}", _fmt_us(f["max_us"]),
-                       f"{f['calls_with_misses']:,}", f"{f['eagain']:,}")
-        console.print(ft)
+        cols = [Col("file", "left", shrink=True), Col("calls"), Col("total ms"), Col("max"),
+                Col("calls w/ misses", drop_if_zero=True), Col("EAGAIN", drop_if_zero=True, drop=1)]
+        rows = [[f["path"], f"{f['calls']:,}", f"{f['total_ms']:,.1f}", _fmt_us(f["max_us"]),
+                 f"{f['calls_with_misses']:,}", f"{f['eagain']:,}"] for f in s["files"]]
+        console.print(fit_table(console, cols, rows, title="files by total time"))
     if s.get("tensors"):
-        tt = Table(title="safetensors tensors by total time", title_justify="left")
-        for col in ("tensor", "calls", "total ms", "max", "calls w/ misses"):
-            tt.add_column(col, justify="left" if col == "tensor" else "right")
-        for f in s["tensors"][:5]:
-            tt.add_row(f["tensor"], f"{f['calls']:,}", f"{f['total_ms']:,.1f}", _fmt_us(f["max_us"]), f"{f['calls_with_misses']:,}")
-        console.print(tt)
+        cols = [Col("tensor", "left"), Col("calls"), Col("total ms"), Col("max"),
+                Col("calls w/ misses", drop_if_zero=True, drop=1)]
+        rows = [[f["tensor"], f"{f['calls']:,}", f"{f['total_ms']:,.1f}", _fmt_us(f["max_us"]),
+                 f"{f['calls_with_misses']:,}"] for f in s["tensors"][:5]]
+        console.print(fit_table(console, cols, rows, title="safetensors tensors by total time"))
     if s["slowest"]:
-        st = Table(title="slowest calls", title_justify="left")
-        for col in ("dur", "tid", "file", "offset", "size", "misses", "bio", "reclaim", "off-CPU", "runq"):
-            st.add_column(col, justify="left" if col == "file" else "right")
-        for r in s["slowest"][:5]:
-            st.add_row(_fmt_us(r["dur_us"]), str(r["tid"]), _short(r["path"], 40), f"{r['offset']:,}", f"{r['size']:,}",
-                       str(r["pages_added"]), _fmt_us(r["bio_us"]), _fmt_us(r["reclaim_us"]), _fmt_us(r["offcpu_us"]),
-                       _fmt_us(r["runq_us"]))
-        console.print(st)
+        # the offset, the duration and the in-call evidence stay whole; all-zero evidence
+        # columns go first, then the run queue (part of off-CPU), the tid, the reclaim time
+        cols = [Col("dur"), Col("tid", drop=3), Col("file", "left", shrink=True, drop=1), Col("offset"),
+                Col("size"), Col("misses"), Col("bio", drop_if_zero=True), Col("reclaim", drop_if_zero=True, drop=2),
+                Col("off-CPU", drop_if_zero=True), Col("runq", drop_if_zero=True, drop=4)]
+        rows = [[_fmt_us(r["dur_us"]), str(r["tid"]), r["path"] or "?", f"{r['offset']:,}", f"{r['size']:,}",
+                 str(r["pages_added"]), _fmt_us(r["bio_us"]), _fmt_us(r["reclaim_us"]), _fmt_us(r["offcpu_us"]),
+                 _fmt_us(r["runq_us"])] for r in s["slowest"][:5]]
+        title = "slowest calls"
+        paths = {r[2] for r in rows}
+        if len(paths) == 1:  # one file: named once, in the title, and not in every row
+            title += f" (all in {paths.pop()})"
+            cols.pop(2)
+            rows = [r[:2] + r[3:] for r in rows]
+        console.print(fit_table(console, cols, rows, title=title))
     for n in s.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {n}")
