@@ -158,14 +158,17 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
     batches, s = result
     if console is None:  # the terminal's width; piped: COLUMNS, else 80 (never forced wider)
         console = Console(highlight=False)
-    console.print(Text(f"batch-tail: {s['batches']:,} batches, {s['calls_in_batches']:,} of {s['calls']:,} calls — "
+
+    def say(line) -> None:  # a sentence: one line, the terminal wraps it (greppable whole)
+        console.print(line, soft_wrap=True)
+    say(Text(f"batch-tail: {s['batches']:,} batches, {s['calls_in_batches']:,} of {s['calls']:,} calls — "
                        + _source_line(s), style="bold"))
-    console.print(
+    say(
         f"{_pct(s['frac_batches_with_slow_call'])} of batches had at least one call slower than {s['slow_ms']:g} ms "
         f"(calls p50 {fmt_time(s['call_ms']['p50'])}, p99 {fmt_time(s['call_ms']['p99'])})"
     )
     if s.get("outside_read_path_frac") is not None:
-        console.print(
+        say(
             f"median batch {fmt_time(s['batch_ms']['p50'])} while reads were in flight for "
             f"{fmt_time(s['inflight_ms']['p50'])}: {_pct(s['outside_read_path_frac'])} of batch time is outside "
             f"the kernel read path (summed call time p50 {fmt_time(s['sum_call_ms']['p50'])}; batch p99 "
@@ -177,8 +180,8 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
     line.append(v, style=f"bold {CAUSE_STYLE.get(v, '')}")
     line.append(f" — largest share: {top_cause} {_pct(s['share'][top_cause])} of batch time; "
                 f"tail (batches > p90 {fmt_time(s['tail_threshold_ms'])}): {s['tail_verdict']}")
-    console.print(line)
-    console.print(Text(present.ADVICE.get(v, {}).get("hint", ""), style="italic"))
+    say(line)
+    say(Text(present.ADVICE.get(v, {}).get("hint", ""), style="italic"))
 
     ev = _cause_evidence(s)
     t = Table(title="Where batch time went", title_justify="left")
@@ -212,17 +215,17 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
             ])
         console.print(fit_table(console, cols, rows, title=f"Slowest batches (of {len(batches):,})"))
     sub = s.get("submitter") or {}
-    console.print(Text("submitting thread: " + (f"tid {sub['tid']} ({sub['source']})" if sub.get("tid") is not None
+    say(Text("submitting thread: " + (f"tid {sub['tid']} ({sub['source']})" if sub.get("tid") is not None
                                                 else "none identified: every reading thread is treated as a pool worker"),
                        style="dim"))
     vc = ", ".join(f"{k} {n:,}" for k, n in s["verdict_counts"].items() if n)
-    console.print(f"per-batch verdicts: {vc}")
+    say(f"per-batch verdicts: {vc}")
     if s.get("missing_evidence"):
-        console.print(Text("missing evidence columns: " + ", ".join(s["missing_evidence"]), style="yellow"))
+        say(Text("missing evidence columns: " + ", ".join(s["missing_evidence"]), style="yellow"))
     if s.get("samples_missing"):
-        console.print(Text("samples not available: " + ", ".join(s["samples_missing"]), style="dim"))
+        say(Text("samples not available: " + ", ".join(s["samples_missing"]), style="dim"))
     for note in s.get("notes", []):
-        console.print(Text("note: " + note, style="dim"))
+        say(Text("note: " + note, style="dim"))
 
 
 # ------------------------------------------------------------------------------ plot --
