@@ -120,9 +120,11 @@ def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
         if df.empty:
             raise UserError("no trace call falls inside a marker interval (markers from another run?)")
     else:
-        b = seg.infer(ts, end_ns, gap_ms)
+        # as batch-tail does: inferred batches the recording's start/end may have cut are left out
+        b = seg.drop_truncated(seg.infer(ts, end_ns, gap_ms), getattr(trace, "meta", None))
         df["batch"] = b.call_batch
         notes.extend(b.notes)
+        df = df[df["batch"] >= 0]
         if b.gap_ns:
             notes.append(f"batches: {b.n} inferred, split at read-stream gaps over {b.gap_ns / 1e6:.3g} ms "
                          f"({b.gap_source})")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import List, Optional
 
 import typer
@@ -57,50 +56,52 @@ def residency(
 
 def _print(files, rows_summary, res) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    con = Console(width=None if sys.stdout.isatty() else 140)
+    from engramprof.render import Col, fit_table
+
+    con = Console()  # the terminal's width; piped: COLUMNS, else 80
     if files:
-        t = Table(title=f"page-cache residency (page size {res.PAGE_SIZE} B)", title_justify="left")
-        for c in ("path", "pages", "resident", "dirty", "writeback", "evicted", "recently evicted", "method"):
-            t.add_column(c, justify="left" if c in ("path", "method") else "right")
+        cols = [Col("path", "left", shrink=True), Col("pages"), Col("resident"), Col("dirty", drop_if_zero=True, drop=3),
+                Col("writeback", drop_if_zero=True, drop=4), Col("evicted", drop=2),
+                Col("recently evicted", drop_if_zero=True, drop=1), Col("method", "left", drop=5)]
+        rows = []
         for f in files:
             r = f.residency
-            t.add_row(f.path, _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
-                      _fmt(r.dirty), _fmt(r.writeback), _fmt(r.evicted), _fmt(r.recently_evicted), r.method)
-        con.print(t)
+            rows.append([f.path, _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
+                         _fmt(r.dirty), _fmt(r.writeback), _fmt(r.evicted), _fmt(r.recently_evicted), r.method])
+        con.print(fit_table(con, cols, rows, title=f"page-cache residency (page size {res.PAGE_SIZE} B)"))
         for f in files:
             if f.tensor_note:
-                con.print(f"{f.path}: {f.tensor_note}")
+                con.print(f"{f.path}: {f.tensor_note}", soft_wrap=True)
             if not f.tensors:
                 continue
-            tt = Table(title=f"{f.path}: per tensor", title_justify="left")
-            for c in ("tensor", "rows", "pages", "resident", "dirty", "evicted", "recently evicted"):
-                tt.add_column(c, justify="left" if c == "tensor" else "right")
+            cols = [Col("tensor", "left"), Col("rows"), Col("pages", drop=3), Col("resident"),
+                    Col("dirty", drop_if_zero=True, drop=2), Col("evicted", drop_if_zero=True, drop=4),
+                    Col("recently evicted", drop_if_zero=True, drop=1)]
+            rows = []
             for tr in f.tensors:
                 r = tr.residency
-                tt.add_row(tr.name, _fmt(tr.rows), _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
-                           _fmt(r.dirty), _fmt(r.evicted), _fmt(r.recently_evicted))
+                rows.append([tr.name, _fmt(tr.rows), _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
+                             _fmt(r.dirty), _fmt(r.evicted), _fmt(r.recently_evicted)])
                 for rg in tr.ranges:
-                    tt.add_row(f"  rows {rg['row_start']:,}-{rg['row_end'] - 1:,}", _fmt(rg["row_end"] - rg["row_start"]),
-                               _fmt(rg["pages"]), f"{_fmt(rg['resident'])} ({_pct(rg['resident'], rg['pages'])})",
-                               _fmt(rg["dirty"]), _fmt(rg["evicted"]), _fmt(rg["recently_evicted"]))
-            con.print(tt)
+                    rows.append([f"  rows {rg['row_start']:,}-{rg['row_end'] - 1:,}", _fmt(rg["row_end"] - rg["row_start"]),
+                                 _fmt(rg["pages"]), f"{_fmt(rg['resident'])} ({_pct(rg['resident'], rg['pages'])})",
+                                 _fmt(rg["dirty"]), _fmt(rg["evicted"]), _fmt(rg["recently_evicted"])])
+            con.print(fit_table(con, cols, rows, title=f"{f.path}: per tensor"))
     if rows_summary is not None:
-        t = Table(title="rows of the trace, by residency now (page-granular, not read)", title_justify="left")
-        for c in ("file / tensor", "rows", "resident", "partly", "cold"):
-            t.add_column(c, justify="left" if c == "file / tensor" else "right")
+        cols = [Col("file / tensor", "left", shrink=True), Col("rows"), Col("resident"), Col("partly"), Col("cold")]
+        rows = []
         for f in rows_summary.files:
-            t.add_row(f["path"], _fmt(f["rows"]), f"{_fmt(f['resident'])} ({_pct(f['resident'], f['rows'])})",
-                      _fmt(f["partly"]), f"{_fmt(f['cold'])} ({_pct(f['cold'], f['rows'])})")
+            rows.append([f["path"], _fmt(f["rows"]), f"{_fmt(f['resident'])} ({_pct(f['resident'], f['rows'])})",
+                         _fmt(f["partly"]), f"{_fmt(f['cold'])} ({_pct(f['cold'], f['rows'])})"])
             for tr in f.get("tensors", []):
-                t.add_row(f"  {tr['tensor']}", _fmt(tr["rows"]), f"{_fmt(tr['resident'])} ({_pct(tr['resident'], tr['rows'])})",
-                          _fmt(tr["partly"]), f"{_fmt(tr['cold'])} ({_pct(tr['cold'], tr['rows'])})")
-        con.print(t)
+                rows.append([f"  {tr['tensor']}", _fmt(tr["rows"]), f"{_fmt(tr['resident'])} ({_pct(tr['resident'], tr['rows'])})",
+                             _fmt(tr["partly"]), f"{_fmt(tr['cold'])} ({_pct(tr['cold'], tr['rows'])})"])
+        con.print(fit_table(con, cols, rows, title="rows of the trace, by residency now (page-granular, not read)"))
         for n in rows_summary.notes:
-            con.print(f"note: {n}")
+            con.print(f"note: {n}", soft_wrap=True)
     else:
-        con.print(f"note: {res.RACE_NOTE}")
+        con.print(f"note: {res.RACE_NOTE}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
