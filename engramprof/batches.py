@@ -105,6 +105,12 @@ class Batches:
     def counts(self) -> np.ndarray:
         return self.stop - self.first
 
+    @property
+    def empty(self) -> np.ndarray:
+        """Batches holding no read event (markers of a reader whose rows were all mapped and
+        resident: a memory-mapped gather that made no page fault)."""
+        return self.counts == 0
+
     def subset(self, keep: np.ndarray) -> "Batches":
         """The batches where ``keep``; the calls of the others belong to no batch."""
         return Batches(first=self.first[keep], stop=self.stop[keep], start_ns=self.start_ns[keep],
@@ -214,7 +220,7 @@ def explain_marker_clock(markers: pd.DataFrame, t0: int, t1: int, meta: dict | N
 
 
 def from_markers(ts: np.ndarray, end: np.ndarray, markers: pd.DataFrame, meta: dict | None = None,
-                 bad_lines: int = 0) -> Batches:
+                 bad_lines: int = 0, keep_empty: bool = False) -> Batches:
     """Assign calls (sorted by entry ``ts``) to marker spans.
 
     Markers outside the trace are dropped (noted); when none overlaps the trace the markers
@@ -249,15 +255,21 @@ def from_markers(ts: np.ndarray, end: np.ndarray, markers: pd.DataFrame, meta: d
     s = m["start_ns"].to_numpy()
     e = m["end_ns"].to_numpy()
     mt = m["tid"].to_numpy()
-    t0 = int(ts.min())
-    t1 = int(end.max())
+    win = recording_window(meta)
+    if len(ts):
+        t0, t1 = int(ts.min()), int(end.max())
+        if keep_empty and win is not None:  # batches without a read event count: the recording's span
+            t0, t1 = min(t0, win[0]), max(t1, win[1])
+    elif keep_empty and win is not None:
+        t0, t1 = win
+    else:
+        raise UserError("the trace has no read events and no recording window: markers cannot be placed")
     inside = _overlaps(s, e, t0, t1)
     if not inside.any():
         raise UserError("markers do not overlap the trace: " + explain_marker_clock(m, t0, t1, meta))
     if (~inside).any():
         notes.append(f"markers: {int((~inside).sum())} of {len(s)} fall outside the trace's time span and were ignored")
     s, e, mt = s[inside], e[inside], mt[inside]
-    win = recording_window(meta)
     if win is not None:
         straddle = (s < win[0]) | (e > win[1])
         if straddle.any():
@@ -275,9 +287,11 @@ def from_markers(ts: np.ndarray, end: np.ndarray, markers: pd.DataFrame, meta: d
     first = np.searchsorted(ts, s, side="left")
     stop = np.searchsorted(ts, e, side="left")
     counts = stop - first
-    used = counts > 0
+    used = counts > 0 if not keep_empty else np.ones(len(counts), dtype=bool)
     info["markers_in_trace"] = int(len(s))
     info["calls_outside_markers"] = int(len(ts) - counts.sum())
+    if keep_empty:
+        info["batches_without_read_events"] = int((counts == 0).sum())
     if not used.any():
         raise UserError(
             f"no traced call falls inside any of the {len(s)} markers that overlap the trace "

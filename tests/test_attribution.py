@@ -658,3 +658,65 @@ def test_lost_records_without_intervals_are_noted():
     _, s = analyse(calls, meta={"totals": {"lost_records": 1234}})
     assert s["lost_records"]["source"] == "total only" and s["lost_records"]["records"] == 1234
     assert any("1,234 call records were lost" in n for n in s["notes"])
+
+
+# ------------------------------------------ memory-mapped readers: batches with no read event --
+
+def _mmap_markers(n=40, step_ms=1.0, gap_ms=10.0, tid=500):
+    start = T0 + np.arange(n) * int((step_ms + gap_ms) * 1e6)
+    return pd.DataFrame({"start_ns": start, "end_ns": start + int(step_ms * 1e6), "tid": tid})
+
+
+def _window(markers):
+    return {"start_ns": int(markers["start_ns"].min()) - 10**6, "end_ns": int(markers["end_ns"].max()) + 10**6}
+
+
+def _faults(markers, every=8):
+    """A few minor faults (page mapped around) in every ``every``-th batch, on the submitter."""
+    rows = []
+    for k in range(0, len(markers), every):
+        t = int(markers["start_ns"].iloc[k]) + 100_000
+        rows.append((t, 3_000, 500) + (0,) * len(EV))
+    df = hand_calls(rows)
+    df["kind"] = "fault"
+    df["ret"] = np.nan
+    return df
+
+
+def test_cached_mmap_gather_on_the_calling_thread_is_healthy():
+    markers = _mmap_markers()
+    calls = _faults(markers)
+    b, s = analyse(calls, markers, meta=_window(markers))
+    assert s["batches"] == len(markers)  # kept, although most hold no read event
+    assert s["batches_without_read_events"]["batches"] == len(markers) - len(calls)
+    assert s["read_events"] == {"fault": len(calls)}
+    assert s["verdict"] == "healthy" and s["share"]["cpu-copy"] > 0.9
+    assert any("no read event" in n and "without off-CPU spans" in n for n in s["notes"])
+
+
+def test_cached_mmap_gather_split_across_a_pool_is_python_scheduling():
+    # the submitting thread waits off-CPU for the pool's workers most of each step
+    markers = _mmap_markers()
+    calls = _faults(markers)
+    spans = pd.DataFrame({"tid": 500, "start_ns": markers["start_ns"] + 150_000,
+                          "end_ns": markers["start_ns"] + 850_000, "preempted": False, "waker_tid": 501})
+    b, s = analyse(calls, markers, samples={"offcpu": spans}, meta=_window(markers))
+    assert s["verdict"] == "python-scheduling", s["share"]
+    # 35 of the 40 batches hold no read event: 70% of each is the submitter off-CPU
+    unread = b["calls"] == 0
+    assert unread.sum() == 35
+    assert b.loc[unread, "share_python_scheduling"].to_numpy() == pytest.approx(0.7, abs=1e-9)
+    assert s["batches_without_read_events"]["source"] == "offcpu spans of the submitting thread"
+    # spans of another thread are not the submitter's waits
+    other = spans.assign(tid=999)
+    _, s2 = analyse(calls, markers, samples={"offcpu": other}, meta=_window(markers))
+    assert s2["verdict"] == "healthy"
+
+
+def test_mmap_reader_with_no_read_event_at_all_is_still_analysed():
+    markers = _mmap_markers(n=10)
+    calls = _faults(markers).iloc[0:0]
+    meta = {"read_paths": ["syscall", "fault"], **_window(markers)}
+    b, s = analyse(calls, markers, meta=meta)
+    assert s["batches"] == 10 and s["calls"] == 0 and s["verdict"] == "healthy"
+    assert s["batches_without_read_events"]["batches"] == 10

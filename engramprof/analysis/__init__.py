@@ -34,6 +34,7 @@ from engramprof.analysis.holes import exclude_blind_batches, read_holes
 from engramprof.analysis.summary import Settings, evidence_notes, slow_copy_note, summarize
 from engramprof.analysis.table import batch_shares, batch_table
 from engramprof.analysis.threads import find_reading_threads
+from engramprof.analysis.unread import attribute_unread_batches, fault_read_path
 from engramprof.analysis.verdicts import DEFAULT_MEANINGFUL_SHARE, DEFAULT_SLOW_MS
 from engramprof.errors import UserError
 
@@ -75,13 +76,14 @@ def check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_u
 
 
 def segment_batches(events: ReadEvents, markers_df: pd.DataFrame | None, gap_ms: float | None, meta: dict,
-                    markers_bad_lines: int, notes: list[str]):
-    """Stage 2: batches from markers, else inferred (cut batches at the recording's edges left out)."""
+                    markers_bad_lines: int, notes: list[str], keep_unread: bool = False):
+    """Stage 2: batches from markers, else inferred (cut batches at the recording's edges left out).
+    ``keep_unread``: marked batches without a read event are kept (a memory-mapped reader)."""
     end = events.end
     if markers_df is not None:
         if gap_ms is not None:
             notes.append("--gap-ms is ignored when --markers are given")
-        seg = _batches.from_markers(events.ts, end, markers_df, meta, markers_bad_lines)
+        seg = _batches.from_markers(events.ts, end, markers_df, meta, markers_bad_lines, keep_empty=keep_unread)
     else:
         seg = _batches.drop_truncated(_batches.infer(events.ts, end, gap_ms), meta)
     notes.extend(seg.notes)
@@ -91,7 +93,17 @@ def segment_batches(events: ReadEvents, markers_df: pd.DataFrame | None, gap_ms:
 def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
     """The recording window: the recorder's start/end when it wrote them, else the events' span."""
     win = _batches.recording_window(meta)
-    return win if win is not None else (int(events.ts[0]), int(events.end.max()))
+    if win is not None or not len(events.ts):
+        return win or (0, 1)
+    return int(events.ts[0]), int(events.end.max())
+
+
+def read_event_counts(calls: pd.DataFrame) -> dict:
+    """Read events per kind (syscall, fault)."""
+    if "kind" not in calls.columns:
+        return {"syscall": int(len(calls))}
+    counts = calls["kind"].astype(object).value_counts()
+    return {str(k): int(v) for k, v in counts.items()}
 
 
 def _path_codes(events: ReadEvents) -> np.ndarray | None:
@@ -126,17 +138,36 @@ def analyse(
     """
     check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_us)
     calls, getter, meta, notes = _inputs(trace_or_calls, samples, meta)
-    events = prepare_read_events(calls, notes)
-    seg = segment_batches(events, markers_df, gap_ms, meta, markers_bad_lines, notes)
+    # a memory-mapped reader's marked batch may hold no read event (its rows mapped, resident)
+    keep_unread = markers_df is not None and fault_read_path(calls, meta)
+    events = prepare_read_events(calls, notes, allow_none=keep_unread)
+    seg = segment_batches(events, markers_df, gap_ms, meta, markers_bad_lines, notes, keep_unread)
     seg, lost = exclude_blind_batches(seg, read_holes(getter, meta), _window(events, meta), notes)
     context: SampleContext = load_context(getter, notes)
-    threads = find_reading_threads(events, seg)
-    acc = attribute_batches(events, AttributionInputs(seg=seg, threads=threads, refaults=context.refaults,
+    read = ~seg.empty
+    seg_read = seg if read.all() else seg.subset(read)
+    threads = find_reading_threads(events, seg_read)
+    acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
                                                       path_codes=_path_codes(events)))
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
     service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults))
+    threads_per_batch = threads.per_batch
+    unread = {"batches": 0, "source": None}
+    if not read.all():
+        acc = acc.expanded(np.flatnonzero(read), seg.n)
+        threads_per_batch = np.zeros(seg.n, dtype=np.int64)
+        threads_per_batch[read] = threads.per_batch
+        unread = attribute_unread_batches(acc, seg, ~read, context.offcpu, notes)
+    return _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes,
+                   Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
+                            loop_gap_us=loop_gap_us, top=top), lost, unread)
+
+
+def _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes, settings,
+            lost: dict, unread: dict) -> BatchTailResult:
+    """Stages 7-8: notes on the evidence, shares, the batch table and the summary."""
     # the observed miss service exists wherever the columns it is computed from do
     has_observed = {"bio_count", "bio_ns"} <= set(calls.columns) or "pages_added" in calls.columns
     notes.extend(slow_copy_note(acc, acc.n_events))
@@ -149,10 +180,10 @@ def analyse(
         if ctx[2]["threads_sampled"] == 0:
             notes.append("threads samples hold none of the reading threads: no context-switch counts")
             ctx = None
-    table = batch_table(acc, seg, events, threads.per_batch, shares, meaningful_share,
+    table = batch_table(acc, seg, events, threads_per_batch, shares, settings.meaningful_share,
                         None if ctx is None else ctx[:2])
-    settings = Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
-                        loop_gap_us=loop_gap_us, top=top)
     summary = summarize(acc, seg, events, threads, context, service, table, denom, settings, ctx, notes)
     summary["lost_records"] = lost
+    summary["read_events"] = read_event_counts(calls)
+    summary["batches_without_read_events"] = unread
     return BatchTailResult(table, summary)

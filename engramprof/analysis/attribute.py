@@ -135,6 +135,24 @@ class BatchAccumulator:
         """Time with no read in flight, per batch (ns)."""
         return self.before_first_read + self.after_last_read + self.handoff_gap + self.loop_gap
 
+    def expanded(self, rows: np.ndarray, n: int) -> "BatchAccumulator":
+        """This accumulator's batches placed at positions ``rows`` of ``n`` batches (the others,
+        batches without a read event, start at zero; their slowest event is -1)."""
+        full = BatchAccumulator(n, n_events=self.n_events)
+        for name in ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
+                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms"):
+            getattr(full, name)[rows] = getattr(self, name)
+        full.slowest_pos[:] = -1
+        full.slowest_pos[rows] = self.slowest_pos
+        for c in self.cause_ns:
+            full.cause_ns[c][rows] = self.cause_ns[c]
+        for k in self.evidence:
+            full.evidence[k][rows] = self.evidence[k]
+        full.totals, full.miss = self.totals, self.miss
+        full.observed_own, full.observed_waited, full.per_bio = self.observed_own, self.observed_waited, self.per_bio
+        full.pages_per_interval = self.pages_per_interval
+        return full
+
     def for_chunk(self) -> "BatchAccumulator":
         """A view for one chunk: the same per-batch arrays (a chunk writes only its own
         batches' slices), its own totals and lists, merged back in chunk order by :meth:`merge`

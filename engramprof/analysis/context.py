@@ -39,6 +39,7 @@ class SampleContext:
     threads: pd.DataFrame | None
     psi: pd.DataFrame | None
     refaults: RefaultSeries | None
+    offcpu: pd.DataFrame | None = None  # every off-CPU span of the target's threads
     used: dict = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
 
@@ -76,6 +77,7 @@ def load_context(getter: SampleGetter, notes: list[str]) -> SampleContext:
     ctx = SampleContext(threads=None, psi=None, refaults=None)
     ctx.threads = _read_sample(getter, "threads", notes, ctx)
     ctx.psi = _read_sample(getter, "psi", notes, ctx)
+    ctx.offcpu = _read_sample(getter, "offcpu", notes, ctx)
     cg = _read_sample(getter, "cgroup", notes, ctx)
     vm = _read_sample(getter, "vmstat", notes, ctx)
     if cg is not None:

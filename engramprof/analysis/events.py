@@ -124,10 +124,11 @@ def _exact_int(calls: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray |
     return np.where(bad, 0, f).astype(np.int64), bad
 
 
-def prepare_read_events(calls: pd.DataFrame, notes: list[str]) -> ReadEvents:
+def prepare_read_events(calls: pd.DataFrame, notes: list[str], allow_none: bool = False) -> ReadEvents:
     """Check the table, leave out events without a usable entry time / duration (noted),
     and order the rest by entry time (a view when the table is already clean and sorted).
-    Raises :class:`UserError` when nothing can be analysed."""
+    Raises :class:`UserError` when nothing can be analysed (``allow_none``: an empty table is
+    fine: marked batches of a memory-mapped reader may hold no read event)."""
     lacking = [c for c in REQUIRED_COLUMNS if c not in calls.columns]
     if lacking:
         raise UserError(f"per-call table lacks required columns: {', '.join(lacking)}")
@@ -135,6 +136,9 @@ def prepare_read_events(calls: pd.DataFrame, notes: list[str]) -> ReadEvents:
     if absent:
         notes.append(f"per-call table lacks {', '.join(absent)}: related figures are not shown")
     n_total = len(calls)
+    if n_total == 0 and allow_none:
+        empty = np.empty(0, dtype=np.int64)
+        return ReadEvents(ts=empty, dur=empty, cols=EventColumns(calls, None), n_total=0, notes=notes)
     if n_total == 0:
         raise UserError("the trace has no calls: nothing to analyse (was the target reading while traced?)")
     ts, ts_bad = _exact_int(calls, "ts_ns")

@@ -142,7 +142,10 @@ def summarize(acc, seg, events: ReadEvents, threads: ReadingThreads, context: Sa
     """The summary document: shares over all batches and over the tail, verdicts, evidence."""
     wall = (seg.end_ns - seg.start_ns).astype(np.float64)
     nb = acc.n
-    t_first, t_last = int(events.ts[0]), int(events.end.max())
+    if len(events.ts):
+        t_first, t_last = int(events.ts[0]), int(events.end.max())
+    else:  # no read event: the batches' span
+        t_first, t_last = (int(seg.start_ns.min()), int(seg.end_ns.max())) if nb else (0, 0)
     tot_wall = float(denom.sum())
     share_all = {c: float(acc.cause_ns[c].sum() / tot_wall) if tot_wall > 0 else 0.0 for c in CAUSES}
     p90 = float(np.percentile(wall, TAIL_PERCENTILE)) if nb else 0.0

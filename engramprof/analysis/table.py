@@ -28,6 +28,15 @@ def batch_shares(acc: BatchAccumulator, wall: np.ndarray) -> tuple[dict, np.ndar
 
 
 def _slowest_values(events: ReadEvents, name: str, rows: np.ndarray) -> np.ndarray:
+    """The column's value at each table row; None (NaN for numbers) where the row is -1 (a
+    batch without a read event)."""
+    none = rows < 0
+    if none.any():
+        vals = _slowest_values(events, name, np.where(none, 0, rows)) if len(events.ts) else \
+            np.full(len(rows), None, dtype=object)
+        vals = vals.astype(object if vals.dtype.kind in "OUS" else np.float64)
+        vals[none] = None if vals.dtype == object else np.nan
+        return vals
     cols = events.cols
     if name in ("path", "tensor"):
         codes, uniques = cols.codes(name)
@@ -46,7 +55,8 @@ def batch_table(acc: BatchAccumulator, seg, events: ReadEvents, threads_per_batc
     cols = events.cols
     nb = acc.n
     bstart, bend = seg.start_ns.astype(np.int64), seg.end_ns.astype(np.int64)
-    t0 = min(int(events.ts[0]), int(bstart[0])) if nb else int(events.ts[0])
+    starts = ([int(bstart[0])] if nb else []) + ([int(events.ts[0])] if len(events.ts) else [])
+    t0 = min(starts) if starts else 0
     out = pd.DataFrame({
         "batch": np.arange(nb), "start_ns": bstart, "end_ns": bend, "start_s": (bstart - t0) / 1e9,
         "wall_ms": (bend - bstart) / 1e6, "calls": seg.counts,
@@ -71,7 +81,8 @@ def batch_table(acc: BatchAccumulator, seg, events: ReadEvents, threads_per_batc
         if cols.has(name):
             out[key] = evb[key]
     out["slowest_call_ms"] = acc.slowest_ms
-    rows = cols.rows(acc.slowest_pos)
+    pos = acc.slowest_pos
+    rows = np.where(pos >= 0, cols.rows(np.maximum(pos, 0)) if len(events.ts) else 0, -1)
     for c in ("tid", "path", "offset", "tensor", "row"):
         if cols.has(c):
             out["slowest_" + c] = _slowest_values(events, c, rows)

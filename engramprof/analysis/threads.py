@@ -77,7 +77,7 @@ def _coverage(seg, code: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarr
 
 
 def _present(tids: np.ndarray, coverage: np.ndarray) -> np.ndarray:
-    t = tids[coverage > 0]
+    t = tids[coverage[:len(tids)] > 0]
     return np.sort(t[pd.notna(t)].astype(np.int64))
 
 
