@@ -1,0 +1,109 @@
+"""The off-CPU spans of the target's threads: probe records -> ``offcpu`` sample rows.
+
+:class:`OffcpuDecoder` turns a drained batch of ``struct offcpu_record`` (probes/sched.bpf.c,
+a numpy structured array) into one Arrow table of the ``offcpu`` sample schema
+(engramprof/trace/schema.py) with a handful of numpy casts: no Python work per span.
+:class:`OffcpuRecorder` is the recorder's side of the probe: load it, drain it into the sink
+(``samples/offcpu/part-*.parquet``, flushed with everything else about once a second), count
+what the kernel could not deliver and say where (``offcpu_lost`` rows, the same columns as
+``lost_records``), and report its totals for meta.json and the summary.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from engramprof import trace
+from engramprof.bpf import sched
+
+SAMPLE = "offcpu"
+LOST_SAMPLE = "offcpu_lost"  # holes in the span stream: start_ns, end_ns, lost (lost_records' schema)
+
+
+class OffcpuDecoder:
+    """``struct offcpu_record`` -> ``offcpu`` sample rows (columnar, one table per drain)."""
+
+    def __init__(self):
+        self.schema = trace.sample_schema(SAMPLE)
+        self.spans = 0
+
+    def decode(self, recs: np.ndarray) -> pa.Table | None:
+        if len(recs) == 0:
+            return None
+        self.spans += len(recs)
+        return pa.Table.from_arrays([
+            pa.array(recs["tid"].astype(np.int32)),
+            pa.array(recs["start_ns"].astype(np.int64)),
+            pa.array(recs["end_ns"].astype(np.int64)),
+            pa.array(recs["preempted"] != 0),
+            pa.array(recs["waker_tid"].astype(np.int32)),
+            pa.array(recs["waker_pid"].astype(np.int32)),
+        ], schema=self.schema)
+
+
+class OffcpuRecorder:
+    """Loads the sched probe and feeds its spans to a :class:`~engramprof.record.sink.TraceSink`."""
+
+    def __init__(self, pid: int, tid: int = 0):
+        self.config = sched.SchedConfig(tgid=pid, tid=tid)
+        self.plan: sched.SchedPlan | None = None
+        self.probe: sched.LoadedSchedProbe | None = None
+        self.decoder = OffcpuDecoder()
+        self.lost_seen = 0
+        self.lost_checked_ns = 0
+        self.lost_intervals = 0
+        self.end_ns: int | None = None
+        self._totals: dict[str, int] = {}
+
+    def start(self) -> None:
+        self.plan = sched.plan(self.config)
+        self.probe = sched.LoadedSchedProbe(self.plan)
+        self.lost_checked_ns = self.probe.armed_ns
+
+    def meta(self) -> dict:
+        p = self.plan
+        return {"probe": sched.PROBE_FILE, "waker_hook": p.waker_hook if p else None,
+                "missing_tracepoints": p.missing if p else []}
+
+    def drain(self, sink) -> None:
+        if self.probe is None:
+            return
+        table = self.decoder.decode(self.probe.ring.drain())
+        if table is not None:
+            sink.add_samples(SAMPLE, table)
+        lost = self.probe.lost_records()
+        now = time.monotonic_ns()
+        if lost > self.lost_seen:
+            sink.add_samples(LOST_SAMPLE, trace.lost_records_table([self.lost_checked_ns], [now],
+                                                                   [lost - self.lost_seen]))
+            self.lost_intervals += 1
+            self.lost_seen = lost
+        self.lost_checked_ns = now
+
+    def detach(self) -> None:
+        if self.probe is not None and self.end_ns is None:
+            self.end_ns = self.probe.detach()
+
+    def totals(self) -> dict[str, int]:
+        if self.probe is not None and self.probe.bpf is not None:
+            try:
+                self._totals = self.probe.totals()
+            except Exception:  # context: keep the last reading
+                pass
+        return dict(self._totals)
+
+    def summary(self) -> dict:
+        """What meta.json and the summary say about the spans (``offcpu``)."""
+        t = self.totals()
+        return {**self.meta(), "spans": t.get("spans", 0), "recorded": self.decoder.spans,
+                "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost_intervals,
+                "preempted": t.get("preempted", 0), "woken": t.get("woken", 0),
+                "untracked": t.get("no_state", 0), "offcpu_s": round(t.get("sum_ns", 0) / 1e9, 6)}
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.totals()
+            self.probe.close()
+            self.probe = None
