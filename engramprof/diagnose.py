@@ -58,6 +58,7 @@ def hot_row_residency(calls: pd.DataFrame, limit: int = HOT_ROWS) -> dict | None
     if ok.empty:
         return None
     rows = ok.groupby(["path", "offset", "size"], sort=False).size().rename("reads").reset_index()
+    distinct = int(len(rows))
     rows = rows.nlargest(limit, "reads")
     fractions, weights, skipped = [], [], []
     for path, g in rows.groupby("path", sort=False):
@@ -69,11 +70,12 @@ def hot_row_residency(calls: pd.DataFrame, limit: int = HOT_ROWS) -> dict | None
         fractions.append(fr)
         weights.append(g["reads"].to_numpy())
     if not fractions:
-        return {"rows": 0, "skipped": skipped}
+        return {"rows": 0, "distinct_rows": distinct, "skipped": skipped}
     fr = np.concatenate(fractions)
     w = np.concatenate(weights)
     return {
         "rows": int(len(fr)),
+        "distinct_rows": distinct,
         "resident_frac": float((fr >= 1.0).mean()),
         "cold_frac": float((fr <= 0.0).mean()),
         "resident_frac_by_reads": float((w * (fr >= 1.0)).sum() / w.sum()),
@@ -114,8 +116,10 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         if miss_slow is not None:
             finding += f"; of the slow calls {_pct(miss_slow)} missed and {_pct(wait_slow)} waited off-CPU"
         if hot and hot.get("rows"):
+            n, of = hot["rows"], hot.get("distinct_rows", hot["rows"])
+            which = f"all {n:,} distinct rows read" if n >= of else f"the {n:,} most-read of {of:,} distinct rows"
             finding += (f"; hot rows resident now: {hot['resident_frac_by_reads']:.0%} (by reads, "
-                        f"{hot['rows']:,} distinct rows, mincore/cachestat)")
+                        f"{which}, mincore/cachestat)")
         steps.append({"step": "residency of their pages", "finding": finding, "value": miss_any})
     vm = ctx.get("vmstat") or {}
     psi = (ctx.get("psi") or {}).get("memory") or {}
@@ -301,12 +305,26 @@ def render(console, d: dict) -> None:
         t.add_row(str(i), Text(e["step"]), Text(e["finding"]))
     console.print(t)
     console.print("[bold]what this cannot prove[/bold]")
+    # hanging indents: a wrapped line continues under its own text, not at column 0
+    limits = Table.grid(padding=(0, 1))
+    limits.add_column(justify="right")
+    limits.add_column()
     for line in d["limits"]:
-        console.print(f"  - {line}")
-    console.print(f"[bold]fix to try[/bold]: {d['recommendation']['fix']}")
-    console.print(f"[bold]confirm with[/bold]: {d['recommendation']['confirm']}")
+        limits.add_row("  -", Text(line))
+    console.print(limits)
+    advice = Table.grid(padding=(0, 1))
+    advice.add_column(style="bold", no_wrap=True)
+    advice.add_column()
+    advice.add_row("fix to try:", Text(d["recommendation"]["fix"]))
+    advice.add_row("confirm with:", Text(d["recommendation"]["confirm"]))
+    console.print(advice)
     if d.get("output"):
-        console.print(f"trace kept in {d['output']}")
+        console.print(f"trace kept in {d['output']}", soft_wrap=True)
+    notes = Table.grid(padding=(0, 1))
+    notes.add_column(style="yellow", no_wrap=True)
+    notes.add_column()
     for n in d["batch_tail"].get("notes", []):
-        console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+        notes.add_row("note:", Text(n))
+    if notes.row_count:
+        console.print(notes)
     sys.stdout.flush()
