@@ -1,0 +1,459 @@
+/* faults.bpf.c - every file-backed page fault of the target's threads, as a read event with
+ * the same in-flight evidence a syscall record gets.
+ *
+ * Tracepoints only.  There is no fault-exit tracepoint, so a fault is a span opened by its
+ * entry and closed by the thread's next user-visible event (docs/model.md, "Page faults:
+ * duration").  What fires on Linux 6.18 (measured with bpftrace on a numpy.memmap gather):
+ *   cold page:   page_fault_user -> mm_filemap_fault(idx) -> add_to_page_cache -> block_bio_queue
+ *                -> sched_switch out (D) ... in -> mm_filemap_map_pages(window with idx: the
+ *                VM_FAULT_RETRY pass, no second mm_filemap_fault) -> rseq_update (return to user)
+ *   cached page, not mapped: page_fault_user -> mm_filemap_map_pages(window)   (nothing else)
+ *   mapped page: nothing.
+ * A partly cached window gives mm_filemap_map_pages then mm_filemap_fault in one fault.
+ *
+ * Per thread (fault_by_tid): the open fault.  Entry = page_fault_user (HAVE_PFU) or the first
+ * filemap event.  Every in-fault event (filemap, insertion, bio queued, reclaim end, switch-in,
+ * rseq_update) moves its end.  It is closed and written to the ring when the thread:
+ *   - enters another fault (a new page_fault_user; without it a filemap event that is not the
+ *     fault's own continuation), or a syscall (raw_syscalls:sys_enter),
+ *   - returns to user space after a sleep in it (rseq:rseq_update; end = that instant),
+ *   - is preempted (a user-mode preemption after the fault's end looks the same; the fault
+ *     ends at its last event before it).
+ * Continuation without page_fault_user: a filemap_fault whose index is in the window of the
+ * map_pages that opened the fault; after a filemap_fault, one map_pages whose window holds its
+ * page (the retry pass, which follows every cold fault here, slept or not); after a sleep, a
+ * filemap_fault for the same page.
+ *
+ * Constants filled in before load (-D):
+ *   TARGET_TGID, TARGET_TID, RING_PAGES, HAVE_MAP_PAGES, HAVE_PFU (x86 exceptions:page_fault_user; 0 forces the
+ *   generic path), HAVE_RSEQ, HAVE_FILEMAP_ADD, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
+ *   HAVE_SCHED.
+ */
+#include <linux/ptrace.h>
+#include "engramprof.h"
+
+struct fault_state {
+	u64 ts;           /* entry; 0 = no fault open */
+	u64 end;          /* last in-fault event */
+	u64 address;
+	u64 index;
+	u64 ino;
+	u64 map_first;
+	u64 map_last;
+	u64 out_ts;       /* switched out at (inside the fault); 0 = running */
+	u64 wake_ts;
+	u64 offcpu_ns;
+	u64 runq_ns;
+	u64 reclaim_start;
+	u64 reclaim_ns;
+	u64 bio_ns;
+	u64 pfu_ts;       /* a page_fault_user not yet matched to a filemap event; 0 = none */
+	u64 pfu_addr;
+	u32 dev;
+	u32 pages_added;
+	u32 bio_count;
+	u16 flags;
+	u8 slept_since_filemap;
+	u8 last_was_map;  /* the fault's last filemap event was map_pages */
+	u8 have_map;      /* map_first / map_last are set */
+	u8 __pad0[7];
+};
+
+struct bio_key {
+	u32 dev;
+	u32 __pad0;
+	u64 sector;
+};
+
+struct bio_start {
+	u64 ts;
+	u64 fault_ts;
+	u32 tid;
+	u32 __pad0;
+};
+
+BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
+BPF_TABLE("lru_hash", struct bio_key, struct bio_start, fault_bio_by_sector, 16384);
+BPF_RINGBUF_OUTPUT(fault_records, RING_PAGES);
+BPF_PERCPU_ARRAY(fault_totals, struct fault_totals, 1);
+BPF_ARRAY(fault_record_layout, struct fault_record, 1);
+BPF_ARRAY(fault_totals_layout, struct fault_totals, 1);
+
+static __always_inline int is_target(u64 pid_tgid)
+{
+	if ((pid_tgid >> 32) != TARGET_TGID)
+		return 0;
+#if TARGET_TID
+	if ((u32)pid_tgid != TARGET_TID)
+		return 0;
+#endif
+	return 1;
+}
+
+static __always_inline struct fault_totals *totals(void)
+{
+	int zero = 0;
+	return fault_totals.lookup(&zero);
+}
+
+static __always_inline struct fault_state *state_of(u32 tid)
+{
+	return fault_by_tid.lookup(&tid);
+}
+
+static __always_inline struct fault_state *open_fault(u32 tid)
+{
+	struct fault_state *s = fault_by_tid.lookup(&tid);
+	if (s && s->ts)
+		return s;
+	return 0;
+}
+
+/* Write the open fault of s (pid_tgid's thread) and clear it. */
+static __always_inline void close_fault(struct fault_state *s, u64 pid_tgid)
+{
+	if (!s->ts)
+		return;
+	u64 dur = s->end > s->ts ? s->end - s->ts : 0;
+	struct fault_totals *t = totals();
+	if (t) {
+		t->faults++;
+		if (s->flags & FAULT_MAJOR)
+			t->major++;
+		if (s->flags & FAULT_RETRIED)
+			t->retried++;
+		t->sum_ns += dur;
+		if (dur > t->max_ns)
+			t->max_ns = dur;
+	}
+	struct fault_record *r = fault_records.ringbuf_reserve(sizeof(struct fault_record));
+	if (r) {
+		r->ts_ns = s->ts;
+		r->dur_ns = dur;
+		r->address = s->address;
+		r->index = s->index;
+		r->ino = s->ino;
+		r->map_first = s->map_first;
+		r->offcpu_ns = s->offcpu_ns;
+		r->runq_ns = s->runq_ns;
+		r->reclaim_ns = s->reclaim_ns;
+		r->bio_ns = s->bio_ns;
+		r->pid = pid_tgid >> 32;
+		r->tid = (u32)pid_tgid;
+		r->dev = s->dev;
+		r->pages_added = s->pages_added;
+		r->bio_count = s->bio_count;
+		r->mapped_pages = s->have_map ? (u32)(s->map_last - s->map_first + 1) : 0;
+		r->flags = s->flags;
+		r->__pad0 = 0;
+		r->__pad1 = 0;
+		fault_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+	} else if (t) {
+		t->lost_records++;
+	}
+	s->ts = 0;
+}
+
+/* A page_fault_user that no filemap event claimed: not file-backed. */
+static __always_inline void drop_pending_pfu(struct fault_state *s)
+{
+	if (s->pfu_ts) {
+		struct fault_totals *t = totals();
+		if (t)
+			t->other_faults++;
+		s->pfu_ts = 0;
+	}
+}
+
+static __always_inline void open_new(struct fault_state *s, u64 now, u32 dev, u64 ino)
+{
+	__builtin_memset(s, 0, sizeof(*s));
+	s->ts = now;
+	s->end = now;
+	s->dev = dev;
+	s->ino = ino;
+}
+
+/* A filemap event (is_map: mm_filemap_map_pages [index, last]; else mm_filemap_fault index). */
+static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 index, u64 last)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return;
+	u64 now = bpf_ktime_get_ns();
+	u32 tid = (u32)pid_tgid;
+	struct fault_state *s = state_of(tid);
+	if (!s) {
+		struct fault_state init = {};
+		fault_by_tid.update(&tid, &init);
+		s = state_of(tid);
+		if (!s)
+			return;
+	}
+	int cont = 0;
+	if (s->ts && s->ino == ino && s->dev == dev) {
+#if HAVE_PFU
+		cont = s->pfu_ts == 0;  /* no new hardware fault since this one opened */
+#else
+		int exact = (s->flags & FAULT_INDEX_EXACT) != 0;
+		if (is_map)
+			/* the VM_FAULT_RETRY pass after ->fault() read the page (slept or not: the mmap
+			 * lock was dropped for the I/O): fault-around maps it, no second filemap_fault */
+			cont = exact && !s->last_was_map && index <= s->index && s->index <= last;
+		else if (!exact)
+			/* fault-around did not map the faulting page: ->fault() follows in the same fault */
+			cont = s->last_was_map && s->map_first <= index && index <= s->map_last;
+		else
+			/* a retry that re-entered ->fault() for the same page after sleeping */
+			cont = index == s->index && s->slept_since_filemap;
+#endif
+	}
+	if (!cont) {
+		u64 start = now, addr = 0;
+		u16 fl = 0;
+		if (s->ts)
+			close_fault(s, pid_tgid);
+#if HAVE_PFU
+		if (s->pfu_ts) {
+			start = s->pfu_ts;
+			addr = s->pfu_addr;
+			fl = FAULT_ADDRESS;
+		}
+#endif
+		open_new(s, start, dev, ino);  /* also consumes the pending page_fault_user */
+		s->end = now;
+		s->address = addr;
+		s->flags = fl;
+	} else {
+		s->end = now;
+		/* a filemap event after ->fault() ran: the retried pass (FAULT_FLAG_TRIED counts as
+		 * a major fault in the kernel's own accounting) */
+		if (s->flags & FAULT_INDEX_EXACT)
+			s->flags |= FAULT_RETRIED | FAULT_MAJOR;
+	}
+	s->slept_since_filemap = 0;
+	s->last_was_map = is_map;
+	if (is_map) {
+		s->have_map = 1;
+		s->map_first = index;
+		s->map_last = last;
+		if (!(s->flags & FAULT_INDEX_EXACT) && !cont)
+			s->index = index;
+	} else {
+		s->index = index;
+		s->flags |= FAULT_INDEX_EXACT;
+	}
+}
+
+TRACEPOINT_PROBE(filemap, mm_filemap_fault)
+{
+	filemap_event(0, args->s_dev, args->i_ino, args->index, args->index);
+	return 0;
+}
+
+#if HAVE_MAP_PAGES
+TRACEPOINT_PROBE(filemap, mm_filemap_map_pages)
+{
+	filemap_event(1, args->s_dev, args->i_ino, args->index, args->last_index);
+	return 0;
+}
+#endif
+
+#if HAVE_PFU
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	u32 tid = (u32)pid_tgid;
+	struct fault_totals *t = totals();
+	if (t)
+		t->user_faults++;
+	struct fault_state *s = state_of(tid);
+	if (!s) {
+		struct fault_state init = {};
+		fault_by_tid.update(&tid, &init);
+		s = state_of(tid);
+		if (!s)
+			return 0;
+	}
+	if (s->ts)
+		close_fault(s, pid_tgid);
+	drop_pending_pfu(s);
+	s->pfu_ts = bpf_ktime_get_ns();
+	s->pfu_addr = args->address;
+	return 0;
+}
+#endif
+
+/* Any syscall entry: the fault (if any) had returned to user space. */
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = state_of((u32)pid_tgid);
+	if (!s)
+		return 0;
+	if (s->ts)
+		close_fault(s, pid_tgid);
+#if HAVE_PFU
+	drop_pending_pfu(s);
+#endif
+	return 0;
+}
+
+#if HAVE_RSEQ
+/* The return to user space after a context switch (threads that registered rseq). */
+TRACEPOINT_PROBE(rseq, rseq_update)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = open_fault((u32)pid_tgid);
+	if (s && (s->flags & FAULT_SLEPT) && !s->out_ts) {
+		s->end = bpf_ktime_get_ns();
+		s->flags |= FAULT_END_RSEQ;
+		close_fault(s, pid_tgid);
+	}
+	return 0;
+}
+#endif
+
+#if HAVE_FILEMAP_ADD
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = open_fault((u32)pid_tgid);
+	if (s) {
+		s->pages_added += 1 << args->order;
+		s->flags |= FAULT_MAJOR;
+		s->end = bpf_ktime_get_ns();
+	}
+	return 0;
+}
+#endif
+
+#if HAVE_BIO
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = open_fault((u32)pid_tgid);
+	if (!s)
+		return 0;
+	u64 now = bpf_ktime_get_ns();
+	s->bio_count++;
+	s->end = now;
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	struct bio_start v = {.ts = now, .fault_ts = s->ts, .tid = (u32)pid_tgid};
+	fault_bio_by_sector.update(&k, &v);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_backmerge)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	fault_bio_by_sector.delete(&k);
+	return 0;
+}
+
+/* interrupt context: credit the fault that queued the bio if it is still open */
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	struct bio_start *b = fault_bio_by_sector.lookup(&k);
+	if (!b)
+		return 0;
+	u64 delta = bpf_ktime_get_ns() - b->ts;
+	u32 tid = b->tid;
+	u64 fault_ts = b->fault_ts;
+	fault_bio_by_sector.delete(&k);
+	struct fault_state *s = open_fault(tid);
+	if (s && s->ts == fault_ts)
+		__sync_fetch_and_add(&s->bio_ns, delta);
+	return 0;
+}
+#endif
+
+static __always_inline void reclaim_begin(void)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return;
+	struct fault_state *s = open_fault((u32)pid_tgid);
+	if (s)
+		s->reclaim_start = bpf_ktime_get_ns();
+}
+
+static __always_inline void reclaim_end(void)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return;
+	struct fault_state *s = open_fault((u32)pid_tgid);
+	if (s && s->reclaim_start) {
+		u64 now = bpf_ktime_get_ns();
+		s->reclaim_ns += now - s->reclaim_start;
+		s->reclaim_start = 0;
+		s->end = now;
+	}
+}
+
+#if HAVE_VMSCAN_DIRECT
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { reclaim_begin(); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end) { reclaim_end(); return 0; }
+#endif
+#if HAVE_VMSCAN_MEMCG
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin) { reclaim_begin(); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0; }
+#endif
+
+#if HAVE_SCHED
+/* runs in the context of the task switched out (prev = current) */
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 next = args->next_pid;
+	struct fault_state *o = fault_by_tid.lookup(&next);
+	if (o && o->ts && o->out_ts) {
+		u64 gap = now - o->out_ts;
+		o->offcpu_ns += gap;
+		if (o->wake_ts)
+			o->runq_ns += now - o->wake_ts;
+		o->out_ts = 0;
+		o->wake_ts = 0;
+		o->end = now;
+	}
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = open_fault((u32)pid_tgid);
+	if (!s)
+		return 0;
+	if ((args->prev_state & 0x7f) == 0) {
+		/* preempted: in user mode after the fault, or (rarely) inside it; end it here */
+		close_fault(s, pid_tgid);
+		return 0;
+	}
+	s->out_ts = now;
+	s->wake_ts = 0;
+	s->flags |= FAULT_SLEPT;
+	s->slept_since_filemap = 1;
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+	u32 pid = args->pid;
+	struct fault_state *o = fault_by_tid.lookup(&pid);
+	if (o && o->ts && o->out_ts && !o->wake_ts)
+		o->wake_ts = bpf_ktime_get_ns();
+	return 0;
+}
+#endif
