@@ -160,12 +160,17 @@ def run_cmd(
     if as_json:
         print(json.dumps(result))
         return
-    t = Table("steps", "rows", "unique rows", "preadv2 calls", "EAGAIN", "fallback rows",
-              "batch p50 ms", "p99 ms", title=f"lab run: reader {result['reader']}, pid {result['pid']}")
+    from engramprof.render import Col, fit_table
+
+    con = Console()
     bm = result["batch_ms"]
-    t.add_row(*(str(result[k]) for k in ("steps", "rows", "unique_rows", "calls", "eagain", "fallback_rows")),
-              f"{bm['p50']}", f"{bm['p99']}")
-    Console().print(t)
+    # "rows read": each job's rows de-duplicated, summed; "distinct rows": over the whole run
+    cols = [Col("steps"), Col("rows"), Col("rows read", drop=2), Col("distinct rows"), Col("preadv2 calls"),
+            Col("EAGAIN", drop_if_zero=True, drop=3), Col("fallback rows", drop_if_zero=True, drop=1),
+            Col("batch p50 ms"), Col("p99 ms")]
+    row = [f"{result[k]:,}" for k in ("steps", "rows", "unique_rows", "distinct_rows", "calls", "eagain",
+                                      "fallback_rows")] + [f"{bm['p50']}", f"{bm['p99']}"]
+    con.print(fit_table(con, cols, [row], title=f"lab run: reader {result['reader']}, pid {result['pid']}"))
     if result["nowait_unsupported"]:
         Console(stderr=True).print("lab: RWF_NOWAIT is not supported here; the nowait reader used the pool")
 

@@ -140,7 +140,8 @@ class _Tally:
     totals: readers.ReadStats = field(default_factory=readers.ReadStats)
     batch_ns: list[int] = field(default_factory=list)
     rows: int = 0
-    unique: int = 0
+    unique: int = 0  # rows read: summed over jobs, each job's rows de-duplicated
+    distinct: set = field(default_factory=set)  # file offsets of every row read in the run
     reads: list = field(default_factory=list)  # per batch (offset, size) list, with record_reads
 
 
@@ -244,6 +245,8 @@ def _run_steps(plan: Plan, rdr, fd: int, writer: MarkerWriter | None, reader: st
             tally.unique += len(tally.reads[-1])
         else:
             tally.unique += sum(len(np.unique(s.offsets)) for s in specs)
+        for s in specs:  # after the timed batch: the run's distinct rows (not a per-job sum)
+            tally.distinct.update(s.offsets.tolist())
     return tally
 
 
@@ -255,6 +258,7 @@ def _summary(tally: _Tally, **about) -> dict:
         "steps": len(tally.batch_ns),
         "rows": tally.rows,
         "unique_rows": tally.unique,
+        "distinct_rows": len(tally.distinct),
         "calls": tally.totals.calls,
         "eagain": tally.totals.eagain,
         "fallback_rows": tally.totals.fallback_rows,
