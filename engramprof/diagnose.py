@@ -24,7 +24,7 @@ from engramprof import attribution
 from engramprof import trace as tracefmt
 from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
-from engramprof.present import ADVICE, jsonable  # noqa: F401  (jsonable: the command's JSON shaping)
+from engramprof.present import advice, jsonable  # noqa: F401  (jsonable: the command's JSON shaping)
 #: a second cause is named as runner-up from this share of batch time on
 RUNNER_UP_MIN_SHARE = 0.15
 #: most distinct rows whose residency is looked up now (the most read first)
@@ -174,6 +174,17 @@ END_REASONS = {
 }
 
 
+def read_path_of(bt: dict) -> str:
+    """The read path the trace saw: ``syscalls``, ``faults`` (a memory-mapped reader), ``both``, ``none``."""
+    ev = bt.get("read_events") or {}
+    sys_, flt = int(ev.get("syscall", 0)), int(ev.get("fault", 0))
+    if sys_ and flt:
+        return "both"
+    if flt or (not sys_ and (bt.get("batches_without_read_events") or {}).get("batches")):
+        return "faults"
+    return "syscalls" if sys_ else "none"
+
+
 def recorded_window(trace_summary: dict, requested_s: float) -> dict:
     """The window the recording really had: its span, why it ended, and the one-line wording."""
     got = float(trace_summary.get("duration_s") or 0.0)
@@ -215,9 +226,13 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     markers_df, bad = (None, 0)
     if markers:
         markers_df, bad = batches.read_markers(markers)
-    if bundle.calls.empty:
-        raise UserError(f"pid {trace_summary.get('pid')} made no preadv2/preadv/pread64 calls in {duration:g} s: "
-                        "nothing to diagnose (is it the reader process? is it serving?)", code=1)
+    faults_traced = "fault" in (bundle.meta.get("read_paths") or [])
+    if bundle.calls.empty and not (faults_traced and markers_df is not None):
+        what = "preadv2/preadv/pread64 calls" + (" and no page faults on mapped files" if faults_traced else "")
+        more = (" (a memory-mapped reader whose rows are all resident makes neither: pass --markers to "
+                "analyse its batches)" if faults_traced else " (is it the reader process? is it serving?)")
+        raise UserError(f"pid {trace_summary.get('pid')} made no {what} in {duration:g} s: nothing to diagnose{more}",
+                        code=1)
     res = attribution.analyse(bundle, markers_df, slow_ms=slow_ms, markers_bad_lines=bad)
     bt = res.summary
     if bt.get("batches", 0) == 0:
@@ -236,7 +251,8 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "evidence": chain,
         "limits": limits(bt, trace_summary, duration, markers is not None),
         "window": {k: v for k, v in recorded_window(trace_summary, duration).items() if k != "text"},
-        "recommendation": {k: ADVICE[verdict][k] for k in ("fix", "confirm")},
+        "read_path": read_path_of(bt),
+        "recommendation": {k: advice(verdict, read_path_of(bt))[k] for k in ("fix", "confirm")},
         "hot_rows": hot,
         "batch_tail": bt,
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",

@@ -91,3 +91,33 @@ ADVICE = {
         "confirm": "repeat `engramprof diagnose` on a window where decode steps are slow",
     },
 }
+
+
+#: where a memory-mapped reader (page faults) needs other advice than a syscall reader
+ADVICE_FAULTS = {
+    "python-scheduling": {
+        "hint": "the rows are mapped and cheap to gather, but the batch waits on the pool's futures and "
+                "wake-ups: gather on the calling thread",
+        "fix": "Gather the rows on the calling thread: a fancy-index gather from mapped, resident pages is a "
+               "memory copy, and splitting it across a thread pool only adds futures, wake-ups and GIL "
+               "hand-offs. Keep the pool for batches whose pages are not resident, if at all.",
+        "confirm": "engramprof diagnose --pid PID after the change, same load (python-scheduling share down, "
+                   "batch p50 down)",
+    },
+    "residency": {
+        "hint": "the mapped rows are not in the page cache: each cold row is a major fault that waits for "
+                "the device",
+        "fix": "Keep the hot rows resident or fetch them ahead: madvise(MADV_RANDOM) on the mapping (no "
+               "readahead of pages the gather never uses), madvise(MADV_WILLNEED) on the next batch's rows "
+               "early enough, or room in the page cache for the table's working set.",
+        "confirm": "engramprof residency --rows TRACE (hot rows resident?), then a second "
+                   "`engramprof diagnose --pid PID`",
+    },
+}
+
+
+def advice(verdict: str, read_path: str = "syscalls") -> dict:
+    """The advice for a verdict, fitted to the read path seen (``syscalls``, ``faults``, ``both``)."""
+    if read_path == "faults" and verdict in ADVICE_FAULTS:
+        return ADVICE_FAULTS[verdict]
+    return ADVICE[verdict]

@@ -164,3 +164,17 @@ def test_bad_markers_file_fails_before_recording(tmp_path):
     assert r.returncode == 2 and "directory" in r.stderr and time.monotonic() - t0 < 20
     r = subprocess.run(engramprof("diagnose", "--pid", "1", "--duration", "nan"), capture_output=True, text=True)
     assert r.returncode == 2 and "--duration" in r.stderr
+
+
+def test_read_path_and_the_fix_that_fits_it():
+    from engramprof.diagnose import read_path_of
+    from engramprof.present import advice
+
+    assert read_path_of({"read_events": {"syscall": 10}}) == "syscalls"
+    assert read_path_of({"read_events": {"fault": 3}}) == "faults"
+    assert read_path_of({"read_events": {"syscall": 1, "fault": 3}}) == "both"
+    assert read_path_of({"read_events": {}, "batches_without_read_events": {"batches": 5}}) == "faults"
+    assert "RWF_NOWAIT" in advice("python-scheduling", "syscalls")["fix"]
+    assert "calling thread" in advice("python-scheduling", "faults")["fix"]
+    assert "MADV_RANDOM" in advice("residency", "faults")["fix"]
+    assert advice("storage", "faults") == advice("storage", "syscalls")
