@@ -268,8 +268,9 @@ def _tracefs_mounted_unreadable(candidates, mounts: list[Mount]) -> str | None:
     return None
 
 
-def check_tracefs(candidates=tp.TRACEFS_CANDIDATES,
+def check_tracefs(candidates=None,
                   mountinfo: str | os.PathLike = "/proc/self/mountinfo") -> tuple[Check, Path | None]:
+    candidates = tp.candidates() if candidates is None else candidates
     root = tp.tracefs_root(candidates)
     looked = ", ".join(str(c) for c in candidates)
     if root is None:
@@ -686,7 +687,7 @@ def _first_fail(rows: Iterable[Check]) -> Check | None:
     return next((r for r in rows if r.status == FAIL), None)
 
 
-def _gate_rows(*, euid=None, proc_status="/proc/self/status", tracefs_candidates=tp.TRACEFS_CANDIDATES,
+def _gate_rows(*, euid=None, proc_status="/proc/self/status", tracefs_candidates=None,
                tracepoints=None, bcc_import=None, release=None, modules_root="/lib/modules",
                mountinfo="/proc/self/mountinfo", kheaders="/sys/kernel/kheaders.tar.xz"):
     """The checks `engramprof syscalls` depends on (cheap: no compile)."""
@@ -703,7 +704,7 @@ def run_checks(path: str | os.PathLike = ".", *,
                proc_status: str | os.PathLike = "/proc/self/status",
                release: str | None = None,
                btf_path: str | os.PathLike = "/sys/kernel/btf/vmlinux",
-               tracefs_candidates=tp.TRACEFS_CANDIDATES,
+               tracefs_candidates=None,
                tracepoints: Mapping[str, bool] | None = None,
                kernel_config_paths: Iterable[str] | None = None,
                bcc_import: Callable[[], object] | None = None,

@@ -38,8 +38,18 @@ EVIDENCE = {
 ALL = {**REQUIRED, **SYSCALL_VARIANTS, **EVIDENCE}
 
 
-def tracefs_root(candidates=TRACEFS_CANDIDATES) -> Path | None:
-    for c in candidates:
+def candidates() -> tuple[str, ...]:
+    """Where tracefs is looked for: TRACEFS_CANDIDATES, or the colon-separated list in
+    ``ENGRAMPROF_TRACEFS`` (tests point it at a directory that does not exist)."""
+    env = os.environ.get("ENGRAMPROF_TRACEFS")
+    return tuple(c for c in env.split(":") if c) if env else TRACEFS_CANDIDATES
+
+
+_default_candidates = candidates
+
+
+def tracefs_root(candidates=None) -> Path | None:
+    for c in (_default_candidates() if candidates is None else candidates):
         if os.path.isdir(os.path.join(c, "events")):
             return Path(c)
     return None

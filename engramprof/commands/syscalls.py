@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from engramprof import report_syscalls
+from engramprof import report_syscalls, tracepoints
 from engramprof.commands.signals import install_stop_handlers
 from engramprof.errors import UserError
 
@@ -54,8 +54,14 @@ def register(app: typer.Typer) -> None:
         validate.duration("--duration", duration)
         validate.non_negative("--min-us", min_us)
         validate.sample_hz("--sample-hz", sample_hz, zero_is_off=True)
-        if ebpf:
-            plan = loader.plan(loader.ProbeConfig(tgid=pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=hook))
+        if ebpf:  # needs no privileges: where tracefs cannot be read, every feature is assumed
+            config = loader.ProbeConfig(tgid=pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=hook)
+            try:
+                plan = loader.plan(config)
+            except UserError as exc:
+                if tracepoints.tracefs_root() is not None:
+                    raise  # tracefs readable, the kernel really lacks a required tracepoint
+                plan = loader.assumed_plan(config, str(exc).replace("*/", "* /"))
             sys.stdout.write(loader.program_text(plan))
             return
         validate.live_process("--pid", pid)
