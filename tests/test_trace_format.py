@@ -13,6 +13,7 @@ import pytest
 from engramprof import trace
 from engramprof.bpf import layout
 from engramprof.errors import UserError
+from engramprof.trace.schema import kind_column
 from tests.tracing import engramprof
 
 
@@ -51,7 +52,7 @@ def test_written_bundle_has_kind_and_version(tmp_path):
     w.append_calls(_calls())
     w.close()
     meta = json.loads((tmp_path / "t" / "meta.json").read_text())
-    assert meta["format_version"] == trace.FORMAT_VERSION == 2
+    assert meta["format_version"] == trace.FORMAT_VERSION == 3
     part = pq.read_table(next((tmp_path / "t" / "calls").glob("part-*.parquet")))
     assert part.schema.names == trace.EVENT_SCHEMA.names
     calls = trace.load(tmp_path / "t")
@@ -86,6 +87,58 @@ def test_format_1_bundle_loads_with_kind_syscall(tmp_path):
     calls = trace.load(tmp_path / "old")
     assert calls["kind"].tolist() == ["syscall"] * 4
     assert list(calls.columns[:9]) == trace.CONTRACT_COLUMNS
+
+
+def _format_2_bundle(path):
+    """A bundle as format 2 wrote it: kind, but no fault columns."""
+    w = trace.TraceWriter(path, meta={"format_version": 2})
+    t = pa.Table.from_pandas(_calls(3), schema=trace.CALL_SCHEMA, preserve_index=False)
+    t = t.append_column("kind", kind_column("syscall", 3))
+    w._write(t, w._next_part("calls", path / "calls"))
+    w.close()
+
+
+def test_format_2_bundle_loads_with_fault_columns_at_their_defaults(tmp_path):
+    _format_2_bundle(tmp_path / "v2")
+    assert "major" not in pq.read_table(next((tmp_path / "v2" / "calls").glob("*.parquet"))).schema.names
+    calls = trace.load(tmp_path / "v2")
+    assert calls["major"].tolist() == [False] * 3 and calls["major"].dtype == bool
+    assert calls["mapped_pages"].tolist() == [0] * 3
+    assert calls["address"].isna().all()
+    part = trace.load_bundle(tmp_path / "v2", columns=["ts_ns", "dur_ns", "major"]).calls
+    assert "major" in part.columns and "address" not in part.columns
+    _format_1_bundle(tmp_path / "v1")
+    assert trace.load(tmp_path / "v1")["major"].tolist() == [False] * 4
+
+
+def test_fault_columns_round_trip_and_default_for_syscalls(tmp_path):
+    """Format 3: fault rows keep major / mapped_pages / address; a producer that leaves the
+    columns out (syscall rows) gets false / 0 / null."""
+    df = _calls(3)
+    df["kind"] = ["fault"] * 3
+    df["major"] = [True, False, True]
+    df["mapped_pages"] = np.array([16, 1, 0], dtype=np.int32)
+    df["address"] = [0x7F0000001000, None, 0x7F0000003000]
+    w = trace.TraceWriter(tmp_path / "t")
+    w.append_calls(df)
+    w.append_calls(_calls(2))
+    w.close()
+    part = pq.read_table(sorted((tmp_path / "t" / "calls").glob("*.parquet"))[0])
+    assert part.schema.names == trace.EVENT_SCHEMA.names
+    calls = trace.load(tmp_path / "t")
+    faults = calls[calls["kind"] == "fault"]
+    assert faults["major"].tolist() == [True, False, True]
+    assert faults["mapped_pages"].tolist() == [16, 1, 0]
+    assert faults["address"].iloc[0] == 0x7F0000001000 and np.isnan(faults["address"].iloc[1])
+    sysc = calls[calls["kind"] == "syscall"]
+    assert sysc["major"].tolist() == [False, False] and sysc["mapped_pages"].tolist() == [0, 0]
+    assert sysc["address"].isna().all()
+
+
+def test_fault_record_struct_is_parsed():
+    rec = layout.struct_dtype("fault_record")
+    assert rec.itemsize % 8 == 0
+    assert {"ts_ns", "dur_ns", "address", "index", "ino", "dev", "mapped_pages", "flags"} <= set(rec.names)
 
 
 def test_bare_parquet_without_kind(tmp_path):

@@ -2,8 +2,9 @@
 
 The column list is the trace's (engramprof/trace/schema.py): a column named like a field of the
 probe's record is that field cast to the schema's type, ``syscall`` is the record's code looked
-up in the header's SYSCALL_* names, the enriched columns come from the batch, and ``kind`` is the
-batch's kind.  Nothing here lists the columns again.
+up in the header's SYSCALL_* names, the enriched columns come from the batch, ``kind`` is the
+batch's kind, and the fault columns (``major``, ``mapped_pages``, ``address``) come from the batch's
+columns when its decoder set them (faults), else their non-fault defaults.  Nothing here lists the columns again.
 """
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ class EventTableBuilder:
             else:
                 arrays.append(pa.array(recs[name].astype(f.type.to_pandas_dtype(), copy=False)))
         arrays.append(pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), self._kind(batch.kind)))
+        for f in trace.FAULT_FIELDS:  # a fault decoder fills them; other kinds get the defaults
+            if f.name in batch.cols:
+                arrays.append(pa.array(batch.cols[f.name], type=f.type))
+            else:
+                arrays.append(trace.fault_default_column(f.name, n))
         return pa.Table.from_arrays(arrays, names=trace.EVENT_SCHEMA.names)
 
     def _kind(self, kind: str) -> pa.Array:

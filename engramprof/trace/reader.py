@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from engramprof.errors import UserError
 from engramprof.trace.schema import CONTRACT_COLUMNS, DICT_COLUMNS, EVENT_SCHEMA, FORMAT, FORMAT_VERSION, kind_categorical
+from engramprof.trace.schema import FAULT_DEFAULTS
 
 
 def empty_calls() -> pd.DataFrame:
@@ -258,6 +259,9 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
         calls["kind"] = kind_categorical("syscall", len(calls))
     elif not isinstance(calls["kind"].dtype, pd.CategoricalDtype):
         calls["kind"] = calls["kind"].astype("category")
+    for c, value in FAULT_DEFAULTS.items():  # format < 3 (or another tool's table): not faults
+        if c not in calls.columns and (columns is None or c in columns):
+            calls[c] = np.nan if value is None else np.full(len(calls), value, dtype=type(value))
     if not calls["ts_ns"].is_monotonic_increasing:
         calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
     elif not isinstance(calls.index, pd.RangeIndex) or calls.index.start != 0 or calls.index.step != 1:

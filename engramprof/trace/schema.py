@@ -11,6 +11,9 @@ Format versions:
 1. calls/ without ``kind``.
 2. calls/ gains ``kind`` (``syscall``; a later probe adds ``fault``).  Version-1 bundles are
    read with ``kind`` = ``syscall``.
+3. calls/ gains the page-fault columns ``major``, ``mapped_pages`` and ``address``
+   (:data:`FAULT_FIELDS`; read events of kind ``fault`` come from probes/faults.bpf.c).
+   Older bundles are read with ``major`` = false, ``mapped_pages`` = 0, ``address`` null.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import pyarrow as pa
 import pandas as pd
 
 FORMAT = "engramprof-trace"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 # ---------------------------------------------------------------------- read events (calls/)
 
@@ -56,7 +59,15 @@ CALL_SCHEMA = pa.schema(
 # is on disk.  ``kind`` may also be given as a code: an index into READ_KINDS.
 READ_KINDS = ("syscall", "fault")
 KIND_FIELD = pa.field("kind", pa.string())  # READ_KINDS
-EVENT_SCHEMA = pa.schema(list(CALL_SCHEMA) + [KIND_FIELD])
+# Columns only a page fault fills (format 3).  A syscall row has major = false,
+# mapped_pages = 0, address = null; a producer that leaves them out gets those values.
+FAULT_FIELDS = [
+    pa.field("major", pa.bool_()),  # the fault inserted pages / did I/O, or was retried (VM_FAULT_RETRY)
+    pa.field("mapped_pages", pa.int32()),  # pages of its fault-around window (mm_filemap_map_pages)
+    pa.field("address", pa.int64()),  # faulting user address; null where the kernel cannot tell
+]
+FAULT_DEFAULTS = {"major": False, "mapped_pages": 0, "address": None}
+EVENT_SCHEMA = pa.schema(list(CALL_SCHEMA) + [KIND_FIELD] + FAULT_FIELDS)
 
 # On disk the string columns are dictionary-encoded (few distinct values, many rows);
 # load() hands path/syscall/tensor back as plain strings and ``kind`` as a categorical.
@@ -85,6 +96,21 @@ def check_record_columns(record: np.dtype) -> None:
             "call_record (probes/engramprof.h) and CALL_SCHEMA (engramprof/trace/schema.py) disagree: "
             f"fields without a column {extra}, columns without a field {lacking}, "
             f"enriched columns also in the record {enriched_in_record}")
+
+
+def fault_default_column(name: str, n: int) -> pa.Array:
+    """``n`` rows of a :data:`FAULT_FIELDS` column for events that are not faults."""
+    typ = EVENT_SCHEMA.field(name).type
+    value = FAULT_DEFAULTS[name]
+    return pa.nulls(n, type=typ) if value is None else pa.array(np.full(n, value), type=typ)
+
+
+def with_fault_columns(table: pa.Table) -> pa.Table:
+    """``table`` with every :data:`FAULT_FIELDS` column it lacks, at its non-fault value."""
+    for f in FAULT_FIELDS:
+        if f.name not in table.column_names:
+            table = table.append_column(f, fault_default_column(f.name, table.num_rows))
+    return table
 
 
 def kind_column(kind: str, n: int) -> pa.DictionaryArray:

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from engramprof.errors import UserError
 from engramprof.trace.schema import (DICT_COLUMNS, CALL_SCHEMA, EVENT_SCHEMA, FORMAT, FORMAT_VERSION, READ_KINDS, WRITE_SCHEMA,
                                      kind_column)
+from engramprof.trace.schema import FAULT_FIELDS, with_fault_columns
 
 
 RESERVE_BYTES = 256 << 10  # room kept for the closing meta.json on a disk that fills up
@@ -86,6 +87,9 @@ def _events_from_pandas(df: pd.DataFrame) -> pa.Table:
     """A DataFrame of read calls as an EVENT_SCHEMA table; ``kind`` absent -> ``syscall``,
     ``kind`` given as codes -> their READ_KINDS names."""
     table = pa.Table.from_pandas(df, schema=CALL_SCHEMA, preserve_index=False)
+    for f in FAULT_FIELDS:  # format 3: the fault columns, when the frame has them
+        if f.name in df.columns:
+            table = table.append_column(f, pa.Array.from_pandas(df[f.name], type=f.type))
     if "kind" not in df.columns:
         return table.append_column("kind", kind_column("syscall", table.num_rows))
     kind = df["kind"]
@@ -164,7 +168,7 @@ class TraceWriter:
             table = _events_from_pandas(table)
         elif "kind" not in table.column_names:
             table = table.append_column("kind", kind_column("syscall", table.num_rows))
-        table = table.select(EVENT_SCHEMA.names).cast(WRITE_SCHEMA)
+        table = with_fault_columns(table).select(EVENT_SCHEMA.names).cast(WRITE_SCHEMA)
         if table.num_rows == 0:
             return
         self._write(table, self._next_part("calls", self.path / "calls"))
