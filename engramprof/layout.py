@@ -1,4 +1,4 @@
-"""File + offset -> tensor + row, from safetensors headers.
+"""File + offset -> tensor + row, from safetensors headers (or a layout file for raw tables).
 
 A safetensors file is: 8 bytes (little-endian u64) header length N, N bytes of JSON
 ``{"name": {"dtype", "shape", "data_offsets": [begin, end]}, ..., "__metadata__": {...}}``
@@ -42,6 +42,7 @@ class Tensor:
     start: int  # absolute file offset of the first byte
     end: int  # absolute file offset one past the last byte
     row_bytes: int  # bytes per index of the first dimension (0 when not a whole byte count)
+    first_row: int = 0  # the row id of the tensor's first row (a raw file holding a row range)
 
     @property
     def rows(self) -> int:
@@ -66,6 +67,7 @@ class Layout:
         object.__setattr__(self, "_starts", np.array([t.start for t in live], dtype=np.int64))
         object.__setattr__(self, "_ends", np.array([t.end for t in live], dtype=np.int64))
         object.__setattr__(self, "_row_bytes", np.array([t.row_bytes for t in live], dtype=np.int64))
+        object.__setattr__(self, "_first_row", np.array([t.first_row for t in live], dtype=np.int64))
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
 
     def tensor(self, name: str) -> Tensor:
@@ -95,7 +97,7 @@ class Layout:
         index[inside] = safe[inside]
         rb = self._row_bytes[safe[inside]]
         rel = offsets[inside] - self._starts[safe[inside]]
-        rows[inside] = np.where(rb > 0, rel // np.maximum(rb, 1), -1)
+        rows[inside] = np.where(rb > 0, rel // np.maximum(rb, 1) + self._first_row[safe[inside]], -1)
         return index, rows
 
     def map_offsets(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -169,9 +171,31 @@ def parse_header(path: str, raw: bytes, size: int) -> Layout:
     return Layout(path, n, data_start, size, tuple(tensors), metadata)
 
 
+def _raw_layout(path: str, st: os.stat_result) -> Layout | None:
+    """A raw table file's layout from the registered layout file (engramprof.raw_layout), or None."""
+    from engramprof import raw_layout
+
+    hit = raw_layout.rule_for(path, st.st_size)
+    if hit is None:
+        return None
+    name, first_byte, row_bytes, first_row, rows = hit
+    end = min(st.st_size, first_byte + rows * row_bytes)
+    t = Tensor(name, "raw", (rows,), first_byte, max(first_byte, end), row_bytes, first_row)
+    return Layout(path, 0, first_byte, st.st_size, (t,), {"layout": "raw"})
+
+
+def forget_cached() -> None:
+    """Drop every cached layout (a layout file was registered or replaced)."""
+    with _cache_lock:
+        _cache.clear()
+
+
 def _read_layout(path: str, st: os.stat_result) -> Layout:
     if not stat.S_ISREG(st.st_mode):
         raise _fail(path, "not a regular file")
+    raw = _raw_layout(path, st)
+    if raw is not None:
+        return raw
     if st.st_size < 8:
         raise _fail(path, "shorter than 8 bytes")
     # O_NONBLOCK: never hang on a FIFO swapped in after the stat
@@ -199,7 +223,8 @@ _cache_lock = threading.Lock()
 
 
 def load(path: str | os.PathLike) -> Layout:
-    """The validated layout of a safetensors file (cached until the file changes)."""
+    """The validated layout of a safetensors file, or of a raw table file that a registered
+    layout file describes (engramprof.raw_layout); cached until the file changes."""
     path = os.fspath(path)
     try:
         st = os.stat(path)

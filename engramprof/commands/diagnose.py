@@ -7,6 +7,8 @@ import threading
 from typing import Optional
 
 import typer
+
+from engramprof.commands.options import LAYOUT_HELP, use_layout
 from rich.console import Console
 
 from engramprof.commands.signals import install_stop_handlers
@@ -31,6 +33,7 @@ def register(app: typer.Typer) -> None:
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Keep the recorded trace here (a new directory); default: a private temporary one, removed."),
         slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this (ms) is 'slow'."),
         as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+        layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     ):
         """Which of residency, reclaim, storage or Python scheduling holds PID's batches back.
 
@@ -39,6 +42,8 @@ def register(app: typer.Typer) -> None:
         """
         from engramprof import batches, diagnose
         from engramprof.commands import validate
+
+        use_layout(layout_file)
 
         validate.pid("--pid", pid)
         validate.duration("--duration", duration)

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from engramprof.commands.options import LAYOUT_HELP, use_layout
+
 from engramprof.errors import UserError
 
 
@@ -23,11 +25,14 @@ def replay(
     markers: Optional[str] = typer.Option(None, "--markers", help="Application batch markers (JSON lines with start_ns/end_ns) for the trace's batch boundaries."),
     gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="Without markers: a gap this long with no read in flight starts a new batch (default: chosen from the trace's gaps, as batch-tail does)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the row sampling."),
+    layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Component A/B of reader strategies on the trace's recorded files, offsets and sizes."""
     from engramprof import replay as rp
     from engramprof.commands import validate
+
+    use_layout(layout_file)
 
     validate.fraction("--cold-frac", cold_frac)
     validate.at_least("--repeat", repeat, 1)

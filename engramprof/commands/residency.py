@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from engramprof.commands.options import LAYOUT_HELP, use_layout
+
 from engramprof.errors import UserError
 
 
@@ -23,10 +25,13 @@ def residency(
     ranges: int = typer.Option(0, "--ranges", min=0, help="Also per N row ranges of each tensor (implies --tensors)."),
     rows: Optional[str] = typer.Option(None, "--rows", help="Classify the distinct rows a TRACE read as resident / partly / cold."),
     method: str = typer.Option("auto", "--method", help="auto (cachestat, else mincore) | cachestat | mincore."),
+    layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Non-perturbing page-cache residency per file / tensor (never reads a data page)."""
     from engramprof import residency as res
+
+    use_layout(layout_file)
 
     if not paths and rows is None:
         raise UserError("give at least one PATH, or --rows TRACE")

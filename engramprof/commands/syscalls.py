@@ -6,6 +6,8 @@ import sys
 from typing import Optional
 
 import typer
+
+from engramprof.commands.options import LAYOUT_HELP, use_layout
 from rich.console import Console
 
 from engramprof import report_syscalls, tracepoints
@@ -35,6 +37,7 @@ def register(app: typer.Typer) -> None:
         ebpf: bool = typer.Option(False, "--ebpf", help="Print the BPF program that would be loaded, and exit."),
         sample_hz: float = typer.Option(10.0, "--sample-hz", help="PSI / vmstat / thread sampling rate (0: off)."),
         hook: str = typer.Option("auto", "--hook", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
+        layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     ):
         """Trace every preadv2/preadv/pread64 call of PID with its latency, file, offset and
         in-kernel evidence (page-cache misses, bio time, reclaim, off-CPU and run-queue time).
@@ -46,6 +49,8 @@ def register(app: typer.Typer) -> None:
         from engramprof.bpf import loader
 
         from engramprof.commands import validate
+
+        use_layout(layout_file)
 
         if hook not in ("auto", "raw", "tracepoint"):
             raise UserError(f"--hook must be auto, raw or tracepoint (got {hook!r})")

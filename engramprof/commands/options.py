@@ -1,0 +1,13 @@
+"""Options several commands share, defined once."""
+from __future__ import annotations
+
+LAYOUT_HELP = ("A layout file (TOML) naming the tensor, row bytes and first row of raw table files "
+               "(.bin); safetensors files need none. See docs/layout.md.")
+
+
+def use_layout(path) -> None:
+    """Register ``--layout FILE`` for this process (tensor / row of raw table files)."""
+    if path is not None:
+        from engramprof import raw_layout
+
+        raw_layout.use(path)
