@@ -1,0 +1,216 @@
+"""The page-fault half of the recorder: probes/faults.bpf.c -> read events of kind ``fault``.
+
+Followed as data (the same pipeline as the syscall records, engramprof/record/__init__.py):
+
+1. :class:`FaultDecoder` -- ``struct fault_record`` -> a :class:`~.decode.ReadBatch` of kind
+   ``fault`` whose records carry the call columns (``offset`` = page index x page size,
+   ``size`` = one page, ``ret`` null, ``flags`` 0, ``fd`` -1, ``syscall`` = ``fault``) plus the
+   fault columns ``major``, ``mapped_pages``, ``address`` (null without page_fault_user);
+2. :class:`MappingPathEnricher` -- device + inode -> ``path`` from ``/proc/PID/maps`` (read at
+   start and again when an unknown file appears), ``path_stale`` when the mapping's file was
+   deleted or the path now names another file;
+3. the shared :class:`~.enrich.TensorEnricher` (path + offset -> tensor, row) and
+   :class:`~.columns.EventTableBuilder`.
+
+:class:`FaultRecorder` wires them to the loaded probe for engramprof/syscalls.py.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pyarrow as pa
+
+from engramprof.bpf import faults as fault_probe
+from engramprof.bpf import layout
+from engramprof.record.columns import EventTableBuilder
+from engramprof.record.decode import ReadBatch, syscall_names
+from engramprof.record.enrich import TensorEnricher
+from engramprof.record.strings import Interner
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+_MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+):([0-9a-f]+)\s+(\d+)\s*(.*)$")
+DELETED = " (deleted)"
+
+# what the table builder reads from a fault batch's records (the call columns, by name)
+_EVENT_FIELDS = [("ts_ns", "<u8"), ("dur_ns", "<u8"), ("pid", "<u4"), ("tid", "<u4"), ("offset", "<i8"),
+                 ("size", "<u8"), ("ret", "<i8"), ("flags", "<u8"), ("fd", "<i4"), ("syscall", "<u2"),
+                 ("pages_added", "<u4"), ("bio_count", "<u4"), ("bio_ns", "<u8"), ("reclaim_ns", "<u8"),
+                 ("offcpu_ns", "<u8"), ("runq_ns", "<u8"),
+                 # kept for the enrichers
+                 ("dev", "<u4"), ("ino", "<u8"), ("index", "<u8"), ("address", "<u8"), ("fault_flags", "<u2")]
+EVENT_DTYPE = np.dtype(_EVENT_FIELDS)
+
+
+def dev_t(major: int, minor: int) -> int:
+    """The kernel's internal dev_t (MKDEV: major << 20 | minor), as the filemap tracepoints give it."""
+    return (major << 20) | minor
+
+
+def read_maps(pid: int) -> list[tuple[int, int, int, int, int, str]]:
+    """File-backed mappings of pid: (start, end, file offset, dev_t, inode, path) per line."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                m = _MAPS_LINE.match(line.rstrip("\n"))
+                if not m or m.group(6) == "0":
+                    continue
+                out.append((int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16),
+                            dev_t(int(m.group(4), 16), int(m.group(5), 16)), int(m.group(6)), m.group(7)))
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return out
+
+
+class FaultDecoder:
+    """``struct fault_record`` -> :class:`ReadBatch` of kind ``fault``."""
+
+    kind = "fault"
+
+    def __init__(self, record: np.dtype, armed_ns: int, has_address: bool):
+        self.record = record
+        self.armed_ns = armed_ns
+        self.has_address = has_address
+        self.partial_at_start = 0
+        self.bits = layout.header_defines("FAULT_")
+        self.code = syscall_names().index("fault")
+
+    def decode(self, recs: np.ndarray) -> ReadBatch | None:
+        if len(recs) == 0:
+            return None
+        early = recs["ts_ns"] < self.armed_ns
+        if early.any():
+            self.partial_at_start += int(early.sum())
+            recs = recs[~early]
+            if len(recs) == 0:
+                return None
+        n = len(recs)
+        ev = np.zeros(n, dtype=EVENT_DTYPE)
+        for name in ("ts_ns", "dur_ns", "pid", "tid", "pages_added", "bio_count", "bio_ns", "reclaim_ns",
+                     "offcpu_ns", "runq_ns", "dev", "ino", "index", "address"):
+            ev[name] = recs[name]
+        ev["offset"] = recs["index"].astype(np.int64) * PAGE
+        ev["size"] = PAGE
+        ev["fd"] = -1
+        ev["syscall"] = self.code
+        ev["fault_flags"] = recs["flags"]
+        fl = recs["flags"].astype(np.int64)
+        has_addr = (fl & self.bits["ADDRESS"]) != 0
+        addr = pa.array(recs["address"].astype(np.int64), mask=~has_addr, type=pa.int64())
+        cols = {"major": (fl & self.bits["MAJOR"]) != 0,
+                "mapped_pages": recs["mapped_pages"].astype(np.int32),
+                "address": addr}
+        return ReadBatch(self.kind, ev, cols)
+
+
+class MappingPathEnricher:
+    """Adds ``path`` and ``path_stale`` from the target's file mappings (device + inode)."""
+
+    def __init__(self, pid: int, paths: Interner):
+        self.pid = pid
+        self.paths = paths
+        self.files: dict[tuple[int, int], tuple[str, bool]] = {}  # (dev, ino) -> (path, stale)
+        self.ranges = np.zeros((0, 5), dtype=np.uint64)  # start, end, file offset, dev, ino (sorted)
+        self.rereads = 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        maps = read_maps(self.pid)
+        if maps:
+            r = np.array([m[:5] for m in maps], dtype=np.uint64)
+            self.ranges = r[np.argsort(r[:, 0], kind="stable")]
+        for _s, _e, _off, dev, ino, path in maps:
+            stale = path.endswith(DELETED)
+            if stale:
+                path = path[: -len(DELETED)]
+            else:
+                try:  # the path now names another file (replaced by a rename): stale too
+                    st = os.stat(path)
+                    stale = (st.st_ino != ino)
+                except OSError:
+                    stale = True
+            self.files[(dev, ino)] = (path, stale)
+
+    def enrich(self, batch: ReadBatch) -> None:
+        recs = batch.recs
+        keys = np.stack([recs["dev"].astype(np.uint64), recs["ino"].astype(np.uint64)], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        pairs = [(int(d), int(i)) for d, i in uniq.tolist()]
+        if any(p not in self.files for p in pairs):
+            self.rereads += 1
+            self.refresh()
+        codes = np.zeros(len(uniq), dtype=np.int32)
+        stale = np.zeros(len(uniq), dtype=bool)
+        for i, p in enumerate(pairs):
+            path, st = self.files.get(p, ("", False))
+            codes[i] = self.paths.code(path)
+            stale[i] = st
+        batch.cols["path"] = codes[inv]
+        batch.cols["path_stale"] = stale[inv]
+        self._exact_pages(batch)
+
+    def _exact_pages(self, batch: ReadBatch) -> None:
+        """A fault served by fault-around alone gives only its window; with the faulting address
+        (page_fault_user) the page is found in the mapping that holds it."""
+        recs = batch.recs
+        bits = layout.header_defines("FAULT_")
+        fl = recs["fault_flags"].astype(np.int64)
+        sel = np.nonzero(((fl & bits["ADDRESS"]) != 0) & ((fl & bits["INDEX_EXACT"]) == 0))[0]
+        if not len(sel) or not len(self.ranges):
+            return
+        addr = recs["address"][sel].astype(np.uint64)
+        i = np.searchsorted(self.ranges[:, 0], addr, side="right") - 1
+        ok = i >= 0
+        r = self.ranges[np.maximum(i, 0)]
+        ok &= (addr < r[:, 1]) & (r[:, 3] == recs["dev"][sel]) & (r[:, 4] == recs["ino"][sel])
+        page = ((addr - r[:, 0] + r[:, 2]) // np.uint64(PAGE)).astype(np.int64)
+        idx = sel[ok]
+        recs["index"][idx] = page[ok]
+        recs["offset"][idx] = page[ok] * PAGE
+
+
+class FaultRecorder:
+    """The fault probe, its decoder, enrichers and table builder, for one target."""
+
+    def __init__(self, pid: int, tid: int, paths: Interner, tensors: Interner, use_pfu: bool = True):
+        self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=pid, tid=tid, use_pfu=use_pfu))
+        self.pid = pid
+        self.probe = fault_probe.LoadedFaultProbe(self.plan)
+        self.decoder = FaultDecoder(self.probe.record_dtype, self.probe.armed_ns, self.plan.has_address)
+        self.mappings = MappingPathEnricher(pid, paths)
+        self.enrichers = [self.mappings, TensorEnricher(paths, tensors)]
+        missing = ["ret"] + [c for c in self.plan.missing_columns if c != "mapped_pages"]
+        self.tables = EventTableBuilder(pa.array(syscall_names(), type=pa.string()), paths, tensors, missing=missing)
+        self.recorded = 0
+        self.major = 0
+
+    def drain(self) -> pa.Table | None:
+        batch = self.decoder.decode(self.probe.ring.drain())
+        if batch is None:
+            return None
+        for e in self.enrichers:
+            e.enrich(batch)
+        self.recorded += len(batch)
+        self.major += int(batch.cols["major"].sum())
+        return self.tables.build(batch)
+
+    def detach(self) -> None:
+        self.probe.detach()
+
+    def totals(self) -> dict[str, int]:
+        return self.probe.totals()
+
+    def summary(self, totals: dict | None = None) -> dict:
+        t = totals if totals is not None else self.totals()
+        return {"faults": t.get("faults", 0), "major": t.get("major", 0),
+                "minor": t.get("faults", 0) - t.get("major", 0), "retried": t.get("retried", 0),
+                "lost_records": t.get("lost_records", 0), "recorded": self.recorded,
+                "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
+                "other_faults": t.get("other_faults") if self.plan.has_address else None,
+                "address": self.plan.has_address, "missing_tracepoints": self.plan.missing}
+
+    def close(self) -> None:
+        self.probe.close()
