@@ -32,6 +32,7 @@ from engramprof.errors import UserError
 from engramprof.trace.schema import (DICT_COLUMNS, CALL_SCHEMA, EVENT_SCHEMA, FORMAT, FORMAT_VERSION, READ_KINDS, WRITE_SCHEMA,
                                      kind_column)
 from engramprof.trace.schema import FAULT_FIELDS, with_fault_columns
+from engramprof.trace import clocks as _clocks
 
 
 RESERVE_BYTES = 256 << 10  # room kept for the closing meta.json on a disk that fills up
@@ -118,6 +119,7 @@ class TraceWriter:
             "kernel": os.uname().release,
             "created_monotonic_ns": time.monotonic_ns(),
             "created_unix": time.time(),
+            "clocks": _clocks.start_record(),  # monotonic/realtime/boottime together: engramprof compare
             "complete": False,
             "calls_written": 0,
         }
@@ -243,6 +245,8 @@ class TraceWriter:
             self.meta.update(kw)
             self.meta["complete"] = True
             self.meta["closed_monotonic_ns"] = time.monotonic_ns()
+            if isinstance(self.meta.get("clocks"), dict):
+                self.meta["clocks"]["end"] = _clocks.read_now()
             if self.failed is not None:
                 self.meta.setdefault("write_error", self.failed[1])
         try:
