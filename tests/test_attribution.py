@@ -720,3 +720,41 @@ def test_mmap_reader_with_no_read_event_at_all_is_still_analysed():
     b, s = analyse(calls, markers, meta=meta)
     assert s["batches"] == 10 and s["calls"] == 0 and s["verdict"] == "healthy"
     assert s["batches_without_read_events"]["batches"] == 10
+
+
+# ------------------------------------------------ several processes (issue 13, analysis side) --
+
+def _two_ranks(seed=31):
+    a, ma = decode_trace("healthy", n_batches=30, seed=seed)
+    b, mb = decode_trace("storage", n_batches=30, seed=seed + 1)
+    shift = 700_000  # rank 1 runs interleaved with rank 0, its batches between rank 0's
+    b = b.assign(ts_ns=b["ts_ns"] + shift, pid=2, tid=b["tid"] + 5000)
+    mb = mb.assign(start_ns=mb["start_ns"] + shift, end_ns=mb["end_ns"] + shift)
+    a = a.assign(pid=1)
+    return pd.concat([a, b], ignore_index=True), ma.assign(pid=1), mb.assign(pid=2)
+
+
+def test_processes_are_analysed_on_their_own_and_the_slowest_leads():
+    calls, ma, mb = _two_ranks()
+    table, s = analyse(calls, pd.concat([ma, mb], ignore_index=True))
+    rows = {r["pid"]: r for r in s["processes"]}
+    assert set(rows) == {1, 2}
+    assert rows[1]["verdict"] == "healthy" and rows[2]["verdict"] == "storage"
+    assert rows[1]["batches"] == len(ma) and rows[2]["batches"] == len(mb)
+    assert rows[2]["batch_ms"]["p99"] > rows[1]["batch_ms"]["p99"]
+    assert s["slowest_process"] == 2 and s["verdict"] == "storage"  # the slowest process's summary
+    assert set(table["pid"]) == {1, 2} and len(table) == len(ma) + len(mb)
+    # without markers the two interleaved streams are still segmented apart
+    table2, s2 = analyse(calls)
+    by = {r["pid"]: r for r in s2["processes"]}
+    assert by[1]["batches"] == pytest.approx(len(ma), abs=2) and by[2]["batches"] == pytest.approx(len(mb), abs=2)
+    assert by[2]["verdict"] == "storage" and by[1]["verdict"] == "healthy"
+    for r in s2["processes"]:
+        assert set(r) == {"pid", "comm", "cmdline", "batches", "batch_ms", "verdict", "share"}
+
+
+def test_one_process_has_a_processes_list_of_one():
+    calls, markers = decode_trace("healthy", n_batches=10, seed=33)
+    _, s = analyse(calls, markers)
+    assert [r["pid"] for r in s["processes"]] == [4242] and s["slowest_process"] == 4242
+    assert s["processes"][0]["verdict"] == s["verdict"]

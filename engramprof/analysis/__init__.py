@@ -31,6 +31,7 @@ from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, prepare_read_events
 from engramprof.analysis.holes import exclude_blind_batches, read_holes
+from engramprof.analysis.processes import analyse_each, process_ids, process_row
 from engramprof.analysis.summary import Settings, evidence_notes, slow_copy_note, summarize
 from engramprof.analysis.table import batch_shares, batch_table
 from engramprof.analysis.threads import find_reading_threads
@@ -138,6 +139,26 @@ def analyse(
     """
     check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_us)
     calls, getter, meta, notes = _inputs(trace_or_calls, samples, meta)
+    pids = process_ids(calls)
+    settings = dict(slow_ms=slow_ms, gap_ms=gap_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
+                    loop_gap_us=loop_gap_us, getter=getter, meta=meta, notes=notes,
+                    markers_bad_lines=markers_bad_lines, top=top)
+    if len(pids) > 1:
+        def one(c, m, **kw):
+            kw["notes"] = list(kw["notes"])
+            return _analyse_process(c, m, **kw)
+
+        table, summary = analyse_each(one, calls, pids, markers_df, **settings)
+        return BatchTailResult(table, summary)
+    table, summary = _analyse_process(calls, markers_df, **settings)
+    summary["processes"] = [process_row(int(pids[0]), summary, meta)] if len(pids) else []
+    summary["slowest_process"] = int(pids[0]) if len(pids) else None
+    return BatchTailResult(table, summary)
+
+
+def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal_miss_us, meaningful_share,
+                     loop_gap_us, getter, meta, notes, markers_bad_lines, top) -> BatchTailResult:
+    """Stages 1-8 on the events of one process."""
     # a memory-mapped reader's marked batch may hold no read event (its rows mapped, resident)
     keep_unread = markers_df is not None and fault_read_path(calls, meta)
     events = prepare_read_events(calls, notes, allow_none=keep_unread)
