@@ -51,8 +51,13 @@ class SyscallTracer:
     """Wires the probe to the pipeline and runs it: :meth:`start`, :meth:`run`, :meth:`finish`."""
 
     def __init__(self, pid: int, tid: int = 0, min_us: float = 0.0, output: str | None = None,
-                 sample_hz: float = 10.0, syscall_hook: str = "auto", argv: list[str] | None = None):
+                 sample_hz: float = 10.0, syscall_hook: str = "auto", argv: list[str] | None = None,
+                 faults: bool = True, fault_address: bool = True):
         self.pid, self.tid = pid, tid
+        # page faults (probes/faults.bpf.c): attached when the kernel has the filemap fault
+        # tracepoint; fault_address=False forces the path without exceptions:page_fault_user
+        self.faults_wanted, self.fault_address = faults, fault_address
+        self.faults = None
         self.output = output
         self.sample_hz = sample_hz
         self.config = loader.ProbeConfig(tgid=pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=syscall_hook)
@@ -105,6 +110,7 @@ class SyscallTracer:
             if self.writer:  # leave a closed, loadable (empty) bundle that says why
                 self.writer.close(end_reason="probe load failed", end_ns=time.monotonic_ns())
             raise
+        self._start_faults()
         self._build_pipeline()
         self.state.started_ns = time.monotonic_ns()
         self.lost_checked_ns = self.probe.armed_ns
@@ -112,6 +118,29 @@ class SyscallTracer:
             self.writer.update_meta(start_ns=self.state.started_ns)
             self.writer.flush_meta()
         self._start_sampler()
+
+    def _start_faults(self) -> None:
+        """The fault probe (engramprof/record/faults.py): when the kernel cannot trace faults,
+        record syscalls only and say so."""
+        from engramprof.bpf import faults as fault_probe
+
+        if not self.faults_wanted:
+            return
+        if not fault_probe.required_available():
+            self.notes.append("page faults not traced: the kernel lacks filemap:mm_filemap_fault")
+            return
+        from engramprof.record.faults import FaultRecorder
+
+        try:
+            self.faults = FaultRecorder(self.pid, self.tid, self.paths, self.tensors, use_pfu=self.fault_address)
+        except Exception as exc:
+            self.notes.append(f"page faults not traced: {exc}")
+            return
+        if self.faults.plan.missing:
+            self.notes.append(f"fault evidence not collected: {', '.join(self.faults.plan.missing)}")
+        if self.writer:
+            self.writer.update_meta(fault_probe="faults.bpf.c", fault_address=self.faults.plan.has_address,
+                                    fault_missing_evidence=self.faults.plan.missing_columns)
 
     def _meta(self) -> dict:
         p = self.plan
@@ -192,6 +221,8 @@ class SyscallTracer:
         end_ns = time.monotonic_ns()
         if probe is not None:
             end_ns = probe.detach() or end_ns
+            if self.faults is not None:
+                self.faults.detach()
             self.drain()
             totals = probe.totals()
             hists = probe.histograms(self.fd_paths.fds_seen)
@@ -212,6 +243,8 @@ class SyscallTracer:
             self.notes.append(f"recording stopped: {self.write_error}; the kernel's totals count every call, "
                               f"{self.sink.dropped_rows:,} recorded calls could not be written")
         summary = self.summary(totals, hists, end_ns, bio_hist)
+        if self.writer and self.faults is not None:
+            self.writer.update_meta(faults=summary.get("faults"))
         if self.writer:
             try:
                 self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
@@ -224,6 +257,8 @@ class SyscallTracer:
                 self.meta_error = f"{type(exc).__name__}: {exc}"
         if probe is not None:
             probe.close()
+        if self.faults is not None:
+            self.faults.close()
         if self._exit is not None:
             self._exit.close()
         return summary
@@ -254,6 +289,10 @@ class SyscallTracer:
     # ---- data path --------------------------------------------------------------------
     def drain(self) -> None:
         """One pass down the pipeline for everything the probe has written since the last."""
+        if self.faults is not None:
+            fault_events = self.faults.drain()
+            if fault_events is not None:
+                self.sink.add_events(fault_events)
         kswapd = self.vm_events.decode(self.probe.vm_ring.drain())
         if kswapd is not None:
             self.sink.add_samples("kswapd_events", kswapd)
@@ -289,6 +328,8 @@ class SyscallTracer:
                        missing_evidence=self.plan.missing_columns if self.probe else [],
                        syscall_hook=self._hook_name(), output=self.output, notes=self.notes)
         out = summarize_run(run, self.state, totals, hists, end_ns, bio_hist)
+        if self.faults is not None:
+            out["faults"] = self.faults.summary()
         if self.sampler is not None:
             try:
                 out["context"] = self.sampler.summary()
