@@ -134,6 +134,9 @@ def run_cmd(
     validate.existing_file("--table", table_path)
     if markers is not None:
         validate.new_or_regular_file("--markers", markers)
+    from engramprof import layout
+
+    layout.load(table_path)  # not a safetensors table: one line, before the pid line
     print(f"lab: pid {os.getpid()}", file=sys.stderr, flush=True)
     stop = threading.Event()
     go = threading.Event()  # SIGUSR1: start now (a tracer is attached)

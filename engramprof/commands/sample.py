@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.table import Table
 
 from engramprof.commands.signals import install_stop_handlers
-from engramprof.samplers import Sampler
 
 
 def run_sample(
@@ -39,6 +38,7 @@ def run_sample(
     with the sample series when ``output`` is given.
     """
     from engramprof.commands import validate
+    from engramprof.samplers import Sampler  # pandas: imported when sampling, not for --help
 
     validate.pid("--pid", pid)
     validate.duration("--duration", duration)

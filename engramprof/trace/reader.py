@@ -71,11 +71,12 @@ def _short(exc: BaseException) -> str:
     return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
-def complete_parts(d: Path, notes=None) -> list[pq.ParquetFile]:
+def complete_parts(d: Path, notes=None, required: list[str] | None = None) -> list[pq.ParquetFile]:
     """The parts of one table directory whose Parquet footer reads (a part cut short, by a
     kill before the writer renamed parts atomically or by a copy, is skipped); leftover
     temporaries of an interrupted write (``.part-*.tmp``) are ignored.  Each skip is
-    reported through ``notes(text)``."""
+    reported through ``notes(text)``.  ``required``: a part whose columns do not include
+    these (a foreign Parquet file copied into the directory) is skipped too, with a note."""
     if not d.is_dir():
         return []
     say = notes or (lambda _t: None)
@@ -86,17 +87,25 @@ def complete_parts(d: Path, notes=None) -> list[pq.ParquetFile]:
     heads = []
     for p in sorted(d.glob("part-*.parquet")):
         try:
-            heads.append(pq.ParquetFile(p))
-            heads[-1].path = p
+            h = pq.ParquetFile(p)
         except (pa.ArrowException, OSError) as exc:
             say(f"skipped {_rel(p)}: not a complete Parquet file ({_short(exc)})")
+            continue
+        missing = [c for c in (required or ()) if c not in h.schema_arrow.names]
+        if missing:
+            say(f"skipped {_rel(p)}: not a part of this trace (no {', '.join(missing[:3])}"
+                f"{', ...' if len(missing) > 3 else ''} column)")
+            continue
+        h.path = p
+        heads.append(h)
     return heads
 
 
-def _read_dir(d: Path, columns: list[str] | None = None, narrow: bool = False, notes=None) -> pd.DataFrame | None:
+def _read_dir(d: Path, columns: list[str] | None = None, narrow: bool = False, notes=None,
+              required: list[str] | None = None) -> pd.DataFrame | None:
     """The parts of one table directory as one DataFrame (only ``columns``, when given);
     incomplete parts are skipped with a note (see :func:`complete_parts`)."""
-    heads = complete_parts(d, notes)
+    heads = complete_parts(d, notes, required)
     if not heads:
         return None
     parts = [h.path for h in heads]
@@ -245,7 +254,7 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
             notes.append(f"recording stopped early ({meta.get('end_reason', 'write error')}: {meta['write_error']}): "
                          "analysing the parts written before")
         want = None if columns is None else list(dict.fromkeys(columns))
-        calls = _read_dir(p / "calls", want, narrow=compact, notes=notes.append)
+        calls = _read_dir(p / "calls", want, narrow=compact, notes=notes.append, required=CONTRACT_COLUMNS)
         if calls is None:
             calls = empty_calls() if want is None else empty_calls()[[c for c in want if c in EVENT_SCHEMA.names]]
     required = CONTRACT_COLUMNS if columns is None else [c for c in CONTRACT_COLUMNS if c in columns]

@@ -1,0 +1,329 @@
+"""The bad-input corpus: every case runs the real CLI as a subprocess and must give exactly
+one line on stderr (``engramprof: ...``), no traceback, and the documented exit code: 2 for
+bad arguments or input (usage errors included), 1 for a refusal at run time (a full disk).
+
+Cases that need neither root nor eBPF come first; a few need root (a tmpfs) or a live
+process (a zombie).  Each case is one subprocess of a few hundred ms.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+NO_PID = 999_999_999
+
+
+def run(*args, timeout=60):
+    env = dict(os.environ, COLUMNS="80")
+    env.pop("ENGRAMPROF_DEBUG", None)
+    return subprocess.run([PY, "-m", "engramprof", *map(str, args)], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout, env=env)
+
+
+_RESULTS: dict[tuple, subprocess.CompletedProcess] = {}
+
+
+def run_all(cases: list[list[str]]) -> None:
+    """Run the cases not run yet, a few at a time (each is mostly interpreter start-up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = [tuple(c) for c in cases if tuple(c) not in _RESULTS]
+    with ThreadPoolExecutor(4) as ex:
+        for c, r in zip(todo, ex.map(lambda c: run(*c), todo)):
+            _RESULTS[c] = r
+
+
+def result(args: list[str], batch: list[list[str]]) -> subprocess.CompletedProcess:
+    if tuple(args) not in _RESULTS:
+        run_all(batch)
+    return _RESULTS.get(tuple(args)) or run(*args)
+
+
+def check(r, code: int, *words: str) -> str:
+    """One line on stderr starting ``engramprof:``, no traceback, exit ``code``; the line
+    contains each of ``words``."""
+    err = r.stderr
+    assert "Traceback" not in err and "Traceback" not in r.stdout, err
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    line = lines[0]
+    assert line.startswith("engramprof: "), line
+    assert not any(ch in line for ch in "╭╰│"), line  # not a rich box
+    assert r.returncode == code, f"exit {r.returncode}, expected {code}: {line}"
+    for w in words:
+        assert w in line, f"{w!r} not in {line!r}"
+    return line
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A small table, a valid trace bundle (synthetic calls), garbage files and a symlink."""
+    from engramprof.lab import table
+    from engramprof.trace import CALL_SCHEMA, TraceWriter
+
+    d = tmp_path_factory.mktemp("bad")
+    t = d / "table.safetensors"
+    table.make_table(t, rows=1024, seed=1)
+    n = 64
+    df = pd.DataFrame({c: np.zeros(n, dtype=CALL_SCHEMA.field(c).type.to_pandas_dtype()) for c in CALL_SCHEMA.names})
+    df["ts_ns"] = 1_000_000_000 + np.arange(n) * 10_000
+    df["dur_ns"], df["pid"], df["tid"] = 2_000, 7, 7
+    df["path"], df["offset"], df["size"], df["ret"] = str(t), 4096 + np.arange(n) * 256, 256, 256
+    df["syscall"], df["tensor"], df["row"] = "preadv2", "", -1
+    w = TraceWriter(d / "trace")
+    w.append_calls(df)
+    w.close()
+    (d / "garbage.json").write_text("{not json")
+    (d / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    (d / "empty").write_text("")
+    (d / "adir").mkdir()
+    bad_meta = d / "badmeta"
+    bad_meta.mkdir()
+    (bad_meta / "meta.json").write_text("{not json")
+    (d / "markers-garbage.jsonl").write_text("nope\n[]\n")
+    (d / "real-markers.jsonl").write_text("")
+    os.symlink(d / "real-markers.jsonl", d / "markers-link.jsonl")
+    return {"d": d, "table": t, "trace": d / "trace"}
+
+
+# ------------------------------------------------------- usage errors (item 10): one line, 2
+
+USAGE = [
+    (["syscalls", "--pid", "1", "--duration", "abc"], ["--duration"]),
+    (["sample", "--duration", "abc"], ["--duration"]),
+    (["diagnose", "--pid", "abc"], ["--pid"]),
+    (["no-such-command"], ["No such command"]),
+    (["syscalls"], ["--pid"]),                      # missing required option
+    (["diagnose"], ["--pid"]),
+    (["lab", "run"], ["--table"]),
+    (["batch-tail"], ["Missing argument 'trace'"]),
+    (["replay"], ["Missing argument 'trace'"]),
+    (["syscalls", "--pid", "1", "--bogus"], ["--bogus"]),
+    (["doctor", "--bogus"], ["--bogus"]),
+    (["lab", "bogus"], ["No such command"]),
+    (["batch-tail", "x", "--top", "0"], ["--top"]),
+    (["residency", "x", "--ranges", "-1"], ["--ranges"]),
+    (["lab", "make-table", "/tmp/x", "--rows", "1.5"], ["--rows"]),
+]
+
+
+@pytest.mark.parametrize("args,words", USAGE, ids=[" ".join(a) for a, _ in USAGE])
+def test_usage_error_is_one_line_exit_2(args, words):
+    check(result(args, [a for a, _ in USAGE]), 2, *words)
+
+
+def test_help_stays_rich_and_version():
+    r = run("syscalls", "--help")
+    assert r.returncode == 0 and "╭" in r.stdout and "--sample-hz" in r.stdout
+    r = run("--version")
+    from engramprof import __version__
+
+    assert r.returncode == 0 and r.stdout.strip() == f"engramprof {__version__}"
+
+
+# --------------------------------------------------- numbers (item 9): the same rules everywhere
+
+NUMBERS = [
+    (["syscalls", "--pid", "1", "--duration", "nan"], "--duration"),
+    (["syscalls", "--pid", "1", "--duration", "inf"], "--duration"),
+    (["syscalls", "--pid", "1", "--duration", "-1"], "--duration"),
+    (["syscalls", "--pid", "1", "--sample-hz", "-1"], "--sample-hz"),
+    (["syscalls", "--pid", "1", "--sample-hz", "100000"], "--sample-hz"),
+    (["syscalls", "--pid", "1", "--sample-hz", "nan"], "--sample-hz"),
+    (["syscalls", "--pid", "1", "--min-us", "-5"], "--min-us"),
+    (["syscalls", "--pid", "1", "--min-us", "nan"], "--min-us"),
+    (["syscalls", "--pid", "1", "--tid", "-1"], "--tid"),
+    (["syscalls", "--pid", "0"], "--pid"),
+    (["syscalls", "--pid", "1", "--hook", "nope"], "--hook"),
+    (["sample", "--duration", "nan"], "--duration"),
+    (["sample", "--duration", "inf"], "--duration"),
+    (["sample", "--sample-hz", "-1"], "--sample-hz"),
+    (["sample", "--sample-hz", "100000"], "--sample-hz"),
+    (["sample", "--sample-hz", "0"], "--sample-hz"),
+    (["sample", "--pid", "-3"], "--pid"),
+    (["diagnose", "--pid", "1", "--duration", "nan"], "--duration"),
+    (["diagnose", "--pid", "1", "--duration", "inf"], "--duration"),
+    (["diagnose", "--pid", "1", "--duration", "1e9"], "--duration"),
+    (["diagnose", "--pid", "1", "--slow-ms", "nan"], "--slow-ms"),
+    (["diagnose", "--pid", "1", "--slow-ms", "-1"], "--slow-ms"),
+    (["diagnose", "--pid", "0"], "--pid"),
+    (["batch-tail", "{trace}", "--slow-ms", "nan"], "--slow-ms"),
+    (["batch-tail", "{trace}", "--gap-ms", "-3"], "--gap-ms"),
+    (["batch-tail", "{trace}", "--gap-ms", "inf"], "--gap-ms"),
+    (["batch-tail", "{trace}", "--normal-miss-us", "0"], "--normal-miss-us"),
+    (["batch-tail", "{trace}", "--min-share", "nan"], "--min-share"),
+    (["batch-tail", "{trace}", "--min-share", "1.5"], "--min-share"),
+    (["replay", "{trace}", "--cold-frac", "2"], "--cold-frac"),
+    (["replay", "{trace}", "--cold-frac", "nan"], "--cold-frac"),
+    (["replay", "{trace}", "--repeat", "0"], "--repeat"),
+    (["replay", "{trace}", "--rows-per-batch", "0"], "--rows-per-batch"),
+    (["replay", "{trace}", "--threads", "0"], "--threads"),
+    (["replay", "{trace}", "--threads", "100000"], "--threads"),
+    (["replay", "{trace}", "--batches", "0"], "--batches"),
+    (["replay", "{trace}", "--gap-ms", "nan"], "--gap-ms"),
+    (["replay", "{trace}", "--seed", "-1"], "--seed"),
+    (["lab", "make-table", "{d}/n.st", "--rows", "0"], "--rows"),
+    (["lab", "make-table", "{d}/n.st", "--dim", "33"], "--dim"),
+    (["lab", "make-table", "{d}/n.st", "--dim", "-32"], "--dim"),
+    (["lab", "make-table", "{d}/n.st", "--layers", "a,b"], "--layers"),
+    (["lab", "make-table", "{d}/n.st", "--layers", "3,3"], "--layers"),
+    (["lab", "make-table", "{d}/n.st", "--seed", "-4"], "--seed"),
+    (["lab", "run", "--table", "{table}", "--duration", "nan"], "--duration"),
+    (["lab", "run", "--table", "{table}", "--duration", "inf"], "--duration"),
+    (["lab", "run", "--table", "{table}", "--steps", "-1"], "--steps"),
+    (["lab", "run", "--table", "{table}", "--tokens", "0"], "--tokens"),
+    (["lab", "run", "--table", "{table}", "--heads", "0"], "--heads"),
+    (["lab", "run", "--table", "{table}", "--gap-ms", "nan"], "--gap-ms"),
+    (["lab", "run", "--table", "{table}", "--zipf", "-1"], "--zipf"),
+    (["lab", "run", "--table", "{table}", "--start-delay", "inf"], "--start-delay"),
+    (["lab", "run", "--table", "{table}", "--threads", "0"], "--threads"),
+    (["lab", "run", "--table", "{table}", "--seed", "-1"], "--seed"),
+    (["lab", "run", "--table", "{table}", "--reader", "nope"], "--reader"),
+    (["lab", "scenario", "residency", "--duration", "inf"], "--duration"),
+    (["lab", "scenario", "residency", "--duration", "nan"], "--duration"),
+    (["lab", "scenario", "residency", "--iops", "0"], "--iops"),
+    (["lab", "scenario", "residency", "--evict-ms", "nan"], "--evict-ms"),
+    (["lab", "scenario", "residency", "--memory-mib", "-1"], "--memory-mib"),
+    (["lab", "scenario", "residency", "--rows", "0"], "--rows"),
+    (["lab", "scenario", "residency", "--threads", "0"], "--threads"),
+    (["lab", "scenario", "residency", "--seed", "-1"], "--seed"),
+    (["lab", "scenario", "residency", "--reader", "nope"], "--reader"),
+]
+
+
+def _fill(args, inputs):
+    return [a.format(**{k: str(v) for k, v in inputs.items()}) for a in args]
+
+
+@pytest.mark.parametrize("args,flag", NUMBERS, ids=[" ".join(a) for a, _ in NUMBERS])
+def test_bad_number_names_the_flag_exit_2(args, flag, inputs):
+    check(result(_fill(args, inputs), [_fill(a, inputs) for a, _ in NUMBERS]), 2, flag)
+
+
+# ------------------------------------------------------------- files and inputs (item 13, ...)
+
+FILES = [
+    (["batch-tail", "{d}/nope"], ["no such trace"]),
+    (["batch-tail", "{d}/adir"], ["no meta.json"]),
+    (["batch-tail", "{d}/garbage.parquet"], ["not a trace"]),
+    (["batch-tail", "{d}/garbage.json"], ["not a trace"]),
+    (["batch-tail", "{d}/badmeta"], ["corrupt metadata"]),
+    (["batch-tail", "{trace}", "--markers", "{d}/nope.jsonl"], ["no such markers file"]),
+    (["batch-tail", "{trace}", "--markers", "{d}/adir"], ["is a directory"]),
+    (["batch-tail", "{trace}", "--markers", "{d}/markers-garbage.jsonl"], ["2 bad lines"]),
+    (["replay", "{d}/nope"], ["no such trace"]),
+    (["replay", "{trace}", "--strategies", "bogus"], ["unknown bogus"]),
+    (["replay", "{trace}", "--markers", "{d}/adir"], ["is a directory"]),
+    (["residency"], ["give at least one PATH"]),
+    (["residency", "{d}/nope"], ["no such file"]),
+    (["residency", "{d}/adir"], ["is a directory"]),
+    (["residency", "{d}/empty"], ["empty file"]),
+    (["residency", "{table}", "--method", "bogus"], ["--method"]),
+    (["residency", "--rows", "{d}/nope"], ["no such trace"]),
+    (["residency", "--rows", "{d}/garbage.parquet"], ["not a trace"]),
+    (["doctor", "--path", "{d}/nope"], ["no such file"]),
+    (["lab", "run", "--table", "{d}/nope"], ["no such file"]),
+    (["lab", "run", "--table", "{d}/adir"], ["is a directory"]),
+    (["lab", "run", "--table", "{d}/garbage.json"], []),
+    (["lab", "run", "--table", "{table}", "--markers", "{d}/markers-link.jsonl"], ["symbolic link"]),
+    (["lab", "run", "--table", "{table}", "--markers", "{d}/adir"], ["is a directory"]),
+    (["lab", "run", "--table", "{table}", "--markers", "{d}/nodir/m.jsonl"], ["does not exist"]),
+    (["lab", "make-table", "{table}"], ["already exists", "--force"]),
+    (["lab", "make-table", "{d}/adir"], ["is a directory"]),
+    (["lab", "make-table", "{d}/adir", "--force"], ["is a directory"]),
+    (["lab", "make-table", "{d}/nodir/t.st"], ["does not exist"]),
+    (["lab", "scenario", "nope"], ["unknown scenario"]),
+    (["lab", "scenario", "residency", "--table", "{d}/adir"], ["is a directory"]),
+    (["lab", "scenario", "residency", "--markers", "{d}/markers-link.jsonl"], ["symbolic link"]),
+    (["diagnose", "--pid", "1", "--markers", "{d}/nope.jsonl"], ["no such markers file"]),
+    (["diagnose", "--pid", "1", "--markers", "{d}/adir"], ["is a directory"]),
+    (["syscalls", "--pid", str(NO_PID), "--duration", "1"], ["no process with pid"]),
+    (["sample", "--pid", str(NO_PID), "--duration", "1"], ["no process with pid"]),
+    (["diagnose", "--pid", str(NO_PID), "--duration", "1"], ["no process with pid"]),
+]
+
+
+@pytest.mark.parametrize("args,words", FILES, ids=[" ".join(a) for a, _ in FILES])
+def test_bad_file_or_input_is_one_line_exit_2(args, words, inputs):
+    check(result(_fill(args, inputs), [_fill(a, inputs) for a, _ in FILES]), 2, *words)
+
+
+def test_make_table_errors_do_not_start_with_a_blank_line(inputs):
+    r = run("lab", "make-table", inputs["table"])
+    assert r.stderr.startswith("engramprof: "), repr(r.stderr[:40])
+
+
+# ------------------------------------------------------------------------ zombies (item 13)
+
+@pytest.fixture
+def zombie():
+    p = subprocess.Popen(["true"])
+    for _ in range(200):  # exited, not reaped: a zombie
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        import time
+
+        time.sleep(0.01)
+    yield p.pid
+    p.wait()
+
+
+@pytest.mark.parametrize("cmd", [["syscalls", "--duration", "1"], ["sample", "--duration", "1"],
+                                 ["diagnose", "--duration", "1"]])
+def test_zombie_pid_same_words_everywhere(cmd, zombie):
+    line = check(run(cmd[0], "--pid", zombie, *cmd[1:]), 2, f"pid {zombie}", "has already exited (zombie)")
+    assert "no process" not in line
+
+
+# ----------------------------------------------------- a foreign Parquet file in calls/ (item 13)
+
+def test_foreign_parquet_in_calls_is_skipped_with_a_note(inputs, tmp_path):
+    import shutil
+
+    tr = tmp_path / "trace"
+    shutil.copytree(inputs["trace"], tr)
+    pq.write_table(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), tr / "calls" / "part-999999.parquet")
+    r = run("batch-tail", tr, "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["calls"] == 64, s["calls"]  # the foreign part's 3 rows are not calls
+    assert any("part-999999.parquet" in n for n in s["notes"]), s["notes"]
+
+
+# --------------------------------------------------------------------- full disk (item 12)
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_make_table_on_a_full_disk_exit_1_one_line_no_partial_file(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        r = run("lab", "make-table", mnt / "t.safetensors", "--rows", "65536")
+        check(r, 1, "not enough free space", "MiB")
+        assert os.listdir(mnt) == []
+        # a disk that fills during the write (the check passed, e.g. another writer): exit 1 too
+        code = ("import sys; from unittest import mock; from engramprof.lab import table; "
+                "mock.patch.object(table, 'check_space', lambda *a: None).start(); "
+                "sys.argv = ['engramprof', 'lab', 'make-table', sys.argv[1], '--rows', '65536']; "
+                "from engramprof.cli import main; main()")
+        r = subprocess.run([PY, "-c", code, str(mnt / "t.safetensors")], capture_output=True, text=True, cwd=REPO,
+                           timeout=60)
+        check(r, 1, "No space left on device", "partial file was removed")
+        assert os.listdir(mnt) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
