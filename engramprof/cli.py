@@ -32,6 +32,25 @@ for _mod in COMMAND_MODULES:
     _mod.register(app)
 
 
+def _unwrap_help(typer_app: typer.Typer) -> None:
+    """Each paragraph of a command's docstring as one line, so that --help wraps it at the
+    terminal's width instead of breaking it where the source line ended ("Ends on" /
+    "Ctrl-C, ...").  Paragraphs stay apart; epilogs (the examples) are left as written."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        text = info.help if isinstance(info.help, str) else (info.callback.__doc__ if info.callback else None)
+        if text:
+            paras = inspect.cleandoc(text).split("\n\n")
+            info.help = "\n\n".join(" ".join(p.split()) for p in paras)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _unwrap_help(group.typer_instance)
+
+
+_unwrap_help(app)
+
+
 def _print_version(value: bool) -> None:
     if value:
         from engramprof import __version__
