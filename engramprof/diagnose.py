@@ -226,7 +226,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     markers_df, bad = (None, 0)
     if markers:
         markers_df, bad = batches.read_markers(markers)
-    faults_traced = "fault" in (bundle.meta.get("read_paths") or [])
+    faults_traced = "fault" in (bundle.meta.get("read_paths") or []) or bool(bundle.meta.get("fault_probe"))
     if bundle.calls.empty and not (faults_traced and markers_df is not None):
         what = "preadv2/preadv/pread64 calls" + (" and no page faults on mapped files" if faults_traced else "")
         more = (" (a memory-mapped reader whose rows are all resident makes neither: pass --markers to "

@@ -20,6 +20,8 @@ def fault_read_path(calls: pd.DataFrame, meta: dict) -> bool:
     paths = meta.get("read_paths")
     if isinstance(paths, (list, tuple)) and "fault" in paths:
         return True
+    if meta.get("fault_probe"):  # the recorder attached the page-fault probe (probes/faults.bpf.c)
+        return True
     kind = calls["kind"] if "kind" in calls.columns else None
     if kind is None or not len(kind):
         return False
