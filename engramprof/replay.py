@@ -494,11 +494,14 @@ def replay(
     seed: int = 0,
     preadv=None,
     progress=None,
+    allow_changed: bool = False,
 ) -> dict:
     """Run the component A/B; returns the result dict (``mismatches`` > 0 means failure).
 
     ``preadv`` is passed to every reader (forced-path tests); the reference read always uses
-    ``os.preadv``.  ``progress(msg)`` is called between batches if given.
+    ``os.preadv``.  ``progress(msg)`` is called between batches if given.  A file that changed
+    since the trace (its recorded identity, tables/files.parquet) is refused (UserError, exit 2)
+    unless ``allow_changed``.
     """
     from engramprof.lab import readers
     from engramprof.trace import load_bundle
@@ -518,6 +521,9 @@ def replay(
     trace = load_bundle(trace_path)
     notes.extend(trace.notes)
     rows = _row_table(trace, markers, gap_ms, rows_per_batch, notes)
+    from engramprof.record import identity
+
+    notes.extend(identity.verify(trace, sorted(set(rows["path"])), allow_changed))
     files = _open_files(rows)
     try:
         return _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, threads,

@@ -36,6 +36,7 @@ from engramprof.fdmap import FdResolver
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, VmEventDecoder
 from engramprof.record.enrich import FdPathEnricher, TensorEnricher
+from engramprof.record.identity import FileIdentities
 from engramprof.record.live import FileStat, LatencyHist, LiveAccount, LiveState  # noqa: F401 (re-exported)
 from engramprof.record.sink import TraceSink
 from engramprof.record.strings import Interner
@@ -159,7 +160,9 @@ class SyscallTracer:
         """probe -> decoder -> enrichers -> table -> sink, plus the live aggregates."""
         self.calls = CallDecoder(self.probe.record_dtype, self.probe.armed_ns)
         self.fd_paths = FdPathEnricher(self.fds, self.paths)
-        self.enrichers = [self.fd_paths, TensorEnricher(self.paths, self.tensors)]
+        self.identities = FileIdentities(self.pid, self.paths)
+        self.enrichers = [self.fd_paths, self.identities,
+                          TensorEnricher(self.paths, self.tensors, headers=self.identities.header_of)]
         self.tables = EventTableBuilder(self.calls.syscall_dictionary, self.paths, self.tensors,
                                         missing=self.plan.missing_columns)
         self.account = LiveAccount(self.state, self.paths, self.tensors)
@@ -303,6 +306,8 @@ class SyscallTracer:
             return
         for e in self.enrichers:
             e.enrich(batch)
+        if self.identities.changed:  # a file seen for the first time: tables/files.parquet again
+            self.sink.put_table("files", self.identities.table())
         self.account.add(batch)
         self.sink.add_events(self.tables.build(batch))
 

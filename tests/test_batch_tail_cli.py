@@ -143,7 +143,7 @@ def test_trace_without_evidence_columns(tmp_path, capsys, monkeypatch, pool_trac
     assert code == 0 and "missing evidence columns" in out
 
 
-@pytest.mark.parametrize("case", ["empty", "corrupt-meta", "corrupt-part", "no-such", "wall-markers", "bad-markers",
+@pytest.mark.parametrize("case", ["empty", "corrupt-meta", "no-such", "wall-markers", "bad-markers",
                                   "bad-option"])
 def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, capsys, monkeypatch, pool_trace, case):
     calls, markers = pool_trace
@@ -176,10 +176,23 @@ def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, capsys, monkeypatch
     assert "Traceback" not in err and "Traceback" not in out
     msg = err.strip()
     assert msg.startswith("engramprof: ") and "\n" not in msg, msg
-    expect = {"empty": "no calls", "corrupt-meta": "corrupt metadata", "corrupt-part": "corrupt trace part",
+    expect = {"empty": "no calls", "corrupt-meta": "corrupt metadata",
               "no-such": "no such trace", "wall-markers": "wall-clock", "bad-markers": "2 bad lines",
               "bad-option": "--gap-ms"}[case]
     assert expect in msg
+
+
+def test_incomplete_part_is_skipped_with_a_note_naming_it(tmp_path, capsys, monkeypatch, pool_trace):
+    """A part that is not a complete Parquet file (a recorder killed before parts were renamed
+    into place atomically) no longer refuses the bundle: the others are analysed (issue 11)."""
+    calls, _ = pool_trace
+    tr = write_bundle(tmp_path / "t", calls)
+    (tr / "calls" / "part-000001.parquet").write_bytes(b"PAR1 this is not parquet")
+    code, out, err = run(["batch-tail", tr, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    s = json.loads(out)
+    assert s["calls"] == len(calls) // 2
+    assert any("calls/part-000001.parquet" in n and "not a complete Parquet file" in n for n in s["notes"]), s["notes"]
 
 
 def test_unclosed_trace_is_analysed_with_a_note(tmp_path, capsys, monkeypatch, pool_trace):

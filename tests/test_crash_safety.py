@@ -214,6 +214,9 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
     rng = random.Random(int(os.environ.get("ENGRAMPROF_KILL_SEED", "11")))
     kills = int(os.environ.get("ENGRAMPROF_KILLS", "20"))
     delay = ("--start-delay", "120", "--duration", "30")
+    # a random moment in each of `kills` equal slices of 0.05-3.2 s, in random order
+    waits = [0.05 + (k + rng.random()) * 3.15 / kills for k in range(kills)]
+    rng.shuffle(waits)
     nxt = _lab(table, "--seed", "0", *delay)
     results = []
     for k in range(kills):
@@ -224,7 +227,7 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
             nxt = _lab(table, "--seed", str(k + 1), *delay) if k + 1 < kills else None
             tracer.wait_line("Tracing")
             os.kill(lab.pid, signal.SIGUSR1)
-            wait = rng.uniform(0.05, 3.0)
+            wait = waits[k]
             time.sleep(wait)
             tracer.p.kill()
             tracer.finish(timeout=30)
@@ -234,19 +237,24 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
         meta = t.meta
         assert meta["complete"] is False
         for name in t.sample_names:
-            assert t.samples(name) is not None
+            t.samples(name)  # never raises (a series whose only part was being written is None)
         assert t.samples("lost_records") is None  # nothing was lost: the comparison below is exact
-        seq = list(zip(t.calls["offset"].tolist(), t.calls["size"].tolist()))
+        # the reader's preadv2 calls on the table (page faults on libraries may be recorded too)
+        c = t.calls[(t.calls["kind"] == "syscall") & (t.calls["path"] == os.path.realpath(table))]
+        seq = list(zip(c["offset"].tolist(), c["size"].tolist()))
         assert seq == _planned_sequence(table, len(seq), seed), f"kill {k} after {wait:.2f} s: not a prefix"
-        assert t.calls["tid"].nunique() <= 1
+        assert c["tid"].nunique() <= 1
         # what was flushed about a second before the kill is there (samples and the running totals)
-        if wait > 2.2:
-            assert len(seq) > 0 and meta.get("totals", {}).get("calls", 0) > 0, (k, wait)
-            assert t.samples("vmstat") is not None and t.table("latency_log2_by_fd") is not None, (k, wait, t.notes)
-        results.append((round(wait, 2), len(seq), [n for n in t.notes if "temporary" in n]))
+        results.append((k, round(wait, 2), len(seq), meta.get("totals", {}).get("calls", 0),
+                        t.samples("vmstat") is not None, t.table("latency_log2_by_fd") is not None,
+                        [n for n in t.notes if "temporary" in n]))
     if nxt is not None:
         _stop(nxt)
-    assert sum(1 for _, n, _ in results if n > 0) >= kills // 2, results
+    # what was flushed about a second before a kill is there: calls, samples, the kernel's
+    # histograms and running totals (kills after 2.5 s; a loaded machine may delay a flush)
+    late = [r for r in results if r[1] > 2.5]
+    assert late and all(r[2] > 0 and r[3] > 0 and r[4] and r[5] for r in late), results
+    assert sum(1 for r in results if r[2] > 0) >= kills // 2, results
 
 
 @pytest.mark.bpf

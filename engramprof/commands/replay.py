@@ -27,6 +27,7 @@ def replay(
     seed: int = typer.Option(0, "--seed", help="Seed of the row sampling."),
     layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    allow_changed: bool = typer.Option(False, "--allow-changed", help="Replay a file that changed since the trace (size, header, first MiB, inode or mtime) with a warning instead of refusing."),
 ) -> None:
     """Component A/B of reader strategies on the trace's recorded files, offsets and sizes."""
     from engramprof import replay as rp
@@ -47,7 +48,7 @@ def replay(
         progress = lambda msg: print(f"\r\033[K{msg}", end="", file=sys.stderr, flush=True)  # noqa: E731
     res = rp.replay(trace, arms, cold_frac=cold_frac, repeat=repeat, rows_per_batch=rows_per_batch,
                     allow_evict=allow_evict, threads=threads, max_batches=batches, markers=markers,
-                    gap_ms=gap_ms, seed=seed, progress=progress)
+                    gap_ms=gap_ms, seed=seed, progress=progress, allow_changed=allow_changed)
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     if as_json:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import List, Optional
 
 import typer
@@ -27,6 +28,7 @@ def residency(
     method: str = typer.Option("auto", "--method", help="auto (cachestat, else mincore) | cachestat | mincore."),
     layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    allow_changed: bool = typer.Option(False, "--allow-changed", help="With --rows: classify the rows of a file that changed since the trace, with a warning, instead of refusing."),
 ) -> None:
     """Non-perturbing page-cache residency per file / tensor (never reads a data page)."""
     from engramprof import residency as res
@@ -42,9 +44,14 @@ def residency(
     if rows is not None:
         from engramprof.trace import load_bundle
 
+        from engramprof.record import identity
+
         trace = load_bundle(rows)
+        traced = sorted(p for p in set(trace.calls["path"]) if p)
+        checked = [p for p in traced if not file_list or p in {os.path.realpath(f) for f in file_list} | set(file_list)]
+        id_notes = identity.verify(trace, checked, allow_changed)
         rows_summary = res.classify_trace_rows(trace.calls, file_list or None, method)
-        rows_summary.notes[:0] = trace.notes
+        rows_summary.notes[:0] = trace.notes + id_notes
         if not file_list:
             file_list = [f["path"] for f in rows_summary.files]
     files = [res.file_residency(p, method, tensors=tensors or ranges > 0, ranges=ranges) for p in file_list]

@@ -43,9 +43,13 @@ class TensorEnricher:
     """Adds ``tensor`` (codes into ``tensors``; 0 = none) and ``row`` from the safetensors layout
     of each file the batch touches (layouts parsed once per path and cached)."""
 
-    def __init__(self, paths: Interner, tensors: Interner):
+    def __init__(self, paths: Interner, tensors: Interner, headers=None):
         self.paths = paths
         self.tensors = tensors
+        # headers(path) -> (header JSON bytes, file size) | None: the bytes the file-identity
+        # stage already read without touching the page cache (engramprof/record/identity.py);
+        # without it the header is read from the file (a buffered read of its first pages)
+        self.headers = headers
         self._layouts: dict[str, object] = {}
         self._codes: dict[int, np.ndarray] = {}
 
@@ -84,7 +88,11 @@ class TensorEnricher:
             try:
                 from engramprof import layout
 
-                lay = layout.load(path)
+                if self.headers is not None:
+                    h = self.headers(path)
+                    lay = layout.parse_header(path, h[0], h[1]) if h is not None else None
+                else:
+                    lay = layout.load(path)
             except Exception:  # not (or no longer) a readable safetensors file
                 lay = None
         self._layouts[path] = lay

@@ -306,6 +306,21 @@ TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
                            ("ns_lower", pa.int64()), ("count", pa.int64())],
     # the kernel's log2(ns) histogram of the target's bios, queue -> complete
     "bio_latency_log2": [("log2_slot", pa.int64()), ("ns_lower", pa.int64()), ("count", pa.int64())],
+    # every traced file's identity when first seen (engramprof/record/identity.py); replay and
+    # residency --rows refuse a file that differs now
+    "files": [
+        ("path", pa.string()),
+        ("dev", pa.int64()),
+        ("ino", pa.int64()),
+        ("size", pa.int64()),
+        ("mtime_ns", pa.int64()),
+        ("header_bytes", pa.int64()),  # 8 + N of a safetensors file, else 0
+        ("header_sha256", pa.string()),  # of those bytes; "" when not safetensors or not read
+        ("head_bytes", pa.int64()),  # min(size, 1 MiB)
+        ("head_sha256", pa.string()),  # of those bytes; "" when not read
+        ("method", pa.string()),  # how they were read: O_DIRECT | resident pages | not read: why
+        ("first_seen_ns", pa.int64()),  # CLOCK_MONOTONIC
+    ],
 }
 
 
