@@ -10,11 +10,13 @@ has everything).  :func:`console` is a Console at the terminal's width, or at ``
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 #: cells that carry no information in a column of evidence
 ZERO_CELLS = frozenset(("", "-", "0", "0.0", "0.00", "0.0 µs", "0.00 ms", "0 µs", "0.0%"))
@@ -158,3 +160,54 @@ def fit_table(con: Console, cols: list[Col], rows: list[list[str]], *, title: st
         shrink_to = None
         t = build()
     return t
+
+
+# ------------------------------------------------------------------------ sentences --
+
+_BREAK = re.compile(r"(?<=; )|(?<=: )|(?<= — )|(?= \()")
+
+
+def say(con: Console, text, indent: int = 2, width: int | None = None) -> None:
+    """Print a sentence at the console's width without breaking a clause where avoidable:
+    lines break after "; ", ": " and " — " or before " (" (continuation lines indented by
+    ``indent``); a clause longer than a line wraps at words under its own indent.
+    ``text``: a str (printed as plain text, not markup) or a rich Text."""
+    t = text if isinstance(text, Text) else Text(str(text))
+    width = width or con.width
+    plain = t.plain
+    if len(plain) <= width:
+        con.print(t, soft_wrap=True)
+        return
+    cuts = [m.start() for m in _BREAK.finditer(plain) if 0 < m.start() < len(plain)]
+    chosen, start = [], 0
+    while True:
+        room = width - (indent if start else 0)
+        if len(plain) - start <= room:
+            break
+        # a clause break that fills at least half the line; else the rest wraps at words
+        fitting = [c for c in cuts if start + room // 2 < c <= start + room]
+        if not fitting:
+            break
+        chosen.append(fitting[-1])
+        start = fitting[-1]
+    import textwrap
+
+    for k, piece in enumerate(t.divide(chosen)):
+        body = piece.plain.strip()
+        lead = " " * (indent if k else 0)
+        if len(lead) + len(body) <= width:
+            line = Text(lead)
+            line.append_text(_strip_text(piece))
+            con.print(line, soft_wrap=True)
+            continue
+        # one clause longer than a line: wrap it at words, continuation lines indented
+        for line in textwrap.wrap(body, width, initial_indent=lead, subsequent_indent=" " * indent,
+                                  break_long_words=False, break_on_hyphens=False):
+            con.print(Text(line, style=piece.style), soft_wrap=True)
+
+
+def _strip_text(piece: Text) -> Text:
+    n = len(piece.plain) - len(piece.plain.lstrip())
+    out = piece[n:]
+    out.rstrip()
+    return out

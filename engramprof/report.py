@@ -19,6 +19,7 @@ from engramprof import present
 from engramprof.analysis.verdicts import CAUSES, col
 from engramprof.errors import UserError
 from engramprof.render import Col, fit_table
+from engramprof.render import say as render_say
 
 CAUSE_COLOURS = {
     "residency": "#d62728",
@@ -159,8 +160,8 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
     if console is None:  # the terminal's width; piped: COLUMNS, else 80 (never forced wider)
         console = Console(highlight=False)
 
-    def say(line) -> None:  # a sentence: one line, the terminal wraps it (greppable whole)
-        console.print(line, soft_wrap=True)
+    def say(line) -> None:  # a sentence: broken between clauses at the console's width
+        render_say(console, line)
     say(Text(f"batch-tail: {s['batches']:,} batches, {s['calls_in_batches']:,} of {s['calls']:,} calls — "
                        + _source_line(s), style="bold"))
     say(

@@ -63,16 +63,15 @@ def replay(
 def _print(res: dict) -> None:
     from rich.console import Console
 
-    from engramprof.render import Col, fit_table
+    from engramprof.render import Col, fit_table, say
 
     con = Console()  # the terminal's width; piped: COLUMNS, else 80
     rpb = res["rows_per_batch"]
     rows_desc = f"{rpb['median']:,}" if rpb["min"] == rpb["max"] else f"{rpb['min']:,}-{rpb['max']:,} (median {rpb['median']:,})"
     jpb = res["jobs_per_batch"]
     jobs_desc = str(jpb["min"]) if jpb["min"] == jpb["max"] else f"{jpb['min']}-{jpb['max']}"
-    con.print(f"replay of {res['trace']}: {res['batches']} batch(es) of {rows_desc} rows in {jobs_desc} jobs, "
-              f"{res['repeat']} run(s) per arm, cold fraction {res['cold_frac']:g}, pool of {res['threads']} threads",
-              soft_wrap=True)
+    say(con, f"replay of {res['trace']}: {res['batches']} batch(es) of {rows_desc} rows in {jobs_desc} jobs, "
+              f"{res['repeat']} run(s) per arm, cold fraction {res['cold_frac']:g}, pool of {res['threads']} threads")
     # the arm, its batch time and its speedup stay whole; the CPU and context-switch detail
     # goes first when narrow (named under the table; --json has it all)
     cols = [Col("arm", "left"), Col("batch p50 ms"), Col("p90 ms", drop=5), Col("speedup vs pool"),
@@ -90,9 +89,9 @@ def _print(res: dict) -> None:
                      f"{100 * cold:.1f}%" if cold is not None else "-"])
     con.print(fit_table(con, cols, rows))
     ok = "all identical" if not res["mismatches"] else f"{res['mismatches']:,} MISMATCHED"
-    con.print(f"byte-for-byte vs a reference read after each arm: {res['rows_verified']:,} rows, {ok}", soft_wrap=True)
+    say(con, f"byte-for-byte vs a reference read after each arm: {res['rows_verified']:,} rows, {ok}")
     for n in res["notes"]:
-        con.print(f"note: {n}", soft_wrap=True)
+        say(con, f"note: {n}")
 
 
 def register(app: typer.Typer) -> None:

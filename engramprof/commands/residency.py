@@ -69,7 +69,7 @@ def residency(
 def _print(files, rows_summary, res) -> None:
     from rich.console import Console
 
-    from engramprof.render import Col, fit_table
+    from engramprof.render import Col, fit_table, say
 
     con = Console()  # the terminal's width; piped: COLUMNS, else 80
     if files:
@@ -84,7 +84,7 @@ def _print(files, rows_summary, res) -> None:
         con.print(fit_table(con, cols, rows, title=f"page-cache residency (page size {res.PAGE_SIZE} B)"))
         for f in files:
             if f.tensor_note:
-                con.print(f"{f.path}: {f.tensor_note}", soft_wrap=True)
+                say(con, f"{f.path}: {f.tensor_note}")
             if not f.tensors:
                 continue
             cols = [Col("tensor", "left"), Col("rows"), Col("pages", drop=3), Col("resident"),
@@ -111,9 +111,9 @@ def _print(files, rows_summary, res) -> None:
                              _fmt(tr["partly"]), f"{_fmt(tr['cold'])} ({_pct(tr['cold'], tr['rows'])})"])
         con.print(fit_table(con, cols, rows, title="rows of the trace, by residency now (page-granular, not read)"))
         for n in rows_summary.notes:
-            con.print(f"note: {n}", soft_wrap=True)
+            say(con, f"note: {n}")
     else:
-        con.print(f"note: {res.RACE_NOTE}", soft_wrap=True)
+        say(con, f"note: {res.RACE_NOTE}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,208 @@
+"""Every command's output at 80 columns, piped (COLUMNS=80, not a terminal): no line is wider
+than 80, and the numbers and names a decision rests on (offsets, durations, arm names,
+speedups, tensor names, residency counts, batch counts) appear whole.
+
+Commands that need no root or eBPF run as subprocesses on a small lab table and a synthetic
+trace; `syscalls` and `diagnose` (which need a live target) are rendered from their summary
+dicts by the same functions the commands call.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parent.parent
+PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+WIDTH = 80
+
+
+def run(*args) -> str:
+    env = dict(os.environ, COLUMNS=str(WIDTH))
+    p = subprocess.run([PY, "-m", "engramprof", *map(str, args)], capture_output=True, text=True, cwd=REPO,
+                       timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+def fits(text: str) -> None:
+    wide = [l for l in text.splitlines() if len(l.rstrip()) > WIDTH]
+    assert not wide, "lines wider than 80:\n" + "\n".join(wide)
+
+
+def whole(text: str, *items: str) -> None:
+    """Each item appears unbroken on one line, and nothing is cut with an ellipsis mid-number."""
+    for it in items:
+        assert any(it in line for line in text.splitlines()), f"{it!r} not whole in:\n{text}"
+    assert not re.search(r"\d…|…\d", text), f"a number cut with an ellipsis:\n{text}"
+
+
+def _fs_type(path: Path) -> str:
+    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A small lab table and a synthetic trace of its planned reads (4 batches, 20 ms apart)
+    with markers, as in test_docs."""
+    from engramprof.lab import table, workload
+    from engramprof.trace import CALL_SCHEMA, TraceWriter
+
+    d = tmp_path_factory.mktemp("r80")
+    if _fs_type(d) in ("tmpfs", "ramfs"):
+        pytest.skip("residency and replay need a filesystem with a droppable page cache")
+    t = d / "a-rather-long-directory-name-for-the-table" / "engram-table.safetensors"
+    t.parent.mkdir()
+    table.make_table(t, rows=4096, seed=5)
+    batches = workload.planned_reads(t, steps=4, tokens=16)
+    recs, marks, ts = [], [], 1_000_000_000
+    for b in batches:
+        start = ts
+        for off, size in b:
+            recs.append((ts, off, size))
+            ts += 3_000
+        marks.append({"start_ns": start - 50_000, "end_ns": ts + 50_000, "tid": 7})
+        ts += 20_000_000
+    a = np.array(recs, dtype=np.int64)
+    n = len(a)
+    df = pd.DataFrame({c: np.zeros(n, dtype=CALL_SCHEMA.field(c).type.to_pandas_dtype()) for c in CALL_SCHEMA.names})
+    df["ts_ns"], df["dur_ns"], df["pid"], df["tid"] = a[:, 0], 2_000, 7, 7 + np.arange(n) % 4
+    df.loc[n // 2, "dur_ns"] = 237_000  # one slow call: its offset must be shown whole
+    df["path"], df["offset"], df["size"], df["ret"] = str(t), a[:, 1], a[:, 2], a[:, 2]
+    df["syscall"], df["tensor"], df["row"] = "preadv2", "", -1
+    w = TraceWriter(d / "trace")
+    w.append_calls(df)
+    w.close()
+    m = d / "markers.jsonl"
+    m.write_text("".join(json.dumps(x) + "\n" for x in marks))
+    return {"table": t, "trace": d / "trace", "markers": m, "slow_offset": int(a[n // 2, 1])}
+
+
+def test_batch_tail_at_80(lab):
+    out = run("batch-tail", lab["trace"], "--markers", lab["markers"])
+    fits(out)
+    s = json.loads(run("batch-tail", lab["trace"], "--markers", lab["markers"], "--json"))
+    whole(out, f"batch-tail: {s['batches']:,} batches", f"@{lab['slow_offset']:,}", s["verdict"])
+
+
+def test_replay_at_80(lab):
+    out = run("replay", lab["trace"], "--markers", lab["markers"], "--repeat", "1", "--threads", "4")
+    fits(out)
+    for arm in ("pool", "nowait", "serial"):
+        assert re.search(rf"│ {arm}\s+│", out), f"arm {arm} not whole:\n{out}"
+    assert re.search(r"│\s+\d+\.\d\dx │", out), f"speedup not whole:\n{out}"
+
+
+def test_replay_and_batch_tail_agree_on_the_batch_count(lab, tmp_path):
+    """Inferred batches: replay segments the trace as batch-tail does (cut edge batches out)."""
+    from engramprof.trace import TraceWriter, load_bundle
+
+    tr = load_bundle(lab["trace"])
+    # a recording window that starts right at the first call: its first batch may be cut
+    w = TraceWriter(tmp_path / "t", meta={"start_ns": int(tr.calls["ts_ns"].iloc[0]) - 1000})
+    w.append_calls(tr.calls)
+    w.close()
+    bt = json.loads(run("batch-tail", tmp_path / "t", "--json"))
+    rp = json.loads(run("replay", tmp_path / "t", "--repeat", "1", "--threads", "2", "--batches", "100", "--json"))
+    m = re.search(r"replaying (\d+) of the trace's (\d+) batches|(\d+) inferred", " ".join(rp["notes"]))
+    n_rp = rp["batches"]
+    assert n_rp == bt["batches"], (n_rp, bt["batches"], rp["notes"], m)
+
+
+def test_residency_at_80(lab):
+    out = run("residency", lab["table"], "--tensors", "--ranges", "2")
+    fits(out)
+    whole(out, "layers.3.engram.embed.weight", "layers.17.engram.embed.scale", "rows 2,048-4,095")
+    out = run("residency", "--rows", lab["trace"])
+    fits(out)
+    whole(out, "engram-table.safetensors")
+
+
+def test_lab_run_at_80(lab):
+    out = run("lab", "run", "--table", lab["table"], "--steps", "20", "--threads", "4")
+    fits(out)
+    s = json.loads(run("lab", "run", "--table", lab["table"], "--steps", "20", "--threads", "4", "--json"))
+    assert s["distinct_rows"] <= 2 * 4096 and s["distinct_rows"] <= s["unique_rows"]
+    whole(out, "distinct", f"{s['distinct_rows']:,}")
+
+
+def test_help_at_80_breaks_no_sentence():
+    out = run("syscalls", "--help")
+    fits(out)
+    assert "Ends on Ctrl-C" in out, out  # not "Ends on" / "Ctrl-C" on two lines at a source line end
+
+
+def _syscalls_summary(path: str) -> dict:
+    slow = []
+    for i, (dur, off, bio, miss) in enumerate([(1160.5, 2_271_234_567_890, 0.0, 0), (237.0, 18_110_960, 237.0, 12),
+                                               (198.7, 34_405_056, 0.0, 0)]):
+        slow.append({"dur_us": dur, "tid": 24060 + i, "path": path, "offset": off, "size": 256, "pages_added": miss,
+                     "bio_us": bio, "reclaim_us": 0.0, "offcpu_us": 150.0 + i, "runq_us": 100.0 + i})
+    return {
+        "pid": 4242, "duration_s": 3.0, "end_reason": "duration", "calls": 83322, "calls_per_s": 27526.0,
+        "recorded": 83034, "partial_at_start": 288, "lost_records": 0,
+        "latency_us": {"p50": 1.3, "p99": 4.2, "max": 1160.5}, "latency_source": "records",
+        "eagain_rate": 0.0, "nowait_share": 0.0,
+        "evidence": {"calls_with_misses": 1, "pages_added": 12, "bio_ms": 0.2, "reclaim_ms": 0.0, "offcpu_ms": 1.4,
+                     "runq_ms": 1.4},
+        "output": "/var/tmp/t1",
+        "files": [{"path": path, "calls": 83034, "total_ms": 120.3, "max_us": 1160.5, "calls_with_misses": 1,
+                   "eagain": 0}],
+        "tensors": [{"tensor": "layers.17.engram.embed.weight", "calls": 20760, "total_ms": 31.4, "max_us": 122.1,
+                     "calls_with_misses": 0}],
+        "slowest": slow, "notes": [],
+    }
+
+
+@pytest.mark.parametrize("path", ["/var/tmp/t.st",
+                                  "/data/models/engram/a/very/long/path/to/the/table-of-embeddings.safetensors"])
+def test_syscalls_summary_at_80(path):
+    from engramprof import report_syscalls
+
+    buf = io.StringIO()
+    report_syscalls.print_summary(Console(file=buf, width=WIDTH), _syscalls_summary(path))
+    out = buf.getvalue()
+    fits(out)
+    whole(out, "2,271,234,567,890", "18,110,960", "237.0 µs", "1.16 ms", "layers.17.engram.embed.weight")
+
+
+def test_diagnose_limits_wrap_under_their_text():
+    from engramprof import diagnose
+
+    d = {"verdict": "residency", "confidence": 0.9, "verdict_share": 0.6, "runner_up": None,
+         "evidence": [{"step": "residency of their pages", "finding": "the 20,000 most-read of 68,390 distinct rows"}],
+         "limits": ["residency of the hot rows is observed after the window and can change right after it is "
+                    "observed, by other processes or by reclaim"],
+         "recommendation": {"fix": "keep the hot rows resident: " + "more words to wrap " * 6, "confirm": "rerun"},
+         "batch_tail": {"notes": ["a long note " * 10]}}
+    buf = io.StringIO()
+    diagnose.render(Console(file=buf, width=WIDTH), d)
+    out = buf.getvalue()
+    fits(out)
+    whole(out, "the 20,000 most-read of 68,390 distinct rows")
+    lines = out.splitlines()
+    i = next(k for k, l in enumerate(lines) if l.startswith("  - residency of the hot rows"))
+    assert lines[i + 1].startswith("    "), lines[i:i + 2]  # continues under its text, not at column 0
+    j = next(k for k, l in enumerate(lines) if l.startswith("fix to try:"))
+    assert lines[j + 1].startswith("      "), lines[j:j + 2]
+
+
+def test_diagnose_hot_rows_say_when_capped(tmp_path):
+    from engramprof import diagnose
+    from engramprof.lab import table
+
+    t = tmp_path / "t.safetensors"
+    table.make_table(t, rows=512, seed=1)
+    n = 300
+    calls = pd.DataFrame({"path": [str(t)] * n, "offset": 4096 + np.arange(n) * 256, "size": [256] * n})
+    hot = diagnose.hot_row_residency(calls, limit=100)
+    assert hot["rows"] == 100 and hot["distinct_rows"] == 300
