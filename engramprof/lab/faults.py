@@ -136,12 +136,14 @@ class ResidencyFault(Fault):
         self.evict_ms = evict_ms
         self.evictions = 0
         self._fd: int | None = None
+        self._sc = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def setup(self, sc: "Scenario") -> list[str]:
         self._fd = os.open(sc.table_path, os.O_RDONLY | os.O_CLOEXEC)
         host.evict(self._fd)
+        self._sc = sc
         self._thread = threading.Thread(target=self._evictor, name="engramprof-evictor", daemon=True)
         self._thread.start()
         sc.say(f"evicting the table from the page cache every {self.evict_ms:g} ms "
@@ -155,6 +157,10 @@ class ResidencyFault(Fault):
             if fd is None:
                 return
             try:
+                pid = getattr(self._sc, "pid", None) if self._sc is not None else None
+                if pid and str(getattr(self._sc, "reader", "")).startswith("mmap"):
+                    # a memory-mapped reader keeps mapped pages through fadvise: page them out
+                    host.page_out_mappings(pid, self._sc.table_path)
                 host.evict(fd)
                 self.evictions += 1
             except OSError:
