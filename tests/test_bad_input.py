@@ -154,7 +154,7 @@ NUMBERS = [
     (["sample", "--pid", "-3"], "--pid"),
     (["diagnose", "--pid", "1", "--duration", "nan"], "--duration"),
     (["diagnose", "--pid", "1", "--duration", "inf"], "--duration"),
-    (["diagnose", "--pid", "1", "--duration", "1e9"], "--duration"),
+    (["diagnose", "--pid", "1", "--duration", "1e10"], "--duration"),
     (["diagnose", "--pid", "1", "--slow-ms", "nan"], "--slow-ms"),
     (["diagnose", "--pid", "1", "--slow-ms", "-1"], "--slow-ms"),
     (["diagnose", "--pid", "0"], "--pid"),

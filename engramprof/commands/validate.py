@@ -11,7 +11,7 @@ import math
 from engramprof.errors import UserError
 
 #: longest --duration any command accepts (leave --duration out to run until Ctrl-C)
-MAX_DURATION_S = 30 * 86400
+MAX_DURATION_S = 10 * 365 * 86400  # 10 years: what `lab scenario --keep-running` passes its reader
 #: the samplers' highest rate (engramprof.samplers.Sampler refuses more)
 MAX_SAMPLE_HZ = 1000.0
 #: the most pool threads a reader may start
@@ -79,7 +79,7 @@ def duration(flag: str, value: float | None) -> None:
         return
     positive(flag, value)
     if value > MAX_DURATION_S:
-        raise UserError(f"{flag} must be at most {MAX_DURATION_S:,} s (30 days) (got {value:g}); "
+        raise UserError(f"{flag} must be at most {MAX_DURATION_S:,} s (10 years) (got {value:g}); "
                         "leave it out to run until Ctrl-C")
 
 
