@@ -1,0 +1,185 @@
+"""One bundle -> its per-batch table, with what compare needs beside batch-tail's split.
+
+Each bundle is read with only the analysis's columns (``load_bundle(columns=EVENT_READ_COLUMNS,
+compact=True)``), cut into batches and split into causes by :func:`engramprof.analysis.analyse`
+(batch-tail's own pipeline), then its events are released before the next bundle is read: peak
+memory is one bundle's analysis, whatever the number of ranks.  Added per batch: ``step`` (the
+markers' step id, when they carry one), ``read_path`` (the kind of its read events: syscall,
+fault, mixed, none) and ``resident_frac`` (the share of its reads that inserted no page: rows
+resident when the batch began; NaN without the ``pages_added`` column).
+"""
+from __future__ import annotations
+
+import gc
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engramprof.errors import UserError
+
+#: a bundle may carry its batch markers as this file
+BUNDLE_MARKERS = "markers.jsonl"
+_RANK_RE = re.compile(r"(?:^|[/_\-.=])rank[=_\-]?(\d+)(?:$|[/_\-.])")
+
+
+@dataclass
+class BundleBatches:
+    trace: str
+    meta: dict
+    batches: pd.DataFrame
+    summary: dict
+    markers: str | None
+    has_steps: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def format_version(self) -> int:
+        return int(self.meta.get("format_version", 1) or 1)
+
+    @property
+    def window_s(self) -> float:
+        a, b = self.meta.get("start_ns"), self.meta.get("end_ns")
+        if isinstance(a, int) and isinstance(b, int) and b > a:
+            return (b - a) / 1e9
+        if len(self.batches):
+            return float(self.batches["end_ns"].max() - self.batches["start_ns"].min()) / 1e9
+        return 0.0
+
+    @property
+    def lost_records(self) -> int:
+        lost = self.summary.get("lost_records") or {}
+        return int(lost.get("records") or 0)
+
+
+def rank_label(path: str | Path, index: int) -> int:
+    """``rank=K`` (or rank-K, rank_K, rankK) in the path gives K; else the position given."""
+    m = None
+    for m in _RANK_RE.finditer(str(path)):
+        pass
+    return int(m.group(1)) if m else index
+
+
+def bundle_markers(trace: Path) -> Path | None:
+    """The markers a bundle carries: TRACE/markers.jsonl."""
+    p = Path(trace) / BUNDLE_MARKERS
+    return p if Path(trace).is_dir() and p.is_file() else None
+
+
+def read_meta(trace: str | Path) -> dict:
+    """meta.json of a bundle with load_bundle's checks (no events read)."""
+    from engramprof.trace.reader import _read_meta
+
+    p = Path(trace)
+    if not p.exists():
+        raise UserError(f"{p}: no such trace")
+    if not p.is_dir():
+        return {}
+    return _read_meta(p)
+
+
+def _steps_of(markers_path: Path) -> pd.DataFrame | None:
+    """(start_ns, step) of each marker line holding an integer ``step``; None when none does."""
+    from engramprof.markers import read_markers_df
+
+    raw, _bad = read_markers_df(markers_path)
+    if "step" not in raw.columns or raw.empty:
+        return None
+    step = pd.to_numeric(raw["step"], errors="coerce")
+    ok = step.notna() & (step == step.round())
+    if not ok.any():
+        return None
+    return pd.DataFrame({"start_ns": raw.loc[ok, "start_ns"].astype("int64"), "step": step[ok].astype("int64")})
+
+
+def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_events: np.ndarray) -> np.ndarray:
+    """Per batch, the kind of its read events: syscall, fault, mixed or none."""
+    out = np.full(len(starts), "none", dtype=object)
+    if not len(starts):
+        return out
+    kinds = calls["kind"].astype(str).to_numpy() if len(calls) else np.array([], dtype=object)
+    present = sorted(set(kinds.tolist()))
+    has = n_events > 0
+    if len(present) <= 1:
+        out[has] = present[0] if present else "none"
+        return out
+    ts = calls["ts_ns"].to_numpy(np.int64)
+    fault_ts = ts[kinds == "fault"]
+    nf = np.searchsorted(fault_ts, ends, side="right") - np.searchsorted(fault_ts, starts, side="left")
+    nf = np.minimum(nf, n_events)
+    out[has & (nf == 0)] = "syscall"
+    out[has & (nf > 0) & (nf >= n_events)] = "fault"
+    out[has & (nf > 0) & (nf < n_events)] = "mixed"
+    return out
+
+
+def load(trace: str | Path, markers: str | Path | None = None, *, slow_ms: float = 4.0) -> BundleBatches:
+    """Analyse one bundle (batch-tail's split) and keep only its per-batch table."""
+    import pyarrow as pa
+
+    from engramprof import batches as _batches
+    from engramprof.analysis import analyse
+    from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
+
+    trace = Path(trace)
+    mpath = Path(markers) if markers is not None else bundle_markers(trace)
+    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+    mdf, bad = (None, 0)
+    if mpath is not None:
+        mdf, bad = _batches.read_markers(mpath)
+    try:
+        table, summary = analyse(tr, mdf, slow_ms=slow_ms, markers_bad_lines=bad, top=1)
+    except UserError as exc:
+        raise UserError(f"{trace}: {exc}") from None
+    table = table.copy()
+    starts, ends = table["start_ns"].to_numpy(np.int64), table["end_ns"].to_numpy(np.int64)
+    table["read_path"] = _read_paths(tr.calls, starts, ends, table["calls"].to_numpy(np.int64))
+    if "calls_with_misses" in table.columns:
+        calls = table["calls"].to_numpy(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            table["resident_frac"] = np.where(calls > 0, 1.0 - table["calls_with_misses"] / np.maximum(calls, 1), 1.0)
+    else:
+        table["resident_frac"] = np.nan
+    if "rows" not in table.columns:
+        table["rows"] = table["calls"]
+    has_steps = False
+    if mpath is not None:
+        steps = _steps_of(mpath)
+        if steps is not None:
+            steps = steps.drop_duplicates("start_ns")
+            table = table.merge(steps, on="start_ns", how="left")
+            has_steps = bool(table["step"].notna().any())
+    if "step" not in table.columns:
+        table["step"] = np.nan
+    meta = dict(tr.meta)
+    notes = list(tr.notes) + list(summary.get("notes", []))
+    keep = {k: summary.get(k) for k in ("batches", "batch_source", "lost_records", "read_events", "share", "verdict")}
+    # release the events before the next bundle is read
+    del tr
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    return BundleBatches(trace=str(trace), meta=meta, batches=table, summary=keep,
+                         markers=str(mpath) if mpath is not None else None, has_steps=has_steps, notes=notes)
+
+
+def check_same_format(metas: list[tuple[str, dict]]) -> None:
+    """Bundles of different trace format versions are not compared (one line, exit 2)."""
+    versions = {}
+    for trace, meta in metas:
+        versions.setdefault(int(meta.get("format_version", 1) or 1), trace)
+    if len(versions) > 1:
+        parts = ", ".join(f"{t} is format {v}" for v, t in sorted(versions.items()))
+        raise UserError(f"bundles of different trace format versions ({parts}): record them with the same "
+                        "engramprof to compare them")
+
+
+def pair_markers(traces: list[Path], markers: list[Path] | None) -> list[Path | None]:
+    """``--markers`` given once per TRACE, in order; or not at all (bundles may carry theirs)."""
+    if not markers:
+        return [None] * len(traces)
+    if len(markers) != len(traces):
+        raise UserError(f"--markers is given {len(markers)} time(s) for {len(traces)} trace(s): give one per TRACE, "
+                        "in the same order, or none")
+    return list(markers)

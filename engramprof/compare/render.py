@@ -1,0 +1,135 @@
+"""compare's rich tables (readable at 80 columns) and its heat map."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from engramprof.analysis.verdicts import CAUSES
+from engramprof.render import Col, fit_table
+from engramprof.report import CAUSE_COLOURS, fmt_ms
+
+
+def _say(con: Console, text: str, style: str | None = None) -> None:
+    con.print(text, style=style, soft_wrap=True, highlight=False)
+
+
+def _short(path: str, keep: int = 28) -> str:
+    p = Path(path)
+    s = str(p) if len(str(p)) <= keep else "…/" + "/".join(p.parts[-2:])
+    return s if len(s) <= keep else "…" + s[-(keep - 1):]
+
+
+def ranks(doc: dict, con: Console | None = None) -> None:
+    con = con or Console()
+    err = "" if doc["alignment"] == "step-id" else f"±{fmt_ms(doc['alignment_error_ms'])} ms: "
+    _say(con, f"{len(doc['ranks'])} ranks, {doc['steps']:,} steps aligned by {doc['alignment']} ({err}"
+              f"{doc['alignment_error_source']})")
+    g = next((r for r in doc["ranks"] if r["rank"] == doc["gating_rank"]), None)
+    if g is not None:
+        _say(con, f"gating rank: {g['rank']} ({_short(g['trace'], 40)}) was the slowest in {g['gated_share']:.0%} of "
+                  f"steps, {fmt_ms(g['excess_ms'])} ms over the median rank, mostly {g['top_cause'] or '-'}",
+             style="bold")
+    _say(con, f"step time lost to stragglers (sum of slowest minus median rank): "
+              f"{fmt_ms(doc['lost_to_stragglers_ms'])} ms; step p50 {fmt_ms(doc['step_ms']['p50'])} ms vs median "
+              f"rank p50 {fmt_ms(doc['median_rank_ms']['p50'])} ms")
+    cols = [Col("rank"), Col("trace", justify="left", shrink=True), Col("gated"), Col("excess ms"),
+            Col("top cause", justify="left"), Col("p50 ms", drop=2), Col("p99 ms", drop=1)]
+    rows = [[str(r["rank"]), r["trace"], f"{r['gated_share']:.0%}", fmt_ms(r["excess_ms"]), r["top_cause"] or "-",
+             fmt_ms(r["batch_ms"]["p50"]), fmt_ms(r["batch_ms"]["p99"])] for r in doc["ranks"]]
+    con.print(fit_table(con, cols, rows, title="per rank: share of steps gated, time over the median rank"))
+    if doc["worst_steps"]:
+        cols = [Col("step"), Col("slowest rank"), Col("step ms"), Col("median ms"), Col("excess ms"),
+                Col("cause of excess", justify="left")]
+        rows = [[str(s["step"]), str(s["gating_rank"]), fmt_ms(s["step_ms"]), fmt_ms(s["median_ms"]),
+                 fmt_ms(s["excess_ms"]), s["cause"] or "-"] for s in doc["worst_steps"]]
+        con.print(fit_table(con, cols, rows, title="steps with the largest excess"))
+    for w in doc["warnings"]:
+        _say(con, f"warning: {w}", style="yellow")
+    for n in doc["notes"]:
+        _say(con, f"note: {n}")
+
+
+def _ci(ci) -> str:
+    return "-" if not ci or ci[0] is None else f"{ci[0]:.3g}-{ci[1]:.3g}"
+
+
+def before_after(doc: dict, con: Console | None = None) -> None:
+    con = con or Console()
+    b, a = doc["before"], doc["after"]
+    _say(con, f"before: {b['batches']:,} batches in {len(b['traces'])} trace(s), {b['window_s']:.3g} s; "
+              f"after: {a['batches']:,} batches in {len(a['traces'])} trace(s), {a['window_s']:.3g} s")
+    cols = [Col("stratum", justify="left", wrap=True, min_width=14), Col("n before"), Col("n after"),
+            Col("p50 ms before"), Col("p50 ms after"), Col("ratio"), Col("95% CI"),
+            Col("p99 ratio", drop=1)]
+    rows = []
+    for s in doc["strata"] + ([doc["overall"]] if doc["overall"] else []):
+        rows.append(["overall (common mix)" if s is doc["overall"] else s["stratum"], f"{s['before_batches']:,}", f"{s['after_batches']:,}",
+                     fmt_ms(s["p50_ms_before"]), fmt_ms(s["p50_ms_after"]),
+                     "-" if s["ratio"] is None else f"{s['ratio']:.2f}", _ci(s["ci"]),
+                     "-" if s["p99_ratio"] is None else f"{s['p99_ratio']:.2f}"])
+    if rows:
+        con.print(fit_table(con, cols, rows, title="batch time p50 per stratum on both sides; ratio: after / before"))
+    else:
+        _say(con, "no stratum is on both sides")
+    for d in doc["dropped"]:
+        _say(con, f"dropped: {d['stratum']}: {d['before_batches']:,} before ({d['before_time_share']:.0%} of its time),"
+                  f" {d['after_batches']:,} after ({d['after_time_share']:.0%})")
+    if doc["matched"]:
+        o = doc["overall"]
+        lo, hi = (o["ci"] or [None, None])
+        verdict = ("faster after" if hi is not None and hi < 1 else
+                   "slower after" if lo is not None and lo > 1 else "no difference shown")
+        _say(con, f"matched: overall p50 {fmt_ms(o['p50_ms_before'])} -> {fmt_ms(o['p50_ms_after'])} ms, "
+                  f"ratio {o['ratio']:.2f} (95% CI {_ci(o['ci'])}): {verdict}, over the shared strata at one "
+                  "common mix", style="bold")
+    else:
+        _say(con, f"unmatched: {doc['reason']}", style="bold red")
+    for w in doc["warnings"]:
+        _say(con, f"warning: {w}", style="yellow")
+    for n in doc["notes"]:
+        _say(con, f"note: {n}")
+
+
+def plot(path: str | os.PathLike, doc: dict, arrays: dict, max_steps: int = 2000) -> Path:
+    """PNG heat map: steps (x) by ranks (y); each cell coloured by the cause of that rank's time
+    over the step's median rank, its strength by how much (white: at or below the median)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Patch
+
+    from engramprof.report import _open_new
+
+    att = arrays["att"]
+    ex, top = att["rank_excess"], att["rank_top"]          # (S, N)
+    S, N = ex.shape
+    k = max(1, int(np.ceil(S / max_steps)))
+    if k > 1:  # per bin of k steps: the cell of the step with the largest excess
+        m = (S // k) * k
+        exb = ex[:m].reshape(-1, k, N)
+        pick = exb.argmax(axis=1)
+        ex = np.take_along_axis(exb, pick[:, None, :], axis=1)[:, 0]
+        top = np.take_along_axis(top[:m].reshape(-1, k, N), pick[:, None, :], axis=1)[:, 0]
+    scale = float(np.percentile(ex[ex > 0], 99)) if (ex > 0).any() else 1.0
+    strength = np.clip(ex / max(scale, 1e-9), 0, 1)
+    colours = np.array([to_rgb(CAUSE_COLOURS[c]) for c in CAUSES])
+    rgb = 1 - strength[..., None] * (1 - colours[top])       # (S', N, 3)
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * N), constrained_layout=True)
+    ax.imshow(np.transpose(rgb, (1, 0, 2)), aspect="auto", interpolation="nearest",
+              extent=(0, ex.shape[0] * k, N - 0.5, -0.5))
+    ax.set_yticks(range(N), [f"rank {r}" for r in arrays["labels"]])
+    ax.set_xlabel("aligned step" + (f" (max of each {k} steps)" if k > 1 else ""))
+    ax.set_title(f"time over the median rank, by cause — gating rank {doc['gating_rank']} "
+                 f"({doc['steps']:,} steps, aligned by {doc['alignment']}); white: at the median")
+    ax.legend(handles=[Patch(color=CAUSE_COLOURS[c], label=c) for c in CAUSES], loc="upper center",
+              bbox_to_anchor=(0.5, -0.35 if N < 4 else -0.15), ncol=6, fontsize=8)
+    p = Path(path)
+    with _open_new(p) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+    return p
