@@ -103,8 +103,9 @@ def read_event_counts(calls: pd.DataFrame) -> dict:
     """Read events per kind (syscall, fault)."""
     if "kind" not in calls.columns:
         return {"syscall": int(len(calls))}
-    counts = calls["kind"].astype(object).value_counts()
-    return {str(k): int(v) for k, v in counts.items()}
+    kind = calls["kind"]
+    counts = kind.value_counts() if isinstance(kind.dtype, pd.CategoricalDtype) else kind.astype(object).value_counts()
+    return {str(k): int(v) for k, v in counts.items() if v}
 
 
 def _path_codes(events: ReadEvents) -> np.ndarray | None:
