@@ -94,8 +94,14 @@ def _steps_of(markers_path: Path) -> pd.DataFrame | None:
     return pd.DataFrame({"start_ns": raw.loc[ok, "start_ns"].astype("int64"), "step": step[ok].astype("int64")})
 
 
+#: a batch's read path is ``mixed`` when each kind holds at least this share of its events (a
+#: syscall reader's stray fault on its own buffer does not make a memory-mapped batch)
+MIXED_FROM = 0.1
+
+
 def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_events: np.ndarray) -> np.ndarray:
-    """Per batch, the kind of its read events: syscall, fault, mixed or none."""
+    """Per batch, the kind of its read events: syscall, fault, mixed (each kind >= MIXED_FROM
+    of them) or none."""
     out = np.full(len(starts), "none", dtype=object)
     if not len(starts):
         return out
@@ -108,10 +114,10 @@ def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_eve
     ts = calls["ts_ns"].to_numpy(np.int64)
     fault_ts = ts[kinds == "fault"]
     nf = np.searchsorted(fault_ts, ends, side="right") - np.searchsorted(fault_ts, starts, side="left")
-    nf = np.minimum(nf, n_events)
-    out[has & (nf == 0)] = "syscall"
-    out[has & (nf > 0) & (nf >= n_events)] = "fault"
-    out[has & (nf > 0) & (nf < n_events)] = "mixed"
+    f = np.minimum(nf, n_events) / np.maximum(n_events, 1)
+    out[has & (f < MIXED_FROM)] = "syscall"
+    out[has & (f > 1 - MIXED_FROM)] = "fault"
+    out[has & (f >= MIXED_FROM) & (f <= 1 - MIXED_FROM)] = "mixed"
     return out
 
 

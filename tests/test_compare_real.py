@@ -1,0 +1,142 @@
+"""engramprof compare on real lab recordings (root, real eBPF): ranks and before/after.
+
+Each group of lab readers runs at the same time, each traced by its own `engramprof syscalls`
+(tracers attached one after the other; then every reader is started by one SIGUSR1 each), the
+way tensor-parallel ranks or a canary and its control run: the same host load reaches all of
+them, so only the fault under test tells them apart.  Every reader writes markers with the
+lab's shared step counter (step 0, 1, ... of the same row plan), which `compare --ranks`
+aligns on.
+
+Marked slow and bpf: three groups of 3-4 concurrent traced readers, about 90 s in all on the
+2-vCPU VM (each tracer compiles its probe first).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.tracing import PY, Proc, engramprof
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS = "200"
+#: no fault: a rank may gate at most its fair share (1/4) plus this; each step's slowest
+#: rank is decided by noise under a shared load
+FAIR_MARGIN = 0.25
+
+
+def traced_group(tmp: Path, tables, runs: dict[str, list[str]]) -> dict[str, tuple[Path, Path]]:
+    """Run the lab readers of ``runs`` (name -> extra `lab run` args) at the same time, each
+    under its own tracer, reader i on ``tables[i]`` (one page cache per rank: its own file);
+    returns name -> (trace, markers)."""
+    labs, tracers, out = {}, {}, {}
+    try:
+        for i, (name, args) in enumerate(runs.items()):
+            m = tmp / f"{name}.jsonl"
+            labs[name] = Proc(engramprof("lab", "run", "--table", tables[i], "--json", "--start-delay", "300",
+                                         "--gap-ms", "1", "--markers", m, *args))
+            out[name] = (tmp / name, m)
+        for name, lab in labs.items():
+            lab.wait_line("lab: ready")
+            tracers[name] = Proc(engramprof("syscalls", "--pid", lab.pid, "--output", out[name][0], "--json"))
+            tracers[name].wait_line("Tracing")
+        for lab in labs.values():
+            os.kill(lab.pid, signal.SIGUSR1)
+        for name, lab in labs.items():
+            rc, _, err = lab.finish(timeout=300)
+            assert rc == 0, err
+        for name, tr in tracers.items():
+            rc, _, err = tr.finish(timeout=120)
+            assert rc == 0, err
+    finally:
+        for p in list(labs.values()) + list(tracers.values()):
+            if p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+    return out
+
+
+def compare(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "engramprof", "compare", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+
+
+def ranks_args(group: dict, names: list[str]) -> list:
+    args = ["--ranks", *[group[n][0] for n in names]]
+    for n in names:
+        args += ["--markers", group[n][1]]
+    return args
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    """Four copies of one table (the same rows: each rank has its own file, so one rank's
+    eviction is not another's)."""
+    from engramprof.lab import table as labtable
+    from engramprof.lab.scenarios import fs_type
+
+    d = tmp_path_factory.mktemp("compare-real")
+    if fs_type(d) in ("tmpfs", "ramfs"):
+        pytest.skip("tmp is on tmpfs: a cold table needs a filesystem with a droppable page cache")
+    out = []
+    for i in range(4):
+        t = d / f"engram{i}.safetensors"
+        labtable.make_table(t, rows=1 << 18, seed=0)
+        out.append(t)
+    return out
+
+
+def test_the_cold_rank_gates_most_steps_with_cause_residency(tables, tmp_path):
+    names = ["r0", "r1", "r2", "r3"]
+    runs = {n: ["--warm", "--steps", STEPS] for n in names}
+    runs["r2"] = ["--cold", "--steps", STEPS]  # this rank's table is evicted before its first step
+    g = traced_group(tmp_path, tables, runs)
+    p = compare(*ranks_args(g, names), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["alignment"] == "step-id" and doc["steps"] >= 190
+    assert doc["gating_rank"] == 2, doc["ranks"]
+    r2 = next(r for r in doc["ranks"] if r["rank"] == 2)
+    assert r2["gated_share"] > 0.5 and r2["top_cause"] == "residency", r2
+
+
+def test_without_a_fault_no_rank_gates_more_than_its_fair_share(tables, tmp_path):
+    names = ["r0", "r1", "r2", "r3"]
+    g = traced_group(tmp_path, tables, {n: ["--warm", "--steps", STEPS] for n in names})
+    doc = json.loads(compare(*ranks_args(g, names), "--json", "--resamples", "0").stdout)
+    shares = [r["gated_share"] for r in doc["ranks"]]
+    print("gated shares without a fault:", shares)
+    assert max(shares) <= 0.25 + FAIR_MARGIN, doc["ranks"]
+
+
+def test_before_after_pool_vs_nowait(tables, tmp_path):
+    """Control (pool) and canary (nowait) at the same time on the same cached table and batch
+    mix: matched, nowait faster, the ratio's interval below 1.  With the canary's prefill
+    batches added (prefill-sized batches only on the after side): exit 3, the shared decode
+    stratum still reported."""
+    same = [tables[0]] * 3  # one table file, cached, for control and canary
+    g = traced_group(tmp_path, same, {
+        "pool": ["--warm", "--steps", STEPS, "--reader", "pool"],
+        "nowait": ["--warm", "--steps", STEPS, "--reader", "nowait"],
+        "prefill": ["--warm", "--steps", "15", "--reader", "nowait", "--tokens", "2000"],
+    })
+    p = compare("--before", g["pool"][0], "--after", g["nowait"][0], "--markers", g["pool"][1],
+                "--markers", g["nowait"][1], "--json")
+    assert p.returncode == 0, p.stderr + p.stdout
+    doc = json.loads(p.stdout)
+    assert doc["matched"] is True
+    o = doc["overall"]
+    assert o["ratio"] < 1 and o["ci"][1] < 1, o
+    p = compare("--before", g["pool"][0], "--after", g["nowait"][0], "--after", g["prefill"][0],
+                "--markers", g["pool"][1], "--markers", g["nowait"][1], "--markers", g["prefill"][1], "--json")
+    assert p.returncode == 3, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["matched"] is False and doc["overall"] is None and "after has" in doc["reason"]
+    assert any(s["stratum"].startswith("decode") for s in doc["strata"])
+    assert any(d["stratum"].startswith("prefill") and d["after_time_share"] > 0.5 for d in doc["dropped"])
