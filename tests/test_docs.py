@@ -161,7 +161,7 @@ def test_readme_is_short_and_links_every_page():
     for doc in ("docs/model.md", "docs/kernel.md", "benchmarks/RESULTS.md"):
         assert f"({doc})" in text
     for cmd in ("doctor", "syscalls", "sample", "batch-tail", "diagnose", "residency", "replay", "lab", "lab scenario",
-                "demo"):
+                "compare", "demo"):
         assert f"`engramprof {cmd}" in text, f"README's command table lacks `engramprof {cmd}`"
     assert "make demo" in text and "make test" in text
 
@@ -434,8 +434,35 @@ def test_json_keys_diagnose(lab_reader):
     check_keys(PAGES / "diagnose.md", _json(out), "diagnose")
 
 
+def test_json_keys_compare(tmp_path):
+    """compare --ranks (step ids, with --plot when matplotlib is there), --ranks by clock, and
+    --before/--after matched (exit 0) and unmatched (exit 3), on hand-made bundles."""
+    from tests.test_compare import make_rank
+
+    page = PAGES / "compare.md"
+    rng = np.random.default_rng(0)
+    r = [make_rank(tmp_path / f"rank={i}", (np.arange(20) % 2 == 0) if i == 1 else np.zeros(20, bool), rng, 20)
+         for i in range(3)]
+    args = ["compare", "--ranks", *r, "--json", "--top", "3"]
+    try:
+        import matplotlib  # noqa: F401
+        args += ["--plot", tmp_path / "r.png"]
+    except ImportError:
+        pass
+    check_keys(page, _json(_run(*args)), "compare --ranks")
+    c = [make_rank(tmp_path / f"c{i}", np.zeros(20, bool), rng, 20, steps_in_markers=False) for i in range(2)]
+    check_keys(page, _json(_run("compare", "--ranks", *c, "--json")), "compare --ranks by clock")
+    cold = make_rank(tmp_path / "cold", np.ones(20, bool), rng, 20)
+    check_keys(page, _json(_run("compare", "--before", r[0], "--after", r[2], "--resamples", "100", "--json")),
+               "compare --before --after (matched)")
+    p = subprocess.run([PY, "-m", "engramprof", "compare", "--before", r[0], "--after", r[2], "--after", cold,
+                        "--resamples", "100", "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 3, p.stderr
+    check_keys(page, _json(p.stdout), "compare --before --after (unmatched)")
+
+
 def test_every_json_command_is_checked():
     """A new command with --json needs its keys documented and a run here."""
     checked = {("batch-tail",), ("residency",), ("replay",), ("lab", "run"), ("sample",), ("doctor",),
-               ("lab", "scenario"), ("syscalls",), ("diagnose",)}
+               ("lab", "scenario"), ("syscalls",), ("diagnose",), ("compare",)}
     assert {p for p, c in COMMANDS.items() if _has_json(c)} == checked
