@@ -90,8 +90,13 @@ class Report:
                 return c
         raise KeyError(name)
 
+    @property
+    def read_paths(self) -> list[str]:
+        """The read paths this machine can trace: [], ['syscalls'] or ['syscalls', 'faults']."""
+        return read_paths(self.checks)
+
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "checks": [c.to_dict() for c in self.checks]}
+        return {"ok": self.ok, "read_paths": self.read_paths, "checks": [c.to_dict() for c in self.checks]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -331,6 +336,68 @@ def check_tracepoints(root: Path | None, tracepoints: Mapping[str, bool] | None 
             lst = "; ".join(f"{n} ({tp.ALL.get(n, '?')})" for n in missing)
             rows.append(Check(gname, WARN, f"missing {len(missing)} of {len(names)}: {lst}; {effect}", fix))
     return rows
+
+
+#: the page-fault probe's tracepoints (probes/faults.bpf.c): name -> (needed for the fault path, purpose)
+FAULT_TRACEPOINTS = {
+    "filemap:mm_filemap_fault": (True, "a file-backed page fault: device, inode, page index"),
+    "raw_syscalls:sys_enter": (True, "a faulting thread's next syscall closes its open fault"),
+    "filemap:mm_filemap_map_pages": (False, "fault-around: the pages mapped with a fault (mapped_pages)"),
+    "exceptions:page_fault_user": (False, "a fault's entry time and address (x86 only; without it the "
+                                          "address is 0 and a fault starts at its first filemap event)"),
+}
+READ_PATH_SYSCALLS, READ_PATH_FAULTS = "syscalls", "faults"
+
+
+def check_faults(root: Path | None, tracepoints: Mapping[str, tuple[bool, str]] | None = None) -> list[Check]:
+    """Rows for the page-fault read path (memory-mapped readers) and the read paths this machine can
+    trace.  A missing fault tracepoint is a warning: syscall readers are still traced."""
+    tracepoints = FAULT_TRACEPOINTS if tracepoints is None else tracepoints
+    name = "tracepoints: page faults"
+    if root is None:
+        return [Check(name, WARN, "cannot look: tracefs unusable; memory-mapped readers cannot be traced",
+                      "fix the tracefs row first")]
+    present = {n: tp.available(n, root) for n in tracepoints}
+    need = [n for n, (req, _) in tracepoints.items() if req and not present[n]]
+    opt = [n for n, (req, _) in tracepoints.items() if not req and not present[n]]
+    if need:
+        lst = "; ".join(f"{n} ({tracepoints[n][1]})" for n in need)
+        return [Check(name, WARN, f"missing {lst}: page faults of memory-mapped readers (numpy.memmap, "
+                                  "torch.from_file, safetensors) cannot be traced; syscall readers still are",
+                      "use a kernel with the filemap and raw_syscalls tracepoints (Linux >= 5.x generic)")]
+    have = ", ".join(n for n in tracepoints if present[n])
+    if not opt:
+        return [Check(name, PASS, f"all {len(tracepoints)} present ({have}): faults with their address")]
+    lst = "; ".join(f"{n} ({tracepoints[n][1]})" for n in opt)
+    # exceptions:page_fault_user is x86-only: its absence (arm64) is expected, not a problem
+    status = INFO if opt == ["exceptions:page_fault_user"] else WARN
+    return [Check(name, status, f"faults traced without {lst}",
+                  "" if status == INFO else "use a kernel with these tracepoints")]
+
+
+def read_paths(checks: Iterable[Check]) -> list[str]:
+    """The read paths this machine can trace, from the rows: 'syscalls' when syscalls can run,
+    'faults' when the fault tracepoints are there too."""
+    rows = list(checks)
+    if any(c.status == FAIL for c in rows):
+        return []
+    out = [READ_PATH_SYSCALLS]
+    if any(c.name == "tracepoints: page faults" and c.detail.startswith(("all ", "faults traced")) for c in rows):
+        out.append(READ_PATH_FAULTS)
+    return out
+
+
+def check_read_paths(checks: Iterable[Check]) -> Check:
+    paths = read_paths(checks)
+    if not paths:
+        return Check("read paths", FAIL, "none: `engramprof syscalls` cannot run here (see the failed rows)",
+                     "fix the failed rows above")
+    if READ_PATH_FAULTS in paths:
+        return Check("read paths", PASS, "syscalls (preadv2/preadv/pread64 readers) and page faults "
+                                         "(memory-mapped readers)")
+    return Check("read paths", WARN, "syscalls only (preadv2/preadv/pread64 readers); page faults of "
+                                     "memory-mapped readers are not traced here",
+                 "see the `tracepoints: page faults` row")
 
 
 def check_kprobes(root: Path | None, release: str | None = None,
@@ -706,6 +773,7 @@ def run_checks(path: str | os.PathLike = ".", *,
                btf_path: str | os.PathLike = "/sys/kernel/btf/vmlinux",
                tracefs_candidates=None,
                tracepoints: Mapping[str, bool] | None = None,
+               fault_tracepoints: Mapping[str, tuple[bool, str]] | None = None,
                kernel_config_paths: Iterable[str] | None = None,
                bcc_import: Callable[[], object] | None = None,
                modules_root: str | os.PathLike = "/lib/modules",
@@ -718,14 +786,15 @@ def run_checks(path: str | os.PathLike = ".", *,
     """Run every check; each keyword replaces one input so tests can inject faults.
 
     ``tracepoints`` maps tracepoint name -> required (default: engramprof.tracepoints.ALL,
-    required = REQUIRED).  ``bpf_probe`` replaces the BPF self-test child process and returns
+    required = REQUIRED); ``fault_tracepoints`` maps name -> (required, purpose) for the page-fault
+    path (default FAULT_TRACEPOINTS).  ``bpf_probe`` replaces the BPF self-test child process and returns
     the dict :func:`bpf_selftest` returns.  ``cachestat_call(fd)`` and ``preadv(fd, size)``
     replace the syscalls tried on the doctor's temporary files."""
     priv, (tfs, root), tps, bcc, hdr = _gate_rows(
         euid=euid, proc_status=proc_status, tracefs_candidates=tracefs_candidates, tracepoints=tracepoints,
         bcc_import=bcc_import, release=release, modules_root=modules_root, mountinfo=mountinfo,
         kheaders=kheaders)
-    rows = [priv, check_kernel(release), check_btf(btf_path), tfs, *tps,
+    rows = [priv, check_kernel(release), check_btf(btf_path), tfs, *tps, *check_faults(root, fault_tracepoints),
             check_kprobes(root, release, kernel_config_paths), bcc, hdr]
 
     blocked = None
@@ -741,6 +810,7 @@ def run_checks(path: str | os.PathLike = ".", *,
 
     rows += [check_psi(pressure_dir), check_cachestat(path, cachestat_call), *check_cgroups(mountinfo),
              check_rwf_nowait(path, preadv, mountinfo)]
+    rows.append(check_read_paths(rows))
     return Report(rows)
 
 

@@ -300,7 +300,8 @@ def cli_json(python_exe, tmp_path_factory):
 def test_cli_json_shape_and_exit_code(cli_json):
     p, d = cli_json
     out = json.loads(p.stdout)
-    assert set(out) == {"ok", "checks"} and isinstance(out["ok"], bool)
+    assert set(out) == {"ok", "read_paths", "checks"} and isinstance(out["ok"], bool)
+    assert set(out["read_paths"]) <= {"syscalls", "faults"}
     assert out["checks"], out
     for c in out["checks"]:
         assert set(c) == {"name", "status", "detail", "fix"}
@@ -322,6 +323,8 @@ def test_this_machine_passes(cli_json):
     assert not not_pass, not_pass
     assert "saw" in rows["bpf: tracepoint program loads"]["detail"]
     assert doc.can_trace() == (True, "")
+    assert out["read_paths"] == ["syscalls", "faults"]  # x86 6.18: every fault tracepoint is there
+    assert "exceptions:page_fault_user" in rows["tracepoints: page faults"]["detail"]
 
 
 def test_cli_fault_exit_1_table_and_json(fake, monkeypatch):
@@ -390,3 +393,48 @@ def test_every_checked_tracepoint_is_used_by_the_probe():
     for name in doc._default_tracepoints():
         cat, ev = name.split(":", 1)
         assert f"TRACEPOINT_PROBE({cat}, {ev})" in text, name
+
+
+def test_every_fault_tracepoint_is_used_by_the_fault_probe():
+    text = (Path(__file__).resolve().parent.parent / "probes" / "faults.bpf.c").read_text()
+    from engramprof.bpf import faults
+    assert set(faults.REQUIRED) == {n for n, (req, _) in doc.FAULT_TRACEPOINTS.items() if req}
+    for name in doc.FAULT_TRACEPOINTS:
+        cat, ev = name.split(":", 1)
+        assert (f"TRACEPOINT_PROBE({cat}, {ev})" in text
+                or (cat == "raw_syscalls" and f"RAW_TRACEPOINT_PROBE({ev})" in text)), name
+
+
+# ----------------------------------------------------------------------------- the page-fault read path
+
+@pytest.mark.parametrize("present,status,paths", [
+    (list(doc.FAULT_TRACEPOINTS), "pass", ["syscalls", "faults"]),
+    # arm64 (DGX Spark): no exceptions:page_fault_user -- expected, faults traced without the address
+    ([n for n in doc.FAULT_TRACEPOINTS if n != "exceptions:page_fault_user"], "info", ["syscalls", "faults"]),
+    ([n for n in doc.FAULT_TRACEPOINTS if n != "filemap:mm_filemap_map_pages"], "warn", ["syscalls", "faults"]),
+    # no mm_filemap_fault: a warning, never a failure (syscall readers still traced)
+    ([n for n in doc.FAULT_TRACEPOINTS if n != "filemap:mm_filemap_fault"], "warn", ["syscalls"]),
+])
+def test_fault_tracepoints_rows_and_read_paths(fake, tmp_path, present, status, paths):
+    tracefs = _make_tracefs(tmp_path / "tracefs2", list(tp.ALL) + present)
+    report = doc.run_checks(**dict(fake, tracefs_candidates=(str(tracefs),)))
+    assert report.ok, report.failed
+    row = report.get("tracepoints: page faults")
+    assert row.status == status, row
+    missing = [n for n in doc.FAULT_TRACEPOINTS if n not in present]
+    for n in missing:
+        assert n in row.detail
+    if status == "warn":
+        assert row.fix
+    assert report.read_paths == paths
+    rp = report.get("read paths")
+    assert rp.status == ("pass" if "faults" in paths else "warn")
+    assert ("memory-mapped" in rp.detail) and (("not traced" in rp.detail) == ("faults" not in paths))
+    assert json.loads(report.to_json())["read_paths"] == paths
+
+
+def test_read_paths_empty_when_syscalls_cannot_run(fake):
+    report = doc.run_checks(**dict(fake, tracefs_candidates=("/nonexistent/tracefs",), bpf_probe=_no_probe))
+    assert not report.ok and report.read_paths == []
+    assert report.get("tracepoints: page faults").status == "warn"
+    assert report.get("read paths").status == "fail"

@@ -33,7 +33,9 @@ def render(report: doc.Report) -> None:
     counts = {s: sum(1 for c in report.checks if c.status == s) for s in doc.STATUSES}
     tally = ", ".join(f"{counts[s]} {s}" for s in doc.STATUSES if counts[s])
     if report.ok:
-        console.print(f"[green]OK[/]: engramprof syscalls can run here ({tally}).")
+        paths = " and ".join({"syscalls": "syscalls", "faults": "page faults (memory-mapped readers)"}[p]
+                             for p in report.read_paths)
+        console.print(f"[green]OK[/]: engramprof syscalls can run here ({tally}); read paths: {paths}.")
     else:
         names = ", ".join(c.name for c in report.failed)
         console.print(f"[bold red]NOT OK[/]: engramprof syscalls cannot run here ({tally}); fix: {names}.")
@@ -49,7 +51,7 @@ def register(app: typer.Typer) -> None:
         "Page: docs/commands/doctor.md"
     ))
     def doctor(
-        json_out: bool = typer.Option(False, "--json", help='Print {"ok": bool, "checks": [{name, status, detail, fix}]}.'),
+        json_out: bool = typer.Option(False, "--json", help='Print {"ok": bool, "read_paths": [..], "checks": [{name, status, detail, fix}]}.'),
         path: Path = typer.Option(
             Path("."), "--path",
             help="Directory on the tables' filesystem: RWF_NOWAIT and cachestat are tried on a temporary "
