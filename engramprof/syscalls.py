@@ -36,6 +36,7 @@ from engramprof.fdmap import FdResolver
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, VmEventDecoder
 from engramprof.record.enrich import FdPathEnricher, TensorEnricher
+from engramprof.record.offcpu import OffcpuRecorder
 from engramprof.record.identity import FileIdentities
 from engramprof.record.live import FileStat, LatencyHist, LiveAccount, LiveState  # noqa: F401 (re-exported)
 from engramprof.record.sink import TraceSink
@@ -46,6 +47,8 @@ from engramprof.record.target import ExitWatch, check_privileges, check_target, 
 DRAIN_S = 0.05
 FLUSH_S = 1.0
 HIST_FLUSH_S = 1.0  # snapshot of the kernel's histograms into tables/ (replaced each time)
+#: record the target's off-CPU spans (probes/sched.bpf.c) unless told not to (--no-offcpu)
+OFFCPU_DEFAULT = True
 
 
 class SyscallTracer:
@@ -53,7 +56,7 @@ class SyscallTracer:
 
     def __init__(self, pid: int, tid: int = 0, min_us: float = 0.0, output: str | None = None,
                  sample_hz: float = 10.0, syscall_hook: str = "auto", argv: list[str] | None = None,
-                 faults: bool = True, fault_address: bool = True):
+                 offcpu: bool | None = None, faults: bool = True, fault_address: bool = True):
         self.pid, self.tid = pid, tid
         # page faults (probes/faults.bpf.c): attached when the kernel has the filemap fault
         # tracepoint; fault_address=False forces the path without exceptions:page_fault_user
@@ -73,6 +76,8 @@ class SyscallTracer:
         self.paths = Interner("")
         self.tensors = Interner("")
         self._exit: ExitWatch | None = None
+        #: the off-CPU spans of the target's threads (samples/offcpu), None with --no-offcpu
+        self.offcpu = OffcpuRecorder(pid, tid) if (OFFCPU_DEFAULT if offcpu is None else offcpu) else None
         self.calls: CallDecoder | None = None
         self.vm_events = VmEventDecoder()
         self.sink = TraceSink(None, self.notes)
@@ -112,6 +117,7 @@ class SyscallTracer:
                 self.writer.close(end_reason="probe load failed", end_ns=time.monotonic_ns())
             raise
         self._start_faults()
+        self._start_offcpu()
         self._build_pipeline()
         self.state.started_ns = time.monotonic_ns()
         self.lost_checked_ns = self.probe.armed_ns
@@ -142,6 +148,19 @@ class SyscallTracer:
         if self.writer:
             self.writer.update_meta(fault_probe="faults.bpf.c", fault_address=self.faults.plan.has_address,
                                     fault_missing_evidence=self.faults.plan.missing_columns)
+
+    def _start_offcpu(self) -> None:
+        """The sched probe is context: if it cannot load, record without it and say so."""
+        if self.offcpu is None:
+            return
+        try:
+            self.offcpu.start()
+        except Exception as exc:
+            self.offcpu.close()
+            self.offcpu = None
+            self.notes.append(f"off-CPU spans not recorded: {exc}")
+        if self.writer:
+            self.writer.update_meta(offcpu=self.offcpu.summary() if self.offcpu else None)
 
     def _meta(self) -> dict:
         p = self.plan
@@ -226,6 +245,8 @@ class SyscallTracer:
             end_ns = probe.detach() or end_ns
             if self.faults is not None:
                 self.faults.detach()
+            if self.offcpu is not None:
+                self.offcpu.detach()
             self.drain()
             totals = probe.totals()
             hists = probe.histograms(self.fd_paths.fds_seen)
@@ -255,13 +276,16 @@ class SyscallTracer:
                                   lost_record_intervals=self.lost_intervals,
                                   calls_not_written=self.sink.dropped_rows,
                                   partial_at_start=self.partial_at_start,
-                                  fd_history={str(k): v for k, v in self.fds.history.items()})
+                                  fd_history={str(k): v for k, v in self.fds.history.items()},
+                                  offcpu=self.offcpu.summary() if self.offcpu else None)
             except OSError as exc:  # not even meta.json fits: the parts written stay loadable
                 self.meta_error = f"{type(exc).__name__}: {exc}"
         if probe is not None:
             probe.close()
         if self.faults is not None:
             self.faults.close()
+        if self.offcpu is not None:
+            self.offcpu.close()
         if self._exit is not None:
             self._exit.close()
         return summary
@@ -286,12 +310,16 @@ class SyscallTracer:
             self.notes.append(f"histogram snapshot failed: {exc}")
             return
         self._put_kernel_tables(hists, bio)
+        if self.offcpu is not None:
+            self.sink.put_meta(offcpu=self.offcpu.summary())
         self.sink.put_meta(totals=totals, totals_ns=time.monotonic_ns(), lost_records=totals.get("lost_records", 0),
                            lost_record_intervals=self.lost_intervals, notes=list(self.notes))
 
     # ---- data path --------------------------------------------------------------------
     def drain(self) -> None:
         """One pass down the pipeline for everything the probe has written since the last."""
+        if self.offcpu is not None:
+            self.offcpu.drain(self.sink)
         if self.faults is not None:
             fault_events = self.faults.drain()
             if fault_events is not None:
@@ -333,6 +361,8 @@ class SyscallTracer:
                        missing_evidence=self.plan.missing_columns if self.probe else [],
                        syscall_hook=self._hook_name(), output=self.output, notes=self.notes)
         out = summarize_run(run, self.state, totals, hists, end_ns, bio_hist)
+        if self.offcpu is not None:
+            out["offcpu"] = self.offcpu.summary()
         if self.faults is not None:
             out["faults"] = self.faults.summary()
         if self.sampler is not None:

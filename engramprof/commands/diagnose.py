@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Keep the recorded trace here (a new directory); default: a private temporary one, removed."),
         slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this (ms) is 'slow'."),
         as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+        no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (less scheduling evidence)."),
         layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     ):
         """Which of residency, reclaim, storage or Python scheduling holds PID's batches back.
@@ -57,6 +58,10 @@ def register(app: typer.Typer) -> None:
         def on_signal(signum, _frame):
             stop.set()
 
+        if no_offcpu:  # diagnose.run builds the tracer; it reads this default
+            from engramprof import syscalls as sc
+
+            sc.OFFCPU_DEFAULT = False
         restore_signals = install_stop_handlers(on_signal)
         try:
             result = diagnose.run(

@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         ebpf: bool = typer.Option(False, "--ebpf", help="Print the BPF program that would be loaded, and exit."),
         sample_hz: float = typer.Option(10.0, "--sample-hz", help="PSI / vmstat / thread sampling rate (0: off)."),
         hook: str = typer.Option("auto", "--hook", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
+        no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (samples/offcpu)."),
         layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     ):
         """Trace every preadv2/preadv/pread64 call of PID with its latency, file, offset and
@@ -72,7 +73,7 @@ def register(app: typer.Typer) -> None:
         validate.live_process("--pid", pid)
         err = Console(stderr=True)
         tracer = sc.SyscallTracer(pid, tid=tid, min_us=min_us, output=output, sample_hz=sample_hz,
-                                  syscall_hook=hook, argv=sys.argv)
+                                  syscall_hook=hook, argv=sys.argv, offcpu=not no_offcpu)
 
         def on_signal(signum, _frame):
             tracer.end_reason = "signal"
