@@ -126,8 +126,8 @@ def plot(path: str | os.PathLike, doc: dict, arrays: dict, max_steps: int = 2000
     ax.set_xlabel("aligned step" + (f" (max of each {k} steps)" if k > 1 else ""))
     ax.set_title(f"time over the median rank, by cause — gating rank {doc['gating_rank']} "
                  f"({doc['steps']:,} steps, aligned by {doc['alignment']}); white: at the median")
-    ax.legend(handles=[Patch(color=CAUSE_COLOURS[c], label=c) for c in CAUSES], loc="upper center",
-              bbox_to_anchor=(0.5, -0.35 if N < 4 else -0.15), ncol=6, fontsize=8)
+    fig.legend(handles=[Patch(color=CAUSE_COLOURS[c], label=c) for c in CAUSES], loc="outside lower center",
+               ncol=6, fontsize=8)
     p = Path(path)
     with _open_new(p) as f:
         fig.savefig(f, format="png", dpi=110)
