@@ -28,6 +28,11 @@ Method (the field report's corrected harness, not its first, invalid one):
   (``posix_fadvise(POSIX_FADV_DONTNEED)`` on the pages of the rows selected as cold, just
   before each timed batch) happens only with ``allow_evict=True``: on a production host that
   drops those pages of the production table from the page cache (the arm reads them back).
+- The ``mmap`` and ``mmap-pool`` arms gather the same rows through a read-only mapping of each
+  file (the lab readers: ``numpy.memmap``, ``MADV_RANDOM``, one fancy index per job), mapped
+  once before the timed batches.  ``POSIX_FADV_DONTNEED`` skips mapped pages, so before an
+  eviction the cold rows' pages are unmapped from every mmap arm's mapping
+  (``madvise(MADV_DONTNEED)``: page-table entries only, the page cache is untouched).
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ from engramprof import residency
 from engramprof.errors import UserError
 
 DEFAULT_STRATEGIES = ("pool", "nowait", "serial")
+MMAP_ARMS = ("mmap", "mmap-pool")  # engramprof.lab.readers.MMAP_READERS: gathers through a mapping
 SENTINEL = 0x5A
 MAX_STRIPE_PAGES = 256  # 1 MiB stripes at most
 
@@ -432,6 +438,9 @@ class ArmResult:
     resident_observed: int = 0
     race_rows: int = 0  # rows planned hot found not resident, or planned cold found resident
     evicted_pages: int = 0
+    majflt: int = 0  # page faults inside the timed batches (getrusage: the whole process)
+    minflt: int = 0
+    unmapped_pages: int = 0  # pages of cold rows unmapped from the mmap arms' mappings before eviction
 
     def to_dict(self) -> dict:
         ms = np.array(self.batch_ns, dtype=np.float64) / 1e6
@@ -458,6 +467,9 @@ class ArmResult:
             "resident_frac_observed": round(self.resident_observed / self.rows, 4) if self.rows else None,
             "race_rows": self.race_rows,
             "evicted_pages": self.evicted_pages,
+            "faults_major": self.majflt,
+            "faults_minor": self.minflt,
+            "unmapped_pages": self.unmapped_pages,
         }
 
 
@@ -630,6 +642,11 @@ def _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progres
             for a in strategies + ["reference"]}
     results = {a: ArmResult(a) for a in strategies}
     rdrs = {a: readers.make_reader(a, threads, preadv=preadv) for a in strategies}
+    # the mmap arms map every file once, before any timed batch (a long-running reader's mapping)
+    mapped = [r for r in rdrs.values() if isinstance(r, readers.MmapReader)]
+    for r in mapped:
+        for rf in files.values():
+            r.prepare(rf.fd_read)
     # holds the shared executor and starts its threads before any timed batch
     rdrs_warm = readers.make_reader("pool", threads)
     # the garbage made so far (trace, plan) is not the readers': collect it once and keep the
@@ -639,7 +656,7 @@ def _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progres
     try:
         _warmup(rdrs_warm, threads)
         for i, pb in enumerate(planned):
-            ms = _timed_batch(pb, results[pb.arm], rdrs[pb.arm], pops, files, bufs)
+            ms = _timed_batch(pb, results[pb.arm], rdrs[pb.arm], pops, files, bufs, mapped)
             if progress:
                 progress(f"{i + 1}/{len(planned)} {pb.arm} batch {pb.shape} repeat {pb.repeat + 1}: {ms:.2f} ms")
     finally:
@@ -651,9 +668,14 @@ def _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progres
 
 
 def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population],
-                 files: dict[str, ReplayFile], bufs: dict) -> float:
+                 files: dict[str, ReplayFile], bufs: dict, mapped: list | None = None) -> float:
     """One planned batch: evict its cold rows (if planned), check the residency it starts
-    from, time the read, verify it byte for byte.  Adds to ``res``; returns the batch ms."""
+    from, time the read, verify it byte for byte.  Adds to ``res``; returns the batch ms.
+
+    ``mapped``: the mmap arms' readers.  A page mapped by a process is not dropped by
+    POSIX_FADV_DONTNEED, and an mmap arm's mapping holds the pages it gathered (and, by
+    fault-around, cached neighbours of other arms' rows), so the cold rows' pages are unmapped
+    from every such mapping (MADV_DONTNEED: page-table entries only) before the eviction."""
     from engramprof.lab import readers
 
     jobs = []
@@ -662,6 +684,8 @@ def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population
         out = bufs[pb.arm][pi][:len(offs)]
         rf = files[p.key.path]
         if pb.evict and is_cold.any():
+            for m in mapped or ():
+                res.unmapped_pages += m.unmap(rf.fd_read, offs[is_cold], p.key.size)
             res.evicted_pages += _evict_rows(rf.fd_read, offs[is_cold], p.key.size)
         out.fill(SENTINEL)  # fault the buffer in (untimed) and mark rows not written
         jobs.append(readers.Job(rf.fd_read, offs, p.key.size, out))
@@ -677,6 +701,8 @@ def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population
     res.nivcsw += ru1.ru_nivcsw - ru0.ru_nivcsw
     res.utime += ru1.ru_utime - ru0.ru_utime
     res.stime += ru1.ru_stime - ru0.ru_stime
+    res.majflt += ru1.ru_majflt - ru0.ru_majflt
+    res.minflt += ru1.ru_minflt - ru0.ru_minflt
     res.calls += stats.calls
     res.eagain += stats.eagain
     res.fallback_rows += stats.fallback_rows
@@ -705,6 +731,14 @@ def _arm_notes(results: dict[str, ArmResult], evicting: bool, notes: list[str]) 
     """What may make an arm's figures not what was asked for."""
     if "pool" not in results:
         notes.append("no pool arm: speedups are relative to the pool and so are not given")
+    mm = [a for a in results if a in MMAP_ARMS]
+    if mm:
+        notes.append(f"{', '.join(mm)}: rows gathered through a read-only numpy.memmap of each file (MADV_RANDOM, "
+                     "mapped once before the timed batches, as a long-running reader keeps it): a cold row is a "
+                     "major page fault; a resident row this arm (or fault-around) already mapped makes no fault; "
+                     "faults_major / faults_minor count the process's faults inside the timed batches"
+                     + ("; before each eviction the cold rows' pages were unmapped from the mappings "
+                        "(madvise MADV_DONTNEED), since POSIX_FADV_DONTNEED skips mapped pages" if evicting else ""))
     for a, r in results.items():
         if r.nowait_unsupported:
             notes.append(f"{a}: RWF_NOWAIT is not supported for these files (filesystem or kernel): the whole "

@@ -1,4 +1,4 @@
-"""`engramprof replay TRACE [--strategies pool,nowait,serial] [--cold-frac F] [--repeat N]
+"""`engramprof replay TRACE [--strategies pool,nowait,serial,mmap] [--cold-frac F] [--repeat N]
 [--rows-per-batch K] [--allow-evict] [--json]`."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from engramprof.errors import UserError
 
 def replay(
     trace: str = typer.Argument(..., help="Trace bundle written by `engramprof syscalls` / `diagnose`."),
-    strategies: str = typer.Option("pool,nowait,serial", "--strategies", help="Comma-separated reader arms: pool, nowait, serial."),
+    strategies: str = typer.Option("pool,nowait,serial", "--strategies", help="Comma-separated reader arms: pool, nowait, serial, mmap, mmap-pool (mmap: the same rows gathered through a numpy.memmap of each file, MADV_RANDOM)."),
     cold_frac: float = typer.Option(0.0, "--cold-frac", help="Fraction of each job's rows that must be cold (not in the page cache) when its arm starts."),
     repeat: int = typer.Option(5, "--repeat", help="Timed runs of every batch per arm."),
     rows_per_batch: Optional[int] = typer.Option(None, "--rows-per-batch", help="Re-batch the trace's distinct rows into batches of K rows (default: the trace's own batches)."),
@@ -77,7 +77,7 @@ def _print(res: dict) -> None:
     cols = [Col("arm", "left"), Col("batch p50 ms"), Col("p90 ms", drop=5), Col("speedup vs pool"),
             Col("vol ctx/batch", drop=6), Col("invol ctx/batch", drop=7), Col("user ms/batch", drop=8),
             Col("sys ms/batch", drop=9), Col("fallback rows", drop_if_zero=True, drop=4),
-            Col("cold at start", drop_if_zero=True, drop=3)]
+            Col("cold at start", drop_if_zero=True, drop=3), Col("major faults/batch", drop_if_zero=True, drop=2)]
     rows = []
     for name, a in res["arms"].items():
         sp = res["speedup"].get(name)
@@ -86,7 +86,8 @@ def _print(res: dict) -> None:
         rows.append([name, f"{a['batch_ms']['p50']:.2f}", f"{a['batch_ms']['p90']:.2f}",
                      f"{sp:.2f}x" if sp else "-", f"{pb['ctx_voluntary']:,.1f}", f"{pb['ctx_involuntary']:,.1f}",
                      f"{pb['cpu_user_ms']:.1f}", f"{pb['cpu_sys_ms']:.1f}", f"{a['fallback_rows']:,}",
-                     f"{100 * cold:.1f}%" if cold is not None else "-"])
+                     f"{100 * cold:.1f}%" if cold is not None else "-",
+                     f"{a['faults_major'] / max(a['batches'], 1):,.1f}" if a["faults_major"] else "0"])
     con.print(fit_table(con, cols, rows))
     ok = "all identical" if not res["mismatches"] else f"{res['mismatches']:,} MISMATCHED"
     say(con, f"byte-for-byte vs a reference read after each arm: {res['rows_verified']:,} rows, {ok}")

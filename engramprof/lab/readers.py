@@ -321,11 +321,34 @@ class _Mapping:
         rb, offs = job.row_bytes, job.offsets
         if not len(offs):
             return self.mm[:0].reshape(0, rb), offs
+        if int(offs.min()) < 0 or int(offs.max()) + rb > self.size:
+            raise ShortReadError(errno.EIO, f"rows outside the mapping (fd {job.fd})")
         phase = int(offs[0]) % rb
-        if ((offs - phase) % rb).any() or int(offs.min()) < 0 or int(offs.max()) + rb > self.size:
-            raise ShortReadError(errno.EIO, f"rows outside the mapping or not row-aligned (fd {job.fd})")
+        if ((offs - phase) % rb).any():
+            # reads at arbitrary byte offsets (replay of a trace's reads): a view with one row
+            # starting at every byte, so the gather is still one fancy index
+            view = np.lib.stride_tricks.as_strided(self.mm, shape=(self.size - rb + 1, rb), strides=(1, 1),
+                                                   writeable=False)
+            return view, offs
         nrows = (self.size - phase) // rb
         return self.mm[phase:phase + nrows * rb].reshape(nrows, rb), (offs - phase) // rb
+
+    def unmap(self, offsets: np.ndarray, row_bytes: int) -> int:
+        """Zap this mapping's page-table entries for the pages of these rows
+        (``madvise(MADV_DONTNEED)``: the pages stay in the page cache; the next access faults
+        them in again).  A page mapped by a process is skipped by ``POSIX_FADV_DONTNEED``, so a
+        row's pages must be unmapped before they can be evicted.  Returns the pages advised."""
+        offs = np.asarray(offsets, dtype=np.int64)
+        if not len(offs) or self.mm is None:
+            return 0
+        ps = mmap.PAGESIZE
+        first, last = offs // ps, (offs + row_bytes - 1) // ps
+        pages = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
+        raw = self.mm._mmap
+        for run in np.split(pages, np.flatnonzero(np.diff(pages) != 1) + 1):
+            start = int(run[0]) * ps
+            raw.madvise(mmap.MADV_DONTNEED, start, min(len(run) * ps, self.size - start))
+        return len(pages)
 
     def close(self) -> None:
         raw = getattr(self.mm, "_mmap", None)
@@ -363,6 +386,12 @@ class MmapReader(Reader):
                 m.close()
             m = self._maps[fd] = _Mapping(fd, populate)
         return m
+
+    def unmap(self, fd: int, offsets: np.ndarray, row_bytes: int) -> int:
+        """Unmap the pages of these rows from this reader's mapping of ``fd`` (see
+        :meth:`_Mapping.unmap`); 0 when the fd is not mapped."""
+        m = self._maps.get(fd)
+        return m.unmap(offsets, row_bytes) if m is not None else 0
 
     def _work(self, jobs: list[Job]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         work = []
