@@ -46,8 +46,14 @@ class OffcpuDecoder:
 class OffcpuRecorder:
     """Loads the sched probe and feeds its spans to a :class:`~engramprof.record.sink.TraceSink`."""
 
-    def __init__(self, pid: int, tid: int = 0):
+    def __init__(self, pid, tid: int = 0):
+        # pid: one process, or a Selection (several pids, children, cgroups: probes/targets.h)
+        selection = None
+        if not isinstance(pid, int):
+            selection, pid = pid, int(getattr(pid, "first_pid", 0) or 0)
         self.config = sched.SchedConfig(tgid=pid, tid=tid)
+        if selection is not None:
+            self.config.selection = selection
         self.plan: sched.SchedPlan | None = None
         self.probe: sched.LoadedSchedProbe | None = None
         self.decoder = OffcpuDecoder()
