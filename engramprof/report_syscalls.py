@@ -24,6 +24,7 @@ class LiveView:
         self.console = console
         self.live = Live(Text("waiting for calls..."), console=console, refresh_per_second=2, transient=False)
         self.t_last = time.monotonic()
+        self.faults_last: dict | None = None  # the fault probe's totals at the last update
 
     def __enter__(self):
         self.live.__enter__()
@@ -49,6 +50,9 @@ class LiveView:
             ("lost ", "bold"), (f"{totals.get('lost_records', 0):,}", "red" if totals.get("lost_records") else ""),
         )
         parts = [head]
+        fline = self._fault_line(tracer, dt)
+        if fline is not None:
+            parts.append(fline)
         if tracer.sampler is not None and hasattr(tracer.sampler, "status_line"):
             try:
                 parts.append(Text(tracer.sampler.status_line(), style="dim"))
@@ -79,6 +83,38 @@ class LiveView:
         self.live.update(Group(*parts))
 
 
+    def _fault_line(self, tracer, dt: float) -> Text | None:
+        """Faults beside calls: the page-fault read path (memory-mapped readers), per second."""
+        fr = getattr(tracer, "faults", None)
+        if fr is None:
+            return None
+        try:
+            t = fr.totals()
+        except Exception:
+            return None
+        last, self.faults_last = self.faults_last or {}, t
+        d = {k: t.get(k, 0) - last.get(k, 0) for k in ("faults", "major", "sum_ns")}
+        return Text.assemble(
+            ("faults/s ", "bold"), f"{d['faults'] / dt:,.0f}   ",
+            ("major/s ", "bold"), f"{d['major'] / dt:,.0f}   ",
+            ("in faults ", "bold"), f"{d['sum_ns'] / 1e6 / dt:,.1f} ms/s   ",
+            ("lost ", "bold"), (f"{t.get('lost_records', 0):,}", "red" if t.get("lost_records") else ""),
+        )
+
+
+def fault_summary_line(f: dict) -> str:
+    """The page-fault read path in one line (the summary's "page faults" row)."""
+    line = (f"{f.get('faults', 0):,} file-backed ({f.get('major', 0):,} major, {f.get('minor', 0):,} minor"
+            + (f", {f['retried']:,} retried" if f.get("retried") else "") + f"), {f.get('sum_ms', 0):,.1f} ms in faults")
+    if f.get("other_faults") is not None:
+        line += f"; {f['other_faults']:,} anonymous/other"
+    if f.get("lost_records"):
+        line += f"; {f['lost_records']:,} records lost"
+    if not f.get("address", True):
+        line += "; no fault address (generic path)"
+    return line
+
+
 def _short(path: str, width: int = 48) -> str:
     if not path:
         return "?"
@@ -87,13 +123,16 @@ def _short(path: str, width: int = 48) -> str:
 
 def print_summary(console: Console, s: dict) -> None:
     lat = s["latency_us"]
-    t = Table(title=f"preadv2/preadv/pread64 of pid {s['pid']} over {s['duration_s']:.1f} s ({s['end_reason']})",
+    what = "preadv2/preadv/pread64 and page faults" if s.get("faults") else "preadv2/preadv/pread64"
+    t = Table(title=f"{what} of pid {s['pid']} over {s['duration_s']:.1f} s ({s['end_reason']})",
               title_justify="left", show_header=False, box=None)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("calls", f"{s['calls']:,} ({s['calls_per_s']:,.0f}/s), recorded {s['recorded']:,}"
               + (f" ({s['partial_at_start']:,} entered while the probes were attaching: not recorded)"
                  if s.get("partial_at_start") else ""))
+    if s.get("faults"):  # the second read path, beside the calls
+        t.add_row("page faults", fault_summary_line(s["faults"]))
     t.add_row("lost records", Text(f"{s['lost_records']:,}", style="red" if s["lost_records"] else ""))
     t.add_row("latency", f"p50 {_fmt_us(lat['p50'])}  p99 {_fmt_us(lat['p99'])}  max {_fmt_us(lat['max'])}"
               + (f"  ({s['latency_source']})" if s["latency_source"] != "records" else ""))

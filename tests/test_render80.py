@@ -206,3 +206,37 @@ def test_diagnose_hot_rows_say_when_capped(tmp_path):
     calls = pd.DataFrame({"path": [str(t)] * n, "offset": 4096 + np.arange(n) * 256, "size": [256] * n})
     hot = diagnose.hot_row_residency(calls, limit=100)
     assert hot["rows"] == 100 and hot["distinct_rows"] == 300
+
+
+def test_syscalls_summary_shows_faults_beside_calls_at_80():
+    """A memory-mapped reader's recording: the page-fault read path is a row of the summary,
+    beside the calls (the title names both read paths); the live view has a faults line."""
+    from engramprof import report_syscalls
+
+    s = _syscalls_summary("/data/models/engram/a/very/long/path/to/the/table-of-embeddings.safetensors")
+    s["faults"] = {"faults": 4_222_017, "major": 4_118_230, "minor": 103_787, "retried": 12_345, "lost_records": 17,
+                   "recorded": 4_222_000, "sum_ms": 512_345.6, "other_faults": 98_765, "address": False,
+                   "missing_tracepoints": []}
+    buf = io.StringIO()
+    report_syscalls.print_summary(Console(file=buf, width=WIDTH), s)
+    out = buf.getvalue()
+    fits(out)
+    whole(out, "4,222,017", "4,118,230 major", "103,787", "12,345", "512,345.6 ms", "98,765", "and page faults")
+    flat = " ".join(out.split())
+    assert "103,787 minor" in flat and "12,345 retried" in flat and "17 records lost" in flat
+
+    class _Faults:
+        def __init__(self):
+            self.n = 0
+
+        def totals(self):
+            self.n += 1
+            return {"faults": 1000 * self.n, "major": 900 * self.n, "sum_ns": 50_000_000 * self.n, "lost_records": 0}
+
+    class _Tracer:
+        faults = _Faults()
+
+    lv = report_syscalls.LiveView(Console(file=io.StringIO(), width=WIDTH))
+    lv._fault_line(_Tracer, 1.0)
+    line = lv._fault_line(_Tracer, 1.0).plain
+    assert "faults/s 1,000" in line and "major/s 900" in line and "50.0 ms/s" in line and len(line) <= WIDTH

@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         sample_hz: float = typer.Option(10.0, "--sample-hz", help="PSI / vmstat / thread sampling rate (0: off)."),
         hook: str = typer.Option("auto", "--hook", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
         no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (samples/offcpu)."),
+        no_fault_address: bool = typer.Option(False, "--no-fault-address", help="Trace page faults without exceptions:page_fault_user (the x86-only tracepoint giving the address): the generic path, as on arm64."),
         layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     ):
         """Trace every preadv2/preadv/pread64 call of PID with its latency, file, offset and
@@ -73,7 +74,8 @@ def register(app: typer.Typer) -> None:
         validate.live_process("--pid", pid)
         err = Console(stderr=True)
         tracer = sc.SyscallTracer(pid, tid=tid, min_us=min_us, output=output, sample_hz=sample_hz,
-                                  syscall_hook=hook, argv=sys.argv, offcpu=not no_offcpu)
+                                  syscall_hook=hook, argv=sys.argv, offcpu=not no_offcpu,
+                                  fault_address=not no_fault_address)
 
         def on_signal(signum, _frame):
             tracer.end_reason = "signal"
@@ -82,7 +84,7 @@ def register(app: typer.Typer) -> None:
         restore_signals = install_stop_handlers(on_signal)
         try:
             tracer.start()
-            print(f"Tracing preadv2/preadv/pread64 of pid {pid}{f' tid {tid}' if tid else ''}"
+            print(f"Tracing preadv2/preadv/pread64{' and page faults' if tracer.faults is not None else ''} of pid {pid}{f' tid {tid}' if tid else ''}"
                   f" ({'raw_syscalls' if tracer.plan.raw_syscalls else 'syscalls tracepoints'})"
                   f"{f', recording to {output}' if output else ''}... Ctrl-C to end.", file=sys.stderr, flush=True)
             live = report_syscalls.LiveView(err) if err.is_terminal else None
