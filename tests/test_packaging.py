@@ -114,3 +114,14 @@ def test_commands_run_without_psutil_and_matplotlib(tmp_path):
     assert r.returncode == 2 and "no such trace" in r.stderr, r.stderr
     r = _run_without("psutil,matplotlib", "sample", "--duration", "0.3", "--json")
     assert r.returncode == 0, r.stderr
+
+
+def test_every_subpackage_is_in_the_wheel():
+    # a package missing from pyproject's list is absent from a non-editable install, and only
+    # the commands that import it fail there (engramprof.analysis once was)
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "engramprof").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
