@@ -35,10 +35,11 @@ from engramprof.bpf import loader
 from engramprof.fdmap import FdResolver
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, VmEventDecoder
-from engramprof.record.enrich import FdPathEnricher, TensorEnricher
+from engramprof.record.enrich import FdPaths, TensorEnricher
 from engramprof.record.offcpu import OffcpuRecorder
 from engramprof.record.identity import FileIdentities
 from engramprof.record.live import FileStat, LatencyHist, LiveAccount, LiveState  # noqa: F401 (re-exported)
+from engramprof.record.selection import Selection
 from engramprof.record.sink import TraceSink
 from engramprof.record.strings import Interner
 from engramprof.record.summary import RunFacts, summarize_run
@@ -54,17 +55,23 @@ OFFCPU_DEFAULT = True
 class SyscallTracer:
     """Wires the probe to the pipeline and runs it: :meth:`start`, :meth:`run`, :meth:`finish`."""
 
-    def __init__(self, pid: int, tid: int = 0, min_us: float = 0.0, output: str | None = None,
+    def __init__(self, pid: "int | Selection", tid: int = 0, min_us: float = 0.0, output: str | None = None,
                  sample_hz: float = 10.0, syscall_hook: str = "auto", argv: list[str] | None = None,
                  offcpu: bool | None = None, faults: bool = True, fault_address: bool = True):
-        self.pid, self.tid = pid, tid
+        # what to trace: one pid, or a Selection (--pid repeated, --children, --cgroup, --file)
+        self.selection = Selection.of(pid)
+        if isinstance(pid, Selection):
+            tid = pid.tid
+        self.pid, self.tid = self.selection.first_pid, tid
+        self.selection.tid = tid
         # page faults (probes/faults.bpf.c): attached when the kernel has the filemap fault
         # tracepoint; fault_address=False forces the path without exceptions:page_fault_user
         self.faults_wanted, self.fault_address = faults, fault_address
         self.faults = None
         self.output = output
         self.sample_hz = sample_hz
-        self.config = loader.ProbeConfig(tgid=pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=syscall_hook)
+        self.config = loader.ProbeConfig(tgid=self.pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=syscall_hook,
+                                         selection=self.selection)
         self.argv = argv or []
         self.stop = threading.Event()
         self.end_reason = "running"
@@ -75,9 +82,17 @@ class SyscallTracer:
         self.notes: list[str] = []
         self.paths = Interner("")
         self.tensors = Interner("")
-        self._exit: ExitWatch | None = None
+        self._exit: list[ExitWatch] = []
+        self._targets_checked = 0.0
         #: the off-CPU spans of the target's threads (samples/offcpu), None with --no-offcpu
         self.offcpu = OffcpuRecorder(pid, tid) if (OFFCPU_DEFAULT if offcpu is None else offcpu) else None
+        if self.offcpu is not None:
+            if not (self.selection.pids or self.selection.cgroups_v2 or self.selection.cgroups_v1):
+                # --file alone: every thread of the machine would be followed off-CPU
+                self.offcpu = None
+                self.notes.append("off-CPU spans not recorded: --file alone selects no process")
+            else:
+                self.offcpu.config.selection = self.selection
         self.calls: CallDecoder | None = None
         self.vm_events = VmEventDecoder()
         self.sink = TraceSink(None, self.notes)
@@ -100,13 +115,16 @@ class SyscallTracer:
         # Arrow's default (mimalloc) pool keeps freed batches mapped: over a long trace the
         # collector's RSS creeps up; the system allocator returns them (measured flat, see README)
         pa.set_memory_pool(pa.system_memory_pool())
-        check_target(self.pid, self.tid)
+        for t in self.selection.pids:
+            check_target(t, self.tid)
         check_privileges()
         p = self.plan = loader.plan(self.config)
         if p.missing:
             self.notes.append(f"tracepoints missing, evidence not collected: {', '.join(p.missing)}")
-        self._exit = ExitWatch(self.pid)
-        self.fds = FdResolver(self.pid)
+        self._exit = [ExitWatch(t) for t in self.selection.pids]
+        self.fd_paths = FdPaths(self.paths)
+        for t in self.selection.pids:  # their fd tables now (a later process's: at its first call)
+            self.fd_paths.of(t)
         if self.output:
             self.writer = trace.TraceWriter(self.output, meta=self._meta())
             self.sink.writer = self.writer
@@ -139,7 +157,8 @@ class SyscallTracer:
         from engramprof.record.faults import FaultRecorder
 
         try:
-            self.faults = FaultRecorder(self.pid, self.tid, self.paths, self.tensors, use_pfu=self.fault_address)
+            self.faults = FaultRecorder(self.pid, self.tid, self.paths, self.tensors, use_pfu=self.fault_address,
+                                        selection=self.selection)
         except Exception as exc:
             self.notes.append(f"page faults not traced: {exc}")
             return
@@ -165,7 +184,10 @@ class SyscallTracer:
     def _meta(self) -> dict:
         p = self.plan
         return {
-            "pid": self.pid, "tid": self.tid or None, "target_cmdline": cmdline(self.pid),
+            # pid: the first selected process (older readers); pids and selection: everything
+            "pid": self.pid or None, "tid": self.tid or None, "target_cmdline": cmdline(self.pid) if self.pid else "",
+            **self.selection.meta(),
+            "processes": [{"pid": p, "cmdline": cmdline(p)} for p in self.selection.pids],
             "engramprof_argv": self.argv, "probe": loader.PROBE_FILE,
             "probe_version": loader.layout.header_define("ENGRAMPROF_PROBE_VERSION"),
             "syscall_hook": self._hook_name(), "min_ns": self.config.min_ns,
@@ -178,7 +200,6 @@ class SyscallTracer:
     def _build_pipeline(self) -> None:
         """probe -> decoder -> enrichers -> table -> sink, plus the live aggregates."""
         self.calls = CallDecoder(self.probe.record_dtype, self.probe.armed_ns)
-        self.fd_paths = FdPathEnricher(self.fds, self.paths)
         self.identities = FileIdentities(self.pid, self.paths)
         self.enrichers = [self.fd_paths, self.identities,
                           TensorEnricher(self.paths, self.tensors, headers=self.identities.header_of)]
@@ -193,15 +214,42 @@ class SyscallTracer:
             from engramprof.samplers import Sampler
         except ImportError:
             return
+        if len(self.selection.pids) != 1 or self.selection.children:
+            self.notes.append("per-thread samples are of the first pid only" if self.pid else
+                              "no per-thread samples (no --pid)")
         try:
-            self.sampler = Sampler(pid=self.pid, hz=self.sample_hz)
+            self.sampler = Sampler(pid=self.pid or None, hz=self.sample_hz)
             self.sampler.start(self.writer)
         except Exception as exc:  # samplers are context; never lose the trace over them
             self.sampler = None
             self.notes.append(f"samplers not running: {exc}")
 
     def target_exited(self) -> bool:
-        return self._exit is not None and self._exit.exited()
+        """Every target has exited (--pid, --children; a cgroup or files select whoever comes)."""
+        if not self.selection.ends_with_targets or not self._exit:
+            return False
+        if not all(w.exited() for w in self._exit):
+            return False
+        if not self.selection.children:
+            return True
+        now = time.monotonic()  # descendants: the kernel's map (fork adds, group death removes)
+        if now - self._targets_checked < 0.25:
+            return False
+        self._targets_checked = now
+        return not any(pid_state(t) not in (None, "Z", "X") for t in self.probe.targets.live_tgids())
+
+    def sync_targets(self) -> None:
+        """New sub-groups of a v2 cgroup, the processes of a v1 cgroup: into every probe's maps."""
+        s = self.selection
+        if not (s.cgroups_v2 or s.cgroups_v1):
+            return
+        for probe in (self.probe, self.faults.probe if self.faults else None,
+                      self.offcpu.probe if self.offcpu else None):
+            if probe is not None and getattr(probe, "bpf", None) is not None:
+                try:
+                    probe.targets.sync()
+                except Exception as exc:  # context: keep recording
+                    self.notes.append(f"target refresh failed: {exc}")
 
     def run(self, duration: float | None = None, on_tick=None) -> None:
         """Drain until duration / stop / target exit; call on_tick(self) about once a second."""
@@ -222,6 +270,7 @@ class SyscallTracer:
                     self.snapshot_kernel_state()
                     last_hist = now
                 self.flush()
+                self.sync_targets()
                 if on_tick:
                     on_tick(self)
                 self.state.reset_window()
@@ -276,7 +325,7 @@ class SyscallTracer:
                                   lost_record_intervals=self.lost_intervals,
                                   calls_not_written=self.sink.dropped_rows,
                                   partial_at_start=self.partial_at_start,
-                                  fd_history={str(k): v for k, v in self.fds.history.items()},
+                                  **self._fd_history(),
                                   offcpu=self.offcpu.summary() if self.offcpu else None)
             except OSError as exc:  # not even meta.json fits: the parts written stay loadable
                 self.meta_error = f"{type(exc).__name__}: {exc}"
@@ -286,9 +335,17 @@ class SyscallTracer:
             self.faults.close()
         if self.offcpu is not None:
             self.offcpu.close()
-        if self._exit is not None:
-            self._exit.close()
+        for w in self._exit:
+            w.close()
         return summary
+
+    def _fd_history(self) -> dict:
+        h = self.fd_paths.history() if getattr(self, "fd_paths", None) is not None else {}
+        first = h.get(self.pid, {})
+        out = {"fd_history": {str(k): v for k, v in first.items()}}
+        if len(h) > 1:
+            out["fd_history_by_pid"] = {str(p): {str(k): v for k, v in fh.items()} for p, fh in h.items()}
+        return out
 
     write_error: str | None = None
     meta_error: str | None = None

@@ -79,16 +79,8 @@ BPF_PERCPU_ARRAY(fault_totals, struct fault_totals, 1);
 BPF_ARRAY(fault_record_layout, struct fault_record, 1);
 BPF_ARRAY(fault_totals_layout, struct fault_totals, 1);
 
-static __always_inline int is_target(u64 pid_tgid)
-{
-	if ((pid_tgid >> 32) != TARGET_TGID)
-		return 0;
-#if TARGET_TID
-	if ((u32)pid_tgid != TARGET_TID)
-		return 0;
-#endif
-	return 1;
-}
+/* is_target(pid_tgid): probes/targets.h (one pid, a set of pids, cgroups, children) */
+#include "targets.h"
 
 static __always_inline struct fault_totals *totals(void)
 {

@@ -8,7 +8,8 @@
  * per-fd log2 latency histograms.
  *
  * Constants filled in before load (-D):
- *   TARGET_TGID   process to trace (required)          TARGET_TID  one thread, 0 = all
+ *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes
+ *                 (probes/targets.h)
  *   MIN_NS        record only calls at least this long (all calls are still counted)
  *   RING_PAGES    ring buffer size in pages
  *   USE_RAW_SYSCALLS  1: hook raw_syscalls sys_enter/sys_exit (x86_64 only, cheaper);
@@ -87,16 +88,8 @@ BPF_ARRAY(call_record_layout, struct call_record, 1);
 BPF_ARRAY(call_totals_layout, struct call_totals, 1);
 BPF_ARRAY(vm_event_layout, struct vm_event, 1);
 
-static __always_inline int is_target(u64 pid_tgid)
-{
-	if ((pid_tgid >> 32) != TARGET_TGID)
-		return 0;
-#if TARGET_TID
-	if ((u32)pid_tgid != TARGET_TID)
-		return 0;
-#endif
-	return 1;
-}
+/* is_target(pid_tgid): probes/targets.h (one pid, a set of pids, cgroups, children) */
+#include "targets.h"
 
 static __always_inline struct inflight *current_call(void)
 {

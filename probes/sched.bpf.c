@@ -14,7 +14,8 @@
  * only target threads touch the span hash and the ring.
  *
  * Constants filled in before load (-D):
- *   TARGET_TGID   process to trace (required)          TARGET_TID  one thread, 0 = all
+ *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes
+ *                 (probes/targets.h)
  *   RING_PAGES    ring buffer size in pages
  *   TID_WORDS     u64 words of the open-span bitmap (covers tids < 64 * TID_WORDS)
  *   MAX_THREADS   entries of the span-state hash
@@ -47,16 +48,8 @@ BPF_PERCPU_ARRAY(offcpu_totals, struct offcpu_totals, 1);
 BPF_ARRAY(offcpu_record_layout, struct offcpu_record, 1);
 BPF_ARRAY(offcpu_totals_layout, struct offcpu_totals, 1);
 
-static __always_inline int is_target(u64 pid_tgid)
-{
-	if ((pid_tgid >> 32) != TARGET_TGID)
-		return 0;
-#if TARGET_TID
-	if ((u32)pid_tgid != TARGET_TID)
-		return 0;
-#endif
-	return 1;
-}
+/* is_target(pid_tgid): probes/targets.h (one pid, a set of pids, cgroups, children) */
+#include "targets.h"
 
 static __always_inline u64 *open_word(u32 tid)
 {

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engramprof import tracepoints as tp
-from engramprof.bpf import layout
+from engramprof.bpf import layout, targets
 from engramprof.errors import UserError
 
 PROBE_FILE = "preadv.bpf.c"
@@ -51,6 +51,7 @@ class ProbeConfig:
     min_ns: int = 0
     ring_pages: int = 8192  # 32 MiB: ~300k records, about a second of a tight cached loop
     syscall_hook: str = "auto"  # auto | raw | tracepoint
+    selection: object = None  # engramprof.record.selection.Selection; None: the one process tgid
 
 
 @dataclass
@@ -120,11 +121,10 @@ def program_text(p: ProbePlan) -> str:
     """The complete C program (header inlined, constants defined) that load() compiles."""
     src = (layout.probe_dir() / PROBE_FILE).read_text()
     header = layout.header_text()
-    src = src.replace('#include "engramprof.h"', header)
+    src = targets.inline(src.replace('#include "engramprof.h"', header))
     c = p.config
     defines = {
-        "TARGET_TGID": c.tgid,
-        "TARGET_TID": c.tid,
+        **targets.defines(c.selection, c.tgid, c.tid),
         "MIN_NS": c.min_ns,
         "RING_PAGES": c.ring_pages,
         "USE_RAW_SYSCALLS": int(p.raw_syscalls),
@@ -175,6 +175,7 @@ class LoadedProbe:
                 self.bpf = BPF(text=self.text, cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
         except Exception as exc:  # BCC raises bare Exception on compile/load failure
             raise UserError(f"cannot load the BPF probe ({exc}); run `engramprof doctor`", code=1) from None
+        self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
         # BCC attaches the programs one after another while it loads them: a call that entered
         # before the last one was attached may lack evidence; the collector drops calls that
         # entered before this instant (and counts them)

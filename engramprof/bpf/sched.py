@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from engramprof import tracepoints as tp
-from engramprof.bpf import layout
+from engramprof.bpf import layout, targets
 from engramprof.bpf.loader import _quiet_stderr, import_bcc
 from engramprof.errors import UserError
 
@@ -47,6 +47,7 @@ class SchedConfig:
     ring_pages: int = 2048  # 8 MiB: ~200k spans, seconds of a busy 32-thread pool
     max_threads: int = 16384
     tid_words: int = field(default_factory=_tid_words)
+    selection: object = None  # engramprof.record.selection.Selection; None: the one process tgid
 
 
 @dataclass
@@ -84,11 +85,10 @@ def plan(config: SchedConfig, tracefs_root=None) -> SchedPlan:
 def program_text(p: SchedPlan) -> str:
     """The complete C program (header inlined, constants defined) that load() compiles."""
     src = (layout.probe_dir() / PROBE_FILE).read_text()
-    src = src.replace('#include "engramprof.h"', layout.header_text())
+    src = targets.inline(src.replace('#include "engramprof.h"', layout.header_text()))
     c = p.config
     defines = {
-        "TARGET_TGID": c.tgid,
-        "TARGET_TID": c.tid,
+        **targets.defines(c.selection, c.tgid, c.tid),
         "RING_PAGES": c.ring_pages,
         "TID_WORDS": c.tid_words,
         "MAX_THREADS": c.max_threads,
@@ -118,6 +118,7 @@ class LoadedSchedProbe:
                             f"or record without it: --no-offcpu", code=1) from None
         # spans that opened before this instant may have missed their start: none is recorded
         # (a span is opened only by a switch-out seen by the probe), so this is informational
+        self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
         self.armed_ns = time.monotonic_ns()
         layout.check_against_compiled(self.record_dtype, self.bpf["offcpu_record_layout"].Leaf)
         layout.check_against_compiled(self.totals_dtype, self.bpf["offcpu_totals_layout"].Leaf)

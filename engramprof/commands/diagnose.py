@@ -18,6 +18,8 @@ EPILOG = """Examples:
 engramprof diagnose --pid 4242              # 20 s: verdict, evidence, fix
 engramprof diagnose --pid 4242 --markers batches.jsonl --output /var/tmp/d1
 engramprof diagnose --pid 4242 --duration 30 --json | jq .verdict
+engramprof diagnose --pid 4242 --children   # a server and its workers
+engramprof diagnose --cgroup /sys/fs/cgroup/unified/kubepods.slice/POD
 
 Verdicts: residency, reclaim, storage, python-scheduling, healthy.
 Page: docs/commands/diagnose.md
@@ -27,7 +29,9 @@ Page: docs/commands/diagnose.md
 def register(app: typer.Typer) -> None:
     @app.command("diagnose", epilog=EPILOG)
     def diagnose_cmd(
-        pid: int = typer.Option(..., "--pid", "-p", help="The reader process (all its threads)."),
+        pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", help="The reader process (all its threads); repeat for several."),
+        children: bool = typer.Option(False, "--children", help="Also every descendant of --pid, including processes forked while recording."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
         duration: float = typer.Option(20.0, "--duration", "-d", help="Seconds to record."),
         markers: Optional[str] = typer.Option(None, "--markers", help="Batch markers (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC)."),
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Keep the recorded trace here (a new directory); default: a private temporary one, removed."),
@@ -46,12 +50,17 @@ def register(app: typer.Typer) -> None:
 
         use_layout(layout_file)
 
-        validate.pid("--pid", pid)
+        from engramprof.record.selection import Selection
+
+        for p in pid or ():
+            validate.pid("--pid", p)
         validate.duration("--duration", duration)
         validate.positive("--slow-ms", slow_ms)
         if markers is not None:  # a bad markers file fails now, not after the recording
             batches.read_markers(markers)
-        validate.live_process("--pid", pid)
+        selection = Selection.parse(pids=pid, children=children, cgroups=cgroup)
+        for p in selection.pids:
+            validate.live_process("--pid", p)
 
         stop = threading.Event()
 
@@ -65,9 +74,11 @@ def register(app: typer.Typer) -> None:
         restore_signals = install_stop_handlers(on_signal)
         try:
             result = diagnose.run(
-                pid, duration=duration, markers=markers, output=output, slow_ms=slow_ms, stop=stop, argv=sys.argv,
-                on_tracing=lambda t: print(f"Tracing pid {pid} for {duration:g} s (diagnose)... Ctrl-C to stop early.",
-                                           file=sys.stderr, flush=True),
+                selection, duration=duration, markers=markers, output=output, slow_ms=slow_ms, stop=stop, argv=sys.argv,
+                on_tracing=lambda t: [print(line, file=sys.stderr, flush=True) for line in
+                                      [f"engramprof: {w}" for w in selection.waiting()]
+                                      + [f"Tracing {selection.describe()} for {duration:g} s (diagnose)... "
+                                         "Ctrl-C to stop early."]],
             )
         finally:
             restore_signals()

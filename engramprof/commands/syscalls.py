@@ -20,6 +20,9 @@ engramprof syscalls --pid 4242 --duration 30       # live view, then summary
 engramprof syscalls --pid 4242 --output /var/tmp/t1  # every call to a TRACE
 engramprof syscalls --pid 4242 --min-us 1000 --json  # record calls >= 1 ms
 engramprof syscalls --pid 4242 --ebpf              # print the BPF program
+engramprof syscalls --pid 4242 --pid 4243         # two processes
+engramprof syscalls --pid 4242 --children         # a process tree
+engramprof syscalls --cgroup /sys/fs/cgroup/unified/kubepods.slice/POD
 
 Page: docs/commands/syscalls.md
 """
@@ -28,7 +31,9 @@ Page: docs/commands/syscalls.md
 def register(app: typer.Typer) -> None:
     @app.command("syscalls", epilog=EPILOG)
     def syscalls_cmd(
-        pid: int = typer.Option(..., "--pid", "-p", help="Process to trace (all its threads)."),
+        pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", help="Process to trace (all its threads); repeat for several."),
+        children: bool = typer.Option(False, "--children", help="Also every descendant of --pid, including processes forked while tracing."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
         tid: int = typer.Option(0, "--tid", help="Trace only this thread of PID."),
         duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after S seconds (default: until Ctrl-C or PID exits)."),
         min_us: float = typer.Option(0.0, "--min-us", help="Record only calls at least this long (all calls are still counted in the kernel)."),
@@ -56,13 +61,18 @@ def register(app: typer.Typer) -> None:
 
         if hook not in ("auto", "raw", "tracepoint"):
             raise UserError(f"--hook must be auto, raw or tracepoint (got {hook!r})")
-        validate.pid("--pid", pid)
+        from engramprof.record.selection import Selection
+
+        for p in pid or ():
+            validate.pid("--pid", p)
         validate.at_least("--tid", tid, 0, validate.MAX_PID)
         validate.duration("--duration", duration)
         validate.non_negative("--min-us", min_us)
         validate.sample_hz("--sample-hz", sample_hz, zero_is_off=True)
+        selection = Selection.parse(pids=pid, tid=tid, children=children, cgroups=cgroup)
         if ebpf:  # needs no privileges: where tracefs cannot be read, every feature is assumed
-            config = loader.ProbeConfig(tgid=pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=hook)
+            config = loader.ProbeConfig(tgid=selection.first_pid, tid=tid, min_ns=int(min_us * 1000),
+                                        syscall_hook=hook, selection=selection)
             try:
                 plan = loader.plan(config)
             except UserError as exc:
@@ -71,9 +81,10 @@ def register(app: typer.Typer) -> None:
                 plan = loader.assumed_plan(config, str(exc).replace("*/", "* /"))
             sys.stdout.write(loader.program_text(plan))
             return
-        validate.live_process("--pid", pid)
+        for p in selection.pids:
+            validate.live_process("--pid", p)
         err = Console(stderr=True)
-        tracer = sc.SyscallTracer(pid, tid=tid, min_us=min_us, output=output, sample_hz=sample_hz,
+        tracer = sc.SyscallTracer(selection, tid=tid, min_us=min_us, output=output, sample_hz=sample_hz,
                                   syscall_hook=hook, argv=sys.argv, offcpu=not no_offcpu,
                                   fault_address=not no_fault_address)
 
@@ -84,7 +95,9 @@ def register(app: typer.Typer) -> None:
         restore_signals = install_stop_handlers(on_signal)
         try:
             tracer.start()
-            print(f"Tracing preadv2/preadv/pread64{' and page faults' if tracer.faults is not None else ''} of pid {pid}{f' tid {tid}' if tid else ''}"
+            for line in selection.waiting():  # not an error: the trace waits for it
+                print(f"engramprof: {line}", file=sys.stderr, flush=True)
+            print(f"Tracing preadv2/preadv/pread64{' and page faults' if tracer.faults is not None else ''} of {selection.describe()}"
                   f" ({'raw_syscalls' if tracer.plan.raw_syscalls else 'syscalls tracepoints'})"
                   f"{f', recording to {output}' if output else ''}... Ctrl-C to end.", file=sys.stderr, flush=True)
             live = report_syscalls.LiveView(err) if err.is_terminal else None

@@ -97,3 +97,66 @@ class TensorEnricher:
                 lay = None
         self._layouts[path] = lay
         return lay
+
+
+class PerPid:
+    """One enricher per traced process (fd tables, mappings and /proc links are per process):
+    ``make(pid)`` builds a process's enricher when its first record arrives; a batch is split by
+    ``pid`` (a handful of distinct values) and each part enriched by its own process's stage.
+    With one process the batch passes through whole."""
+
+    def __init__(self, make):
+        self.make = make
+        self.by_pid: dict[int, object] = {}
+
+    def of(self, pid: int):
+        e = self.by_pid.get(pid)
+        if e is None:
+            e = self.by_pid[pid] = self.make(pid)
+        return e
+
+    def enrich(self, batch: ReadBatch) -> None:
+        pids = batch.recs["pid"]
+        if not len(pids):
+            return
+        uniq = np.unique(pids)
+        if len(uniq) == 1:
+            self.of(int(uniq[0])).enrich(batch)
+            return
+        out: dict[str, np.ndarray] = {}
+        for pid in uniq.tolist():
+            sel = pids == pid
+            part = ReadBatch(batch.kind, batch.recs[sel],
+                             {k: v[sel] for k, v in batch.cols.items() if isinstance(v, np.ndarray)})
+            before = set(part.cols)
+            self.of(pid).enrich(part)
+            batch.recs[sel] = part.recs  # a stage may correct the records (exact fault pages)
+            for k in set(part.cols) - before:
+                v = part.cols[k]
+                if k not in out:
+                    out[k] = np.zeros(len(pids), dtype=v.dtype)
+                out[k][sel] = v
+        batch.cols.update(out)
+
+
+class FdPaths(PerPid):
+    """:class:`FdPathEnricher` per traced process, with its per-fd views over all of them."""
+
+    def __init__(self, paths: Interner, resolver=FdResolver):
+        super().__init__(lambda pid: FdPathEnricher(resolver(pid), paths))
+
+    @property
+    def fds_seen(self) -> set[int]:
+        return set().union(*(e.fds_seen for e in self.by_pid.values())) if self.by_pid else set()
+
+    def path_of_slot(self, fdslot: int) -> str:
+        """The kernel's per-fd histograms are per fd number over every traced process: the
+        first process's path for that fd (most traces have one process)."""
+        for e in self.by_pid.values():
+            p = e.path_of_slot(fdslot)
+            if p:
+                return p
+        return ""
+
+    def history(self) -> dict[int, dict[int, list]]:
+        return {pid: e.fds.history for pid, e in self.by_pid.items()}

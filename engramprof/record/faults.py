@@ -175,12 +175,18 @@ class MappingPathEnricher:
 class FaultRecorder:
     """The fault probe, its decoder, enrichers and table builder, for one target."""
 
-    def __init__(self, pid: int, tid: int, paths: Interner, tensors: Interner, use_pfu: bool = True):
-        self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=pid, tid=tid, use_pfu=use_pfu))
+    def __init__(self, pid: int, tid: int, paths: Interner, tensors: Interner, use_pfu: bool = True,
+                 selection=None):
+        from engramprof.record.enrich import PerPid
+
+        self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=pid, tid=tid, use_pfu=use_pfu,
+                                                                  selection=selection))
         self.pid = pid
         self.probe = fault_probe.LoadedFaultProbe(self.plan)
         self.decoder = FaultDecoder(self.probe.record_dtype, self.probe.armed_ns, self.plan.has_address)
-        self.mappings = MappingPathEnricher(pid, paths)
+        # one process's mappings per traced process (several with --pid repeated, --children, ...)
+        self.mappings = PerPid(lambda p: MappingPathEnricher(p, paths))
+        self.mappings.of(pid) if pid else None
         self.enrichers = [self.mappings, TensorEnricher(paths, tensors)]
         missing = ["ret"] + [c for c in self.plan.missing_columns if c != "mapped_pages"]
         self.tables = EventTableBuilder(pa.array(syscall_names(), type=pa.string()), paths, tensors, missing=missing)

@@ -170,7 +170,8 @@ class FileIdentities:
             path = self.paths.values[code]
             if not path or path in self.by_path:
                 continue
-            fd_link = f"{self.proc_root}/{self.pid}/fd/{int(fds[i])}"
+            pid = int(batch.recs["pid"][i]) if "pid" in (batch.recs.dtype.names or ()) else self.pid
+            fd_link = f"{self.proc_root}/{pid}/fd/{int(fds[i])}"
             try:
                 same = os.readlink(fd_link) == path
             except OSError:
