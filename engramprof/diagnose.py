@@ -260,6 +260,23 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     }
 
 
+BUNDLE_MARKERS = "markers.jsonl"
+
+
+def keep_markers(markers: str, trace_dir: str) -> None:
+    """Copy the markers file into the bundle (TRACE/markers.jsonl), so that the bundle carries
+    the batches it was analysed with (compare and batch-tail read them from there).  Created
+    with O_EXCL | O_NOFOLLOW inside the bundle; the application's file is only read."""
+    target = os.path.join(trace_dir, BUNDLE_MARKERS)
+    try:
+        with open(markers, "rb") as src:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    except OSError as exc:  # the analysis still reads the application's file
+        print(f"engramprof: note: markers not copied into the bundle ({exc.strerror})", file=sys.stderr)
+
+
 def run(pid: int, duration: float = 20.0, markers: str | None = None, output: str | None = None,
         slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None) -> dict:
     """Record PID for `duration` seconds, then diagnose.  `stop` (threading.Event) ends early."""
@@ -286,6 +303,8 @@ def run(pid: int, duration: float = 20.0, markers: str | None = None, output: st
             tracer.run(duration=duration)
         finally:
             summary = tracer.finish()
+        if markers:
+            keep_markers(markers, trace_dir)
         try:
             result = analyse_trace(trace_dir, markers, slow_ms, summary, duration)
         except UserError as exc:

@@ -201,3 +201,19 @@ def test_unclosed_trace_is_analysed_with_a_note(tmp_path, capsys, monkeypatch, p
     code, out, _ = run(["batch-tail", tr, "--json"], capsys, monkeypatch)
     assert code == 0
     assert any("not closed cleanly" in n for n in json.loads(out)["notes"])
+
+
+def test_markers_carried_by_the_bundle_are_used(tmp_path, capsys, monkeypatch):
+    from engramprof.diagnose import keep_markers
+
+    calls, markers = decode_trace("python-scheduling", n_batches=12, seed=41)
+    tr = write_bundle(tmp_path / "t", calls)
+    mk = tmp_path / "m.jsonl"
+    mk.write_text("".join(json.dumps({"start_ns": int(a), "end_ns": int(b)}) + "\n"
+                          for a, b in zip(markers["start_ns"], markers["end_ns"])))
+    keep_markers(str(mk), str(tr))
+    assert (tr / "markers.jsonl").read_bytes() == mk.read_bytes()
+    keep_markers(str(mk), str(tr))  # never overwrites (O_EXCL): a note, no error
+    code, out, err = run(["batch-tail", tr, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["batch_source"] == "markers"

@@ -43,6 +43,9 @@ def register(app: typer.Typer) -> None:
             require_plot()  # matplotlib is the optional `plot` extra
             report.check_plot_path(plot)
         tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+        carried = Path(trace) / "markers.jsonl"
+        if markers is None and carried.is_file():  # recorded with diagnose --markers: the bundle carries them
+            markers = carried
         mdf, bad = (None, 0)
         if markers is not None:
             mdf, bad = batches.read_markers(markers)
