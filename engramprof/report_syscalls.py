@@ -174,5 +174,13 @@ def print_summary(console: Console, s: dict) -> None:
             cols.pop(2)
             rows = [r[:2] + r[3:] for r in rows]
         console.print(fit_table(console, cols, rows, title=title))
+    f = s.get("faults")
+    if f is not None and not s.get("calls") and not f.get("major"):  # nothing read from a file's storage
+        parts = [f"{f.get('faults', 0):,} minor file-backed faults (pages already cached: its code and "
+                 "libraries, or resident rows)"]
+        if f.get("other_faults"):
+            parts.append(f"{f['other_faults']:,} anonymous or other faults (counted, not recorded)")
+        console.print(f"[yellow]note:[/yellow] pid {s['pid']} made no preadv2/preadv/pread64 call and no major "
+                      f"page fault in this window: {'; '.join(parts)}")
     for n in s.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {n}")

@@ -327,3 +327,114 @@ def test_make_table_on_a_full_disk_exit_1_one_line_no_partial_file(tmp_path):
         assert os.listdir(mnt) == []
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+# ----------------------------------------------------------------------------- the page-fault read path (real eBPF)
+
+MAPPER = r"""
+import mmap, os, signal, sys
+# argv: mode (anon | files), then for files: path[:unlink] ...
+signal.signal(signal.SIGUSR1, lambda *a: None)
+maps = []
+if sys.argv[1] == "files":
+    for spec in sys.argv[2:]:
+        path, _, unlink = spec.partition(":")
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        m.madvise(mmap.MADV_RANDOM)
+        os.close(fd)
+        if unlink:
+            os.unlink(path)
+        maps.append(m)
+sys.stderr.write("ready\n"); sys.stderr.flush()
+signal.pause()
+if sys.argv[1] == "anon":  # only anonymous memory: fresh mappings, every page touched
+    for _ in range(20):
+        a = mmap.mmap(-1, 4 << 20)
+        for off in range(0, 4 << 20, mmap.PAGESIZE):
+            a[off] = 1
+        a.close()
+for m in maps:
+    s = sum(m[off] for off in range(0, len(m), 16 * mmap.PAGESIZE))
+"""
+
+
+def _traced_mapper(tmp_path, *args, tracer=()):
+    """MAPPER under `engramprof syscalls --output --json`; returns (summary, events, stderr)."""
+    from engramprof import trace
+    from tests.tracing import Proc, engramprof
+
+    w = Proc([PY, "-c", MAPPER, *map(str, args)])
+    w.wait_line("ready")
+    out = tmp_path / "trace"
+    t = Proc(engramprof("syscalls", "--pid", w.pid, "--output", out, "--json", "--sample-hz", "0", *tracer))
+    t.wait_line("Tracing")
+    os.kill(w.pid, __import__("signal").SIGUSR1)
+    rc, _, werr = w.finish()
+    assert rc == 0, werr
+    trc, tout, terr = t.finish()
+    assert trc == 0 and "Traceback" not in terr, terr
+    ev = trace.load(out)
+    return json.loads(tout), ev[ev["kind"] == "fault"], terr
+
+
+@pytest.mark.bpf
+def test_process_with_only_anonymous_memory(tmp_path):
+    """No file mapping of a table: syscalls counts the anonymous faults and records none;
+    diagnose says in one line that there is nothing to diagnose (no traceback)."""
+    s, faults, _ = _traced_mapper(tmp_path, "anon")
+    assert s["calls"] == 0 and s["faults"]["major"] == 0
+    # file-backed faults only on the interpreter's own code and libraries (cached pages), none of a table
+    assert all(p.startswith(("/usr/", "/lib")) for p in faults["path"]), faults["path"].unique()
+    assert s["faults"]["other_faults"] >= 20 * 1024  # every touched anonymous page: counted, not recorded
+    from io import StringIO
+
+    from rich.console import Console
+
+    from engramprof import report_syscalls
+    buf = StringIO()
+    report_syscalls.print_summary(Console(file=buf, width=80), s)
+    assert "no major page fault" in " ".join(buf.getvalue().split())
+    # diagnose of such a process: one clear line
+    from tests.tracing import Proc, engramprof
+    w = Proc([PY, "-c", MAPPER, "anon"])
+    w.wait_line("ready")
+    d = Proc(engramprof("diagnose", "--pid", w.pid, "--duration", "3"))
+    d.wait_line("Tracing")
+    os.kill(w.pid, __import__("signal").SIGUSR1)
+    w.finish()
+    rc, out, err = d.finish()
+    assert rc == 0 and "Traceback" not in err + out, err
+    # without its code-page faults (first-touch of interpreter / library pages) it says in one line
+    # "no preadv2/preadv/pread64 calls and no page faults on mapped files ... nothing to diagnose";
+    # with them it diagnoses those few faults (they are file-backed reads too; tagging code
+    # mappings is left to the analysis)
+    lines = [l for l in err.splitlines() if l.startswith("engramprof:")]
+    assert len(lines) <= 1 and (not lines or "nothing to diagnose" in lines[0]), err
+
+
+@pytest.mark.bpf
+def test_faults_on_a_deleted_file_and_on_a_file_not_in_the_layout(tmp_path):
+    """A mapping of a file unlinked after mmap: its faults keep the path and are flagged
+    path_stale.  A raw file no --layout entry matches: path and offset, no tensor / row; a
+    file an entry matches: its tensor and row."""
+    pages = 64
+    gone, other, ple = tmp_path / "gone.bin", tmp_path / "raw.bin", tmp_path / "ple" / "3.w.bin"
+    ple.parent.mkdir()
+    for p in (gone, other, ple):
+        p.write_bytes(os.urandom(pages * 4096))
+    lay = tmp_path / "layout.toml"
+    lay.write_text("[[file]]\nmatch = '/(?P<layer>\\d+)\\.(?P<param>\\w+)\\.bin$'\n"
+                   "tensor = \"ple.{layer}.{param}\"\nrow_bytes = 256\n")
+    s, f, _ = _traced_mapper(tmp_path, "files", f"{gone}:unlink", other, ple, tracer=("--layout", lay))
+    assert s["faults"]["faults"] > 0
+    g = f[f["path"] == str(gone)]
+    assert len(g) > 0 and g["path_stale"].all(), f[["path", "path_stale"]].drop_duplicates()
+    o = f[f["path"] == str(other)]
+    assert len(o) > 0 and (o["offset"] >= 0).all() and (o["offset"] % 4096 == 0).all()
+    assert (o["tensor"].fillna("") == "").all() and (o["row"] == -1).all()
+    assert not o["path_stale"].any()
+    q = f[f["path"] == str(ple)]
+    assert len(q) > 0 and (q["tensor"] == "ple.3.w").all() and (q["row"] == q["offset"] // 256).all()
