@@ -125,6 +125,7 @@ class SyscallTracer:
         self.fd_paths = FdPaths(self.paths)
         for t in self.selection.pids:  # their fd tables now (a later process's: at its first call)
             self.fd_paths.of(t)
+        self.fd_paths.started = True
         if self.output:
             self.writer = trace.TraceWriter(self.output, meta=self._meta())
             self.sink.writer = self.writer

@@ -64,3 +64,38 @@ def test_two_pids_each_seen_whole(tmp_path, table):
     r = subprocess.run(engramprof("batch-tail", out, "--json"), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert sorted(p["pid"] for p in json.loads(r.stdout)["processes"]) == sorted([a.pid, b.pid])
+
+
+PARENT = r"""
+import json, signal, subprocess, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+print("parent: ready", file=sys.stderr, flush=True)
+signal.sigwait({signal.SIGUSR1})
+argv = sys.argv[1:]
+kids = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+print(json.dumps([{"pid": k.pid, **json.loads(k.communicate()[0])} for k in kids]))
+"""
+
+
+@pytest.mark.bpf
+def test_children_forked_after_start_are_seen_whole(tmp_path, table):
+    reader = engramprof("lab", "run", "--table", table, "--json", "--reader", "serial", "--steps", "8",
+                        "--tokens", "4", "--warm")
+    parent = Proc([reader[0], "-c", PARENT, *map(str, reader)])
+    parent.wait_line("parent: ready")
+    tracer, out = trace_of(tmp_path, "tree", "--pid", str(parent.pid), "--children")
+    os.kill(parent.pid, signal.SIGUSR1)
+    rc, pout, perr = parent.finish()
+    assert rc == 0, perr
+    kids = json.loads(pout)
+    rc, _, err = tracer.finish()  # ends by itself: every target has exited
+    assert rc == 0, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["end_reason"] == "target-exit" and meta["children"]
+    df = syscall_events(tracefmt.load(out))
+    # the lab counts its workload's preadv2 calls; its start-up reads (the header) come before
+    for k in kids:
+        mine = df[(df["pid"] == k["pid"]) & (df["syscall"] == "preadv2")]
+        assert len(mine) == k["calls"], (k["pid"], len(mine), k["calls"])
+        # (no path check: a reader that exits before the next drain leaves no /proc/PID/fd to
+        # resolve its fds from; the counts are the kernel's)

@@ -142,8 +142,33 @@ class PerPid:
 class FdPaths(PerPid):
     """:class:`FdPathEnricher` per traced process, with its per-fd views over all of them."""
 
+    REFRESH_S = 1.0
+
     def __init__(self, paths: Interner, resolver=FdResolver):
         super().__init__(lambda pid: FdPathEnricher(resolver(pid), paths))
+        self._refreshed: dict[int, float] = {}
+        self.started = False  # set once the processes known at start have their resolvers
+
+    def of(self, pid: int):
+        e = self.by_pid.get(pid)
+        if e is None and self.started:
+            e = super().of(pid)
+            _date_changes_back(e.fds)
+        return e if e is not None else super().of(pid)
+
+    def enrich(self, batch: ReadBatch) -> None:
+        # a process seen from its start (a fork followed by --children, a newcomer to a cgroup)
+        # opens and reuses fds as it goes: its fd table is read again at most once a second, so
+        # an fd known from before is not resolved to its old file for longer than that
+        import time
+
+        now = time.monotonic()
+        for pid in np.unique(batch.recs["pid"]).tolist() if len(batch) else ():
+            e = self.by_pid.get(pid)
+            if e is not None and now - self._refreshed.setdefault(pid, now) >= self.REFRESH_S:
+                e.fds.refresh()
+                self._refreshed[pid] = now
+        super().enrich(batch)
 
     @property
     def fds_seen(self) -> set[int]:
@@ -160,3 +185,27 @@ class FdPaths(PerPid):
 
     def history(self) -> dict[int, dict[int, list]]:
         return {pid: e.fds.history for pid, e in self.by_pid.items()}
+
+
+def _date_changes_back(fds: FdResolver) -> None:
+    """A process first seen while recording (a fork, a newcomer) reuses fds at once: a path
+    change found at a refresh is dated from the refresh before (when the old path was last
+    seen), not from now, so the records in between get the new file."""
+    plain = fds.refresh
+    state = {"last": time_ns()}
+
+    def refresh(initial: bool = False) -> None:
+        before = {fd: len(h) for fd, h in fds.history.items()}
+        plain(initial)
+        for fd, h in fds.history.items():
+            if len(h) > before.get(fd, 0) and h[-1][0]:
+                h[-1] = (state["last"], h[-1][1])
+        state["last"] = time_ns()
+
+    fds.refresh = refresh
+
+
+def time_ns() -> int:
+    import time
+
+    return time.monotonic_ns()
