@@ -56,7 +56,7 @@ def scenario_cmd(
     as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout: a 'ready' object, then 'done'"),
     start_delay: float = typer.Option(0.0, "--start-delay", help="reader sleeps S s after ready, before step 1"),
     keep_running: bool = typer.Option(False, "--keep-running", help="run until Ctrl-C / SIGTERM"),
-    reader: Optional[str] = typer.Option(None, "--reader", help="override the scenario's reader (pool|nowait|serial)"),
+    reader: Optional[str] = typer.Option(None, "--reader", help="override the scenario's reader (pool|nowait|serial|mmap|mmap-pool; mmap: a numpy.memmap gather, its rows read by page faults)"),
     evict_ms: float = typer.Option(sc_mod.DEFAULT_EVICT_MS, "--evict-ms", help="residency: eviction period"),
     memory_mib: float = typer.Option(sc_mod.DEFAULT_MEMORY_MIB, "--memory-mib",
                                      help="reclaim: page cache allowed in the cgroup"),
