@@ -99,3 +99,70 @@ def test_children_forked_after_start_are_seen_whole(tmp_path, table):
         assert len(mine) == k["calls"], (k["pid"], len(mine), k["calls"])
         # (no path check: a reader that exits before the next drain leaves no /proc/PID/fd to
         # resolve its fds from; the counts are the kernel's)
+
+
+def _cgroup_dir(root: str, name: str) -> Path:
+    if not os.path.isdir(root):
+        pytest.skip(f"no cgroup hierarchy at {root}")
+    d = Path(root) / f"engramprof-test-{name}-{os.getpid()}"
+    d.mkdir()
+    return d
+
+
+def _remove_cgroup(d: Path) -> None:
+    """Move any process left in it back to the hierarchy's root, then remove the directory."""
+    try:
+        left = (d / "cgroup.procs").read_text().split()
+    except OSError:
+        left = []
+    for p in left:
+        try:
+            (d.parent / "cgroup.procs").write_text(p)
+        except OSError:
+            pass
+    try:
+        d.rmdir()
+    except OSError:
+        pass
+
+
+def _cgroup_two_in_one_out(tmp_path, table, root: str, name: str):
+    cg = _cgroup_dir(root, name)
+    procs = []
+    try:
+        inside = [start_reader(table), start_reader(table)]
+        procs += inside
+        for lab in inside:  # waiting for SIGUSR1: in the cgroup before the first read
+            (cg / "cgroup.procs").write_text(str(lab.pid))
+        outside = start_reader(table)
+        procs.append(outside)
+        tracer, out = trace_of(tmp_path, name, "--cgroup", str(cg))
+        procs.append(tracer)
+        for lab in (*inside, outside):
+            os.kill(lab.pid, signal.SIGUSR1)
+        labs = [finish_reader(lab) for lab in inside]
+        finish_reader(outside)
+        tracer.p.send_signal(signal.SIGINT)  # a cgroup selects whoever comes: it runs until told
+        rc, _, err = tracer.finish()
+        assert rc == 0, err
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["cgroups"] == [str(cg)]
+        df = tracefmt.load(out)
+        assert counts_by_pid(out) == {lab.pid: n["calls"] for lab, n in zip(inside, labs)}
+        assert set(df["pid"]) <= {lab.pid for lab in inside}, set(df["pid"])  # calls and faults: none outside
+    finally:
+        for p in procs:
+            if p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+        _remove_cgroup(cg)
+
+
+@pytest.mark.bpf
+def test_cgroup2_two_readers_inside_seen_whole_third_outside_not(tmp_path, table):
+    _cgroup_two_in_one_out(tmp_path, table, "/sys/fs/cgroup/unified", "v2")
+
+
+@pytest.mark.bpf
+def test_cgroup_v1_two_readers_inside_seen_whole_third_outside_not(tmp_path, table):
+    _cgroup_two_in_one_out(tmp_path, table, "/sys/fs/cgroup/memory", "v1")
