@@ -758,3 +758,19 @@ def test_one_process_has_a_processes_list_of_one():
     _, s = analyse(calls, markers)
     assert [r["pid"] for r in s["processes"]] == [4242] and s["slowest_process"] == 4242
     assert s["processes"][0]["verdict"] == s["verdict"]
+
+
+def test_faults_on_the_process_code_are_not_table_reads():
+    markers = _mmap_markers(n=20)
+    calls = _faults(markers, every=4)
+    lib = calls.copy()
+    lib["path"] = ["/usr/lib/x86_64-linux-gnu/libm.so.6", "/usr/bin/python3.11", "/venv/lib/numpy/core/_mu.cpython-311-x86_64-linux-gnu.so",
+                   "/usr/lib/x86_64-linux-gnu/libz.so.1.2.13", "/usr/lib/python3.11/lib-dynload/_ctypes.cpython-311.so"]
+    both = pd.concat([calls, lib], ignore_index=True)
+    _, s = analyse(both, markers, meta=_window(markers))
+    assert any("5 page fault(s) on the process's own code" in n for n in s["notes"])
+    _, s0 = analyse(calls, markers, meta=_window(markers))
+    assert s["share"] == s0["share"]
+    # only code faults, no markers: nothing to analyse, said so
+    with pytest.raises(UserError, match="only page faults on the process's own code"):
+        analyse(lib)

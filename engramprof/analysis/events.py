@@ -8,6 +8,7 @@ time through the entry-time order.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -124,6 +125,29 @@ def _exact_int(calls: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray |
     return np.where(bad, 0, f).astype(np.int64), bad
 
 
+#: a page fault on such a path is the process's own code (an executable or a shared library),
+#: not a table read: tables are data files the reader maps, never .so files or programs
+CODE_PATH = re.compile(r"(\.so(\.[0-9]+)*$)|(^/(usr/(local/)?)?s?bin/)|(^/(usr/)?lib(64|exec)?/.*\.so)")
+
+
+def code_faults(calls: pd.DataFrame) -> np.ndarray | None:
+    """Per row, a page fault on an executable or a shared library (None: no fault events)."""
+    if "kind" not in calls.columns or "path" not in calls.columns or not len(calls):
+        return None
+    kind = calls["kind"]
+    is_fault = (kind == "fault").to_numpy(dtype=bool, na_value=False)
+    if not is_fault.any():
+        return None
+    path = calls["path"]
+    if isinstance(path.dtype, pd.CategoricalDtype):
+        cats = np.array([bool(CODE_PATH.search(str(c))) for c in path.cat.categories] + [False])
+        code_path = cats[path.cat.codes.to_numpy()]  # -1 (missing) -> the trailing False
+    else:
+        uniq, inverse = np.unique(path.astype(str).to_numpy(), return_inverse=True)
+        code_path = np.array([bool(CODE_PATH.search(u)) for u in uniq], dtype=bool)[inverse]
+    return is_fault & code_path
+
+
 def prepare_read_events(calls: pd.DataFrame, notes: list[str], allow_none: bool = False) -> ReadEvents:
     """Check the table, leave out events without a usable entry time / duration (noted),
     and order the rest by entry time (a view when the table is already clean and sorted).
@@ -150,9 +174,19 @@ def prepare_read_events(calls: pd.DataFrame, notes: list[str], allow_none: bool 
     order = None
     if not good.all():
         notes.append(f"{int((~good).sum())} call(s) with a missing or negative ts_ns/dur_ns were left out")
+    code = code_faults(calls)
+    if code is not None and code.any():
+        notes.append(f"{int(code.sum()):,} page fault(s) on the process's own code (executables and shared "
+                     "libraries) are not table reads and were left out")
+        good &= ~code
+    if not good.all():
         order = np.flatnonzero(good)
+        if len(order) == 0 and allow_none:
+            empty = np.empty(0, dtype=np.int64)
+            return ReadEvents(ts=empty, dur=empty, cols=EventColumns(calls, order), n_total=n_total, notes=notes)
         if len(order) == 0:
-            raise UserError("no call has a usable ts_ns and dur_ns: nothing to analyse")
+            raise UserError("no read event left to analyse (no usable ts_ns/dur_ns, or only page faults on "
+                            "the process's own code)")
         ts, dur = ts[order], dur[order]
     if len(ts) > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
         o = np.argsort(ts, kind="stable")
