@@ -277,9 +277,11 @@ def keep_markers(markers: str, trace_dir: str) -> None:
         print(f"engramprof: note: markers not copied into the bundle ({exc.strerror})", file=sys.stderr)
 
 
-def run(pid: int, duration: float = 20.0, markers: str | None = None, output: str | None = None,
-        slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None) -> dict:
-    """Record PID for `duration` seconds, then diagnose.  `stop` (threading.Event) ends early."""
+def run(pid, duration: float = 20.0, markers: str | None = None, output: str | None = None,
+        slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None,
+        offcpu: bool = True, fault_address: bool = True) -> dict:
+    """Record the target (a pid or a Selection) for `duration` seconds, then diagnose.  `stop`
+    (threading.Event) ends early; `offcpu` / `fault_address`: see SyscallTracer."""
     from engramprof.syscalls import SyscallTracer
 
     if not duration > 0:
@@ -293,7 +295,8 @@ def run(pid: int, duration: float = 20.0, markers: str | None = None, output: st
     else:
         trace_dir = output
     try:
-        tracer = SyscallTracer(pid, output=trace_dir, sample_hz=sample_hz, argv=argv)
+        tracer = SyscallTracer(pid, output=trace_dir, sample_hz=sample_hz, argv=argv, offcpu=offcpu,
+                               fault_address=fault_address)
         if stop is not None:
             tracer.stop = stop
         tracer.start()

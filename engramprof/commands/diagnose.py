@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this (ms) is 'slow'."),
         as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
         no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (less scheduling evidence)."),
+        no_fault_address: bool = typer.Option(False, "--no-fault-address", help="Record page faults without exceptions:page_fault_user (the generic path arm64 has: no faulting address)."),
         layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
     ):
         """Which of residency, reclaim, storage or Python scheduling holds PID's batches back.
@@ -67,14 +68,11 @@ def register(app: typer.Typer) -> None:
         def on_signal(signum, _frame):
             stop.set()
 
-        if no_offcpu:  # diagnose.run builds the tracer; it reads this default
-            from engramprof import syscalls as sc
-
-            sc.OFFCPU_DEFAULT = False
         restore_signals = install_stop_handlers(on_signal)
         try:
             result = diagnose.run(
                 selection, duration=duration, markers=markers, output=output, slow_ms=slow_ms, stop=stop, argv=sys.argv,
+                offcpu=not no_offcpu, fault_address=not no_fault_address,
                 on_tracing=lambda t: [print(line, file=sys.stderr, flush=True) for line in
                                       [f"engramprof: {w}" for w in selection.waiting()]
                                       + [f"Tracing {selection.describe()} for {duration:g} s (diagnose)... "
