@@ -99,10 +99,13 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     steps: list[dict] = []
     slow = calls[is_slow(calls["dur_ns"].to_numpy(), bt["slow_ms"])] if not calls.empty else calls
     cm = bt.get("call_ms") or {}
+    # what a read event is on this read path: a call, a page fault, or either
+    one, many = {"faults": ("page fault", "page faults"), "both": ("read", "reads")}.get(read_path_of(bt),
+                                                                                        ("call", "calls"))
     steps.append({
-        "step": "slow calls",
-        "finding": (f"{bt['frac_batches_with_slow_call']:.0%} of {bt['batches']} batches had at least one call slower "
-                    f"than {bt['slow_ms']:g} ms; call p50 {_ms(cm.get('p50'))}, p99 {_ms(cm.get('p99'))}"),
+        "step": f"slow {many}",
+        "finding": (f"{bt['frac_batches_with_slow_call']:.0%} of {bt['batches']} batches had at least one {one} slower "
+                    f"than {bt['slow_ms']:g} ms; {one} p50 {_ms(cm.get('p50'))}, p99 {_ms(cm.get('p99'))}"),
         "value": bt["frac_batches_with_slow_call"],
     })
     # an evidence column the kernel could not measure is written all-null: not "0 misses"
@@ -112,9 +115,9 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         miss_slow = float((slow["pages_added"] > 0).mean()) if len(slow) else None
         blocked = (calls["offcpu_ns"] - calls["runq_ns"]) > 0 if "offcpu_ns" in calls.columns else None
         wait_slow = float(((slow["offcpu_ns"] - slow["runq_ns"]) > 0).mean()) if (len(slow) and blocked is not None) else None
-        finding = f"{miss_any:.1%} of calls brought pages into the page cache (misses)"
+        finding = f"{miss_any:.1%} of {many} brought pages into the page cache (misses)"
         if miss_slow is not None:
-            finding += f"; of the slow calls {_pct(miss_slow)} missed and {_pct(wait_slow)} waited off-CPU"
+            finding += f"; of the slow {many} {_pct(miss_slow)} missed and {_pct(wait_slow)} waited off-CPU"
         if hot and hot.get("rows"):
             n, of = hot["rows"], hot.get("distinct_rows", hot["rows"])
             which = f"all {n:,} distinct rows read" if n >= of else f"the {n:,} most-read of {of:,} distinct rows"
