@@ -147,7 +147,7 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         miss_wait = float(((miss["offcpu_ns"] - miss["runq_ns"]).median()) / 1e3)
     dev = (f"device service (bio queue->complete) p50 >= {device['p50_us_lower']:.0f} us over {device['bios']:,} bios"
            if device else "no bios of the target were matched (all hits, or I/O submitted by another thread, e.g. a throttle)")
-    dev += (f"; a missing call waited p50 {miss_wait:,.0f} us off-CPU" if miss_wait is not None else "")
+    dev += (f"; a missing read waited p50 {miss_wait:,.0f} us off-CPU" if miss_wait is not None else "")
     dev += f"; normal miss service taken as {normal:,.0f} us ({bt.get('normal_miss_source')})" if normal else ""
     steps.append({"step": "device service", "finding": dev,
                   "value": {"bio_p50_us_lower": device["p50_us_lower"] if device else None, "miss_wait_p50_us": miss_wait,
