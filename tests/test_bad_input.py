@@ -251,6 +251,15 @@ FILES = [
     (["syscalls", "--pid", str(NO_PID), "--duration", "1"], ["no process with pid"]),
     (["sample", "--pid", str(NO_PID), "--duration", "1"], ["no process with pid"]),
     (["diagnose", "--pid", str(NO_PID), "--duration", "1"], ["no process with pid"]),
+    # target selectors (issue 13)
+    (["syscalls", "--cgroup", "{d}/no-such-cgroup", "--duration", "1"], ["--cgroup", "no such cgroup directory"]),
+    (["syscalls", "--cgroup", "{d}", "--duration", "1"], ["--cgroup", "not a cgroup"]),
+    (["syscalls", "--cgroup", "{d}/empty", "--duration", "1"], ["--cgroup", "not a cgroup"]),
+    (["diagnose", "--cgroup", "{d}/no-such-cgroup", "--duration", "1"], ["--cgroup", "no such cgroup directory"]),
+    (["diagnose", "--cgroup", "{d}", "--duration", "1"], ["--cgroup", "not a cgroup"]),
+    (["syscalls", "--pid", str(NO_PID), "--children", "--duration", "1"], ["no process with pid"]),
+    (["diagnose", "--pid", str(NO_PID), "--children", "--duration", "1"], ["no process with pid"]),
+    (["syscalls", "--children", "--cgroup", "{d}", "--duration", "1"], ["--children needs --pid"]),
 ]
 
 
@@ -284,7 +293,7 @@ def zombie():
 
 
 @pytest.mark.parametrize("cmd", [["syscalls", "--duration", "1"], ["sample", "--duration", "1"],
-                                 ["diagnose", "--duration", "1"]])
+                                 ["diagnose", "--duration", "1"], ["syscalls", "--children", "--duration", "1"]])
 def test_zombie_pid_same_words_everywhere(cmd, zombie):
     line = check(run(cmd[0], "--pid", zombie, *cmd[1:]), 2, f"pid {zombie}", "has already exited (zombie)")
     assert "no process" not in line
@@ -438,3 +447,22 @@ def test_faults_on_a_deleted_file_and_on_a_file_not_in_the_layout(tmp_path):
     assert not o["path_stale"].any()
     q = f[f["path"] == str(ple)]
     assert len(q) > 0 and (q["tensor"] == "ple.3.w").all() and (q["row"] == q["offset"] // 256).all()
+
+
+@pytest.mark.bpf
+def test_children_of_a_pid_that_exits_at_once(tmp_path):
+    """--children of a process that exits while the probes load: the trace ends by itself
+    (target-exit), exit 0, nothing recorded lost, no traceback."""
+    import threading
+
+    p = subprocess.Popen(["sleep", "2"])  # the probes take longer than that to load
+    threading.Thread(target=p.wait, daemon=True).start()  # reaped as it exits: gone, not a zombie
+    try:
+        out = tmp_path / "trace"
+        r = run("syscalls", "--pid", p.pid, "--children", "--output", out, "--json", "--sample-hz", "0", timeout=120)
+    finally:
+        p.wait()
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    summary, meta = json.loads(r.stdout), json.loads((out / "meta.json").read_text())
+    assert summary["end_reason"] == meta["end_reason"] == "target-exit"
+    assert summary["lost_records"] == meta["lost_records"] == 0 and meta["children"]
