@@ -240,3 +240,17 @@ def test_syscalls_summary_shows_faults_beside_calls_at_80():
     lv._fault_line(_Tracer, 1.0)
     line = lv._fault_line(_Tracer, 1.0).plain
     assert "faults/s 1,000" in line and "major/s 900" in line and "50.0 ms/s" in line and len(line) <= WIDTH
+
+
+def test_doctor_at_80():
+    # as root here every check runs; elsewhere the failing ones print their fix, which must fit too
+    out = subprocess.run([PY, "-m", "engramprof", "doctor"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env=dict(os.environ, COLUMNS=str(WIDTH)), stdin=subprocess.DEVNULL).stdout
+    fits(out)
+    assert "privileges" in out and "tracepoints" in out
+
+
+def test_sample_at_80():
+    out = run("sample", "--duration", "1")
+    fits(out)
+    assert "PSI" in out or "psi" in out
