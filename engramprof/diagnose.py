@@ -22,6 +22,7 @@ import pandas as pd
 
 from engramprof import attribution
 from engramprof import trace as tracefmt
+from engramprof.analysis.events import code_faults
 from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
 from engramprof.present import advice, jsonable  # noqa: F401  (jsonable: the command's JSON shaping)
@@ -230,8 +231,10 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     if markers:
         markers_df, bad = batches.read_markers(markers)
     faults_traced = "fault" in (bundle.meta.get("read_paths") or []) or bool(bundle.meta.get("fault_probe"))
-    if bundle.calls.empty and not (faults_traced and markers_df is not None):
-        what = "preadv2/preadv/pread64 calls" + (" and no page faults on mapped files" if faults_traced else "")
+    code = code_faults(bundle.calls)  # faults on the process's own code are not table reads
+    no_reads = bundle.calls.empty or (code is not None and bool(code.all()))
+    if no_reads and not (faults_traced and markers_df is not None):
+        what = "preadv2/preadv/pread64 calls" + (" and no page faults on mapped data files" if faults_traced else "")
         more = (" (a memory-mapped reader whose rows are all resident makes neither: pass --markers to "
                 "analyse its batches)" if faults_traced else " (is it the reader process? is it serving?)")
         raise UserError(f"pid {trace_summary.get('pid')} made no {what} in {duration:g} s: nothing to diagnose{more}",
