@@ -55,7 +55,9 @@ def hot_row_residency(calls: pd.DataFrame, limit: int = HOT_ROWS) -> dict | None
 
     if calls.empty:
         return None
-    ok = calls[(calls["offset"] >= 0) & (calls["size"] > 0) & (calls["path"] != "")]
+    code = code_faults(calls)  # page faults on the process's own code are not table rows
+    ok = calls[(calls["offset"] >= 0) & (calls["size"] > 0) & (calls["path"] != "")
+               & (~code if code is not None else True)]
     if ok.empty:
         return None
     rows = ok.groupby(["path", "offset", "size"], sort=False).size().rename("reads").reset_index()

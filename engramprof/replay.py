@@ -102,8 +102,13 @@ def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
     """One line per distinct row per batch: batch, path, tensor, offset, size (trace order)."""
     from engramprof import layout
 
+    from engramprof.analysis.events import code_faults
+
     calls = trace.calls
     keep = (calls["offset"] >= 0) & (calls["size"] > 0) & calls["path"].astype(str).ne("")
+    code = code_faults(calls)  # page faults on the process's own code are not table rows
+    if code is not None:
+        keep &= ~code
     df = calls.loc[keep].copy()
     if df.empty:
         raise UserError(f"{trace.path}: the trace has no positional row reads (offset >= 0, size > 0, "

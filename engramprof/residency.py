@@ -495,7 +495,10 @@ def classify_trace_rows(calls, paths: Iterable[str] | None = None,
     note; ``paths`` restricts to those files."""
     from engramprof import layout
 
-    rows = distinct_rows(calls)
+    from engramprof.analysis.events import code_faults
+
+    code = code_faults(calls)  # page faults on the process's own code are not table rows
+    rows = distinct_rows(calls[~code] if code is not None else calls)
     want = None if paths is None else {os.path.abspath(os.fspath(p)) for p in paths}
     notes = [RACE_NOTE + " (classified page-granular, without reading)"]
     files = []
