@@ -6,6 +6,6 @@ setup:
 demo: setup
 	$(PY) -m engramprof demo
 test: setup
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rfEs --durations=15 $(PYTEST_ARGS)
 bench: setup
 	$(PY) benchmarks/syscalls_overhead.py

@@ -495,7 +495,7 @@ def _try_program(BPF, defines: list[str]) -> dict:
     try:
         os.dup2(log_fd, 2)
         try:
-            b = BPF(text=_SELFTEST_PROG, cflags=[f"-DEP_TGID={os.getpid()}"] + [f"-D{d}" for d in defines])
+            b = BPF(text=_SELFTEST_PROG.encode(), cflags=[f"-DEP_TGID={os.getpid()}"] + [f"-D{d}" for d in defines])
         finally:
             os.dup2(saved, 2)
         got: list[int] = []

@@ -115,7 +115,7 @@ class LoadedFaultProbe:
         self.totals_dtype = layout.struct_dtype("fault_totals")
         try:
             with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=self.text, cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
+                self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
         except Exception as exc:  # BCC raises bare Exception on compile/load failure
             raise UserError(f"cannot load the page-fault probe ({exc}); run `engramprof doctor`", code=1) from None
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled

@@ -112,7 +112,7 @@ class LoadedSchedProbe:
         self.totals_dtype = layout.struct_dtype("offcpu_totals")
         try:
             with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=self.text, cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
+                self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
         except Exception as exc:  # BCC raises bare Exception on compile/load failure
             raise UserError(f"cannot load the sched (off-CPU) probe ({exc}); run `engramprof doctor`, "
                             f"or record without it: --no-offcpu", code=1) from None
