@@ -2,9 +2,11 @@
 # engramprof set-up for a fresh Debian 12 machine (run by `make setup`; idempotent).
 #
 # Does, only where something is missing:
-#   1. apt: python3-bpfcc python3-venv bpfcc-tools bpftrace jq + kernel headers
+#   1. apt: python3-bpfcc python3-venv bpfcc-tools bpftrace jq prometheus + kernel headers
 #      (linux-headers-$(uname -r) when Debian has it, else linux-headers-<arch>), and points
 #      /lib/modules/$(uname -r)/{build,source} at the installed headers (BCC needs them);
+#      prometheus is the server tests/test_export*.py start on 127.0.0.1 to scrape
+#      `engramprof export` (about 16 s to install here; its own service is not used);
 #   2. mounts tracefs at /sys/kernel/tracing;
 #   3. creates .venv with /usr/bin/python3 -m venv --system-site-packages (so BCC imports);
 #   4. pip install -e .[dev,plot] (re-run only when pyproject.toml changed; plot: matplotlib, for
@@ -19,7 +21,7 @@ need_root() {
 }
 KREL=$(uname -r)
 ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
-PKGS=(python3-bpfcc python3-venv bpfcc-tools bpftrace jq)
+PKGS=(python3-bpfcc python3-venv bpfcc-tools bpftrace jq prometheus)
 
 missing=()
 for p in "${PKGS[@]}"; do
