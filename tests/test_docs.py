@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
+
+from tests.synthetic import engramprof as _run, fs_type, planned_trace
 
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
@@ -294,53 +295,19 @@ def test_key_parser():
 # ------------------------------------------------------------------------- JSON keys: real runs
 
 
-def _run(*args, timeout=120, check=True) -> str:
-    p = subprocess.run([PY, "-m", "engramprof", *map(str, args)], capture_output=True, text=True,
-                       cwd=REPO, timeout=timeout)
-    if check:
-        assert p.returncode == 0, f"engramprof {' '.join(map(str, args))}: exit {p.returncode}: {p.stderr[-2000:]}"
-    return p.stdout
-
-
-def _fs_type(path: Path) -> str:
-    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def lab_inputs(tmp_path_factory):
     """A small lab table, a synthetic trace of its planned reads (3 batches 20 ms apart) and
     markers for those batches: inputs for batch-tail, residency and replay without root."""
-    from engramprof.lab import table, workload
-    from engramprof.trace import CALL_SCHEMA, TraceWriter
+    from engramprof.lab import workload
 
     d = tmp_path_factory.mktemp("docs")
-    if _fs_type(d) in ("tmpfs", "ramfs"):
+    if fs_type(d) in ("tmpfs", "ramfs"):
         pytest.skip("tmp is on tmpfs: residency and replay need a filesystem with a droppable page cache")
-    t = d / "table.safetensors"
-    table.make_table(t, rows=4096, seed=5)
-    batches = workload.planned_reads(t, steps=3, tokens=16)
-    recs, marks, ts = [], [], 1_000_000_000
-    for b in batches:
-        start = ts
-        for off, size in b:
-            recs.append((ts, off, size))
-            ts += 3_000
-        marks.append({"start_ns": start - 50_000, "end_ns": ts + 50_000, "tid": 7})
-        ts += 20_000_000
-    a = np.array(recs, dtype=np.int64)
-    n = len(a)
-    df = pd.DataFrame({c: np.zeros(n, dtype=CALL_SCHEMA.field(c).type.to_pandas_dtype()) for c in CALL_SCHEMA.names})
-    df["ts_ns"], df["dur_ns"], df["pid"], df["tid"] = a[:, 0], 2_000, 7, 7 + np.arange(n) % 4
-    df["path"], df["offset"], df["size"], df["ret"] = str(t), a[:, 1], a[:, 2], a[:, 2]
-    df["syscall"], df["tensor"], df["row"] = "preadv2", "", -1
-    w = TraceWriter(d / "trace")
-    w.append_calls(df)
-    w.close()
-    m = d / "markers.jsonl"
-    m.write_text("".join(json.dumps(x) + "\n" for x in marks))
-    workload.evict(t)
-    workload.warm(t)
-    return {"table": t, "trace": d / "trace", "markers": m, "dir": d}
+    inputs = planned_trace(d, d / "table.safetensors", steps=3)
+    workload.evict(inputs["table"])
+    workload.warm(inputs["table"])
+    return inputs
 
 
 def _json(out: str):

@@ -21,17 +21,15 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from tests.synthetic import engramprof, fs_type, planned_trace
+
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 WIDTH = 80
 
 
 def run(*args) -> str:
-    env = dict(os.environ, COLUMNS=str(WIDTH))
-    p = subprocess.run([PY, "-m", "engramprof", *map(str, args)], capture_output=True, text=True, cwd=REPO,
-                       timeout=120, env=env, stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return p.stdout
+    return engramprof(*args, columns=WIDTH)
 
 
 def fits(text: str) -> None:
@@ -46,45 +44,16 @@ def whole(text: str, *items: str) -> None:
     assert not re.search(r"\d…|…\d", text), f"a number cut with an ellipsis:\n{text}"
 
 
-def _fs_type(path: Path) -> str:
-    return subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A small lab table and a synthetic trace of its planned reads (4 batches, 20 ms apart)
-    with markers, as in test_docs."""
-    from engramprof.lab import table, workload
-    from engramprof.trace import CALL_SCHEMA, TraceWriter
-
+    with markers, as in test_docs; one slow call whose offset must be shown whole."""
     d = tmp_path_factory.mktemp("r80")
-    if _fs_type(d) in ("tmpfs", "ramfs"):
+    if fs_type(d) in ("tmpfs", "ramfs"):
         pytest.skip("residency and replay need a filesystem with a droppable page cache")
     t = d / "a-rather-long-directory-name-for-the-table" / "engram-table.safetensors"
     t.parent.mkdir()
-    table.make_table(t, rows=4096, seed=5)
-    batches = workload.planned_reads(t, steps=4, tokens=16)
-    recs, marks, ts = [], [], 1_000_000_000
-    for b in batches:
-        start = ts
-        for off, size in b:
-            recs.append((ts, off, size))
-            ts += 3_000
-        marks.append({"start_ns": start - 50_000, "end_ns": ts + 50_000, "tid": 7})
-        ts += 20_000_000
-    a = np.array(recs, dtype=np.int64)
-    n = len(a)
-    df = pd.DataFrame({c: np.zeros(n, dtype=CALL_SCHEMA.field(c).type.to_pandas_dtype()) for c in CALL_SCHEMA.names})
-    df["ts_ns"], df["dur_ns"], df["pid"], df["tid"] = a[:, 0], 2_000, 7, 7 + np.arange(n) % 4
-    df.loc[n // 2, "dur_ns"] = 237_000  # one slow call: its offset must be shown whole
-    df["path"], df["offset"], df["size"], df["ret"] = str(t), a[:, 1], a[:, 2], a[:, 2]
-    df["syscall"], df["tensor"], df["row"] = "preadv2", "", -1
-    w = TraceWriter(d / "trace")
-    w.append_calls(df)
-    w.close()
-    m = d / "markers.jsonl"
-    m.write_text("".join(json.dumps(x) + "\n" for x in marks))
-    return {"table": t, "trace": d / "trace", "markers": m, "slow_offset": int(a[n // 2, 1])}
+    return planned_trace(d, t, steps=4, slow_call=True)
 
 
 def test_batch_tail_at_80(lab):
