@@ -1,0 +1,631 @@
+/* export.bpf.c - always-on aggregation of a reader's file reads, for `engramprof export`.
+ *
+ * Tracepoints only.  The hot path ends in maps, not in per-call ring records: every read of a
+ * target thread adds to one `read_stats_by_file` entry, keyed by the file (device + inode) and
+ * the read kind (syscall / fault), holding counters and a log2(ns) latency histogram.  User
+ * space reads the maps when Prometheus scrapes.
+ *
+ * Syscall reads (preadv2 / preadv / pread64) use the mechanism of preadv.bpf.c: the call in
+ * task-local storage from enter to exit; evidence hooks that fire in the reading thread while
+ * the call is in flight (page-cache insertions, bios queued and their queue -> complete time,
+ * direct / memcg reclaim, being switched out and waiting for a CPU) add to it.  The file of a
+ * call is the inode of mm_filemap_get_pages, which fires in the reader inside every buffered
+ * read that finds pages; a call that finds none (an RWF_NOWAIT miss returns EAGAIN before it)
+ * takes the inode its (process, fd) had at its last read (`inode_by_fd`), else inode 0.
+ *
+ * Page faults (kind fault): mm_filemap_fault of a target thread counts one fault on its file
+ * (a fault that reached the file's page cache: a page not mapped yet); pages the thread inserts
+ * outside a syscall read after it (its readahead) count as that fault's insertions, and a fault
+ * that inserted any is a miss.  There is no fault-exit tracepoint: faults get no latency here
+ * (probes/faults.bpf.c closes fault spans for the recorder; its state machine is not repeated).
+ *
+ * The batch analysis of each export window needs per-read records: at syscall exit a record
+ * (struct call_record, engramprof.h) goes into `sample_records` while `sample_budget` > 0 and
+ * decrements it; user space refills the budget to N at each window start.  So each window's
+ * first N reads are recorded (all of them when the window has fewer), the rest are only
+ * aggregated.  Cost: one reserve/submit (no wake-up) per sampled read, N * 96 bytes a window.
+ *
+ * Constants filled in before load (-D):
+ *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes
+ *                 (probes/targets.h)
+ *   RING_PAGES    sample ring size in pages       MAX_FILES   entries of read_stats_by_file
+ *   USE_RAW_SYSCALLS  1: raw_syscalls sys_enter/sys_exit (x86_64); 0: per-syscall tracepoints
+ *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_GET_PAGES, HAVE_FAULT, HAVE_BIO,
+ *   HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_SCHED  feature-probed tracepoints
+ */
+#include <linux/fs.h>
+#include <linux/ptrace.h>
+#include <linux/uio.h>
+#include "engramprof.h"
+
+#define MAX_IOV 8
+#define RWF_NOWAIT_BIT 0x00000008
+#define EAGAIN_RET (-11)
+#define READ_KIND_SYSCALL 0
+#define READ_KIND_FAULT   1
+
+/* ---- what user space reads ---- */
+
+struct read_key {
+	u64 ino;          /* 0: not known (no page-cache lookup in the call, fd never seen) */
+	u32 dev;          /* kernel dev_t: major << 20 | minor */
+	u16 kind;         /* READ_KIND_* */
+	u16 __pad0;
+};
+
+struct read_stats {
+	u64 reads;        /* calls (syscall) or filemap faults (fault) */
+	u64 bytes;        /* bytes returned (syscall reads with ret > 0) */
+	u64 eagain;       /* calls that returned -EAGAIN */
+	u64 misses;       /* reads that inserted at least one page into the page cache */
+	u64 pages_added;  /* pages inserted by the thread during the read */
+	u64 bio_count;    /* bios queued by the thread during the read */
+	u64 bio_ns;       /* queue -> complete of those bios that completed while the call was in flight */
+	u64 reclaim_ns;   /* direct + memcg reclaim inside the read */
+	u64 offcpu_ns;    /* switched out inside the read (includes runq_ns) */
+	u64 runq_ns;      /* of which runnable, waiting for a CPU */
+	u64 sum_ns;       /* sum of latencies (syscall) */
+	u64 latency_log2[LAT_SLOTS];  /* slot i: latency in [2^i, 2^(i+1)) ns (slot 0 also 0-1 ns) */
+};
+
+struct export_totals {
+	u64 syscall_reads;  /* every traced call (also those on files beyond MAX_FILES) */
+	u64 faults;
+	u64 sampled;        /* records written to sample_records */
+	u64 unsampled;      /* calls after the window's budget was spent: aggregated only */
+	u64 sample_lost;    /* ring full: record dropped */
+	u64 files_overflow; /* read_stats_by_file full: read counted here only */
+};
+
+/* ---- in-flight state (as in preadv.bpf.c) ---- */
+
+struct inflight {
+	u64 ts;           /* entry ns; 0 = no call in flight */
+	s64 offset;
+	u64 size;
+	u64 flags;
+	u64 reclaim_start;
+	u64 reclaim_ns;
+	u64 ino;
+	u32 dev;
+	s32 fd;
+	u32 pages_added;
+	u32 bio_count;
+	u16 syscall;
+	u8 switched;
+	u8 fault_open;    /* a filemap fault seen since the last syscall: its key is fault_key */
+	u8 fault_missed;  /* that fault already counted as a miss */
+	u8 __pad0[7];
+	struct read_key fault_key;
+};
+
+struct offcpu_state {
+	u64 out_ts;
+	u64 wake_ts;
+	u64 offcpu_ns;
+	u64 runq_ns;
+	u32 preempted;
+	u32 __pad0;
+};
+
+struct bio_key {
+	u32 dev;
+	u32 __pad0;
+	u64 sector;
+};
+
+struct bio_start {
+	u64 ts;
+	u64 call_ts;
+	u32 tid;
+	u32 __pad0;
+};
+
+struct bio_wait {
+	u64 call_ts;
+	u64 ns;
+	u64 count;
+};
+
+struct fd_key {
+	u32 tgid;
+	s32 fd;
+};
+
+struct file_id {
+	u64 ino;
+	u32 dev;
+	u32 __pad0;
+};
+
+BPF_PERCPU_HASH(read_stats_by_file, struct read_key, struct read_stats, MAX_FILES);
+BPF_PERCPU_ARRAY(read_stats_zero, struct read_stats, 1);   /* never written: the initial value */
+BPF_PERCPU_ARRAY(export_totals, struct export_totals, 1);
+/* queue -> complete of every bio a target thread queued inside a syscall read (all files) */
+BPF_ARRAY(bio_latency_log2, u64, LAT_SLOTS);
+BPF_ARRAY(sample_budget, s64, 1);
+BPF_RINGBUF_OUTPUT(sample_records, RING_PAGES);
+BPF_ARRAY(call_record_layout, struct call_record, 1);
+
+BPF_TASK_STORAGE(inflight_by_task, struct inflight);
+BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
+BPF_TABLE("lru_hash", struct bio_key, struct bio_start, bio_start_by_sector, 16384);
+BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
+BPF_TABLE("lru_hash", struct fd_key, struct file_id, inode_by_fd, 16384);
+
+/* is_target(pid_tgid): probes/targets.h (one pid, a set of pids, cgroups, children) */
+#include "targets.h"
+
+static __always_inline struct export_totals *totals(void)
+{
+	int zero = 0;
+	return export_totals.lookup(&zero);
+}
+
+static __always_inline struct read_stats *stats_of(struct read_key *k)
+{
+	struct read_stats *st = read_stats_by_file.lookup(k);
+	if (st)
+		return st;
+	int zero = 0;
+	struct read_stats *init = read_stats_zero.lookup(&zero);
+	if (!init)
+		return 0;
+	read_stats_by_file.update(k, init);
+	st = read_stats_by_file.lookup(k);
+	if (!st) {
+		struct export_totals *t = totals();
+		if (t)
+			t->files_overflow++;
+	}
+	return st;
+}
+
+static __always_inline struct inflight *task_state(int create)
+{
+	return inflight_by_task.task_storage_get(bpf_get_current_task_btf(), 0,
+						 create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+static __always_inline struct inflight *current_call(void)
+{
+	struct inflight *s = task_state(0);
+	if (s && s->ts)
+		return s;
+	return 0;
+}
+
+static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
+{
+	struct inflight *s = task_state(1);
+	if (!s)
+		return;
+	s->offset = offset;
+	s->size = size;
+	s->flags = flags;
+	s->reclaim_start = 0;
+	s->reclaim_ns = 0;
+	s->ino = 0;
+	s->dev = 0;
+	s->fd = fd;
+	s->pages_added = 0;
+	s->bio_count = 0;
+	s->syscall = sc;
+	s->switched = 0;
+	s->fault_open = 0;   /* a syscall ends the thread's last fault */
+	s->ts = bpf_ktime_get_ns();
+}
+
+static __always_inline u64 iov_bytes(const struct iovec *vec, u64 vlen)
+{
+	u64 total = 0;
+	struct iovec iov;
+#pragma unroll
+	for (int i = 0; i < MAX_IOV; i++) {
+		if (i >= vlen)
+			break;
+		if (bpf_probe_read_user(&iov, sizeof(iov), &vec[i]))
+			break;
+		total += iov.iov_len;
+	}
+	return total;
+}
+
+static __always_inline void call_file(struct inflight *s, u64 pid_tgid, struct read_key *k)
+{
+	struct fd_key fk = {.tgid = pid_tgid >> 32, .fd = s->fd};
+	if (s->ino) {
+		struct file_id id = {.ino = s->ino, .dev = s->dev};
+		struct file_id *old = inode_by_fd.lookup(&fk);
+		if (!old || old->ino != id.ino || old->dev != id.dev)
+			inode_by_fd.update(&fk, &id);
+		k->ino = s->ino;
+		k->dev = s->dev;
+		return;
+	}
+	struct file_id *known = inode_by_fd.lookup(&fk);
+	if (known) {
+		k->ino = known->ino;
+		k->dev = known->dev;
+	}
+}
+
+static __always_inline void sample(struct inflight *s, u64 pid_tgid, u64 dur, s64 ret, u64 offcpu, u64 runq,
+				   u64 bio_ns, struct export_totals *t)
+{
+	int zero = 0;
+	s64 *budget = sample_budget.lookup(&zero);
+	if (!budget || *budget <= 0) {
+		if (t)
+			t->unsampled++;
+		return;
+	}
+	__sync_fetch_and_add(budget, -1);
+	struct call_record *r = sample_records.ringbuf_reserve(sizeof(struct call_record));
+	if (!r) {
+		if (t)
+			t->sample_lost++;
+		return;
+	}
+	r->ts_ns = s->ts;
+	r->dur_ns = dur;
+	r->offset = s->offset;
+	r->size = s->size;
+	r->ret = ret;
+	r->flags = s->flags;
+	r->offcpu_ns = offcpu;
+	r->runq_ns = runq;
+	r->reclaim_ns = s->reclaim_ns;
+	r->bio_ns = bio_ns;
+	r->pid = pid_tgid >> 32;
+	r->tid = (u32)pid_tgid;
+	r->fd = s->fd;
+	r->pages_added = s->pages_added;
+	r->bio_count = s->bio_count;
+	r->syscall = s->syscall;
+	r->__pad0 = 0;
+	sample_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+	if (t)
+		t->sampled++;
+}
+
+static __always_inline void call_exit(u64 pid_tgid, s64 ret)
+{
+	u64 now = bpf_ktime_get_ns();
+	struct inflight *s = current_call();
+	if (!s)
+		return;
+	u64 dur = now - s->ts;
+	u32 tid = (u32)pid_tgid;
+
+	u64 offcpu = 0, runq = 0;
+	if (s->switched) {
+		struct offcpu_state *o = offcpu_by_tid.lookup(&tid);
+		if (o) {
+			offcpu = o->offcpu_ns;
+			runq = o->runq_ns;
+			offcpu_by_tid.delete(&tid);
+		}
+	}
+	u64 bio_ns = 0;
+	if (s->bio_count) {
+		struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
+		if (w) {
+			if (w->call_ts == s->ts)
+				bio_ns = w->ns;
+			bio_wait_by_tid.delete(&tid);
+		}
+	}
+
+	struct export_totals *t = totals();
+	if (t)
+		t->syscall_reads++;
+	struct read_key k = {.kind = READ_KIND_SYSCALL};
+	call_file(s, pid_tgid, &k);
+	struct read_stats *st = stats_of(&k);
+	if (st) {
+		st->reads++;
+		if (ret > 0)
+			st->bytes += ret;
+		if (ret == EAGAIN_RET)
+			st->eagain++;
+		if (s->pages_added)
+			st->misses++;
+		st->pages_added += s->pages_added;
+		st->bio_count += s->bio_count;
+		st->bio_ns += bio_ns;
+		st->reclaim_ns += s->reclaim_ns;
+		st->offcpu_ns += offcpu;
+		st->runq_ns += runq;
+		st->sum_ns += dur;
+		u32 slot = bpf_log2l(dur);
+		if (slot >= LAT_SLOTS)
+			slot = LAT_SLOTS - 1;
+		st->latency_log2[slot]++;
+	}
+	sample(s, pid_tgid, dur, ret, offcpu, runq, bio_ns, t);
+	s->ts = 0;
+}
+
+#if USE_RAW_SYSCALLS
+#define NR_PREAD64 17
+#define NR_PREADV 295
+#define NR_PREADV2 327
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	u64 id = ctx->args[1];
+	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
+		return 0;
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct pt_regs regs = {};
+	bpf_probe_read_kernel(&regs, sizeof(regs), (void *)ctx->args[0]);
+	u64 a0 = regs.di, a1 = regs.si, a2 = regs.dx, a3 = regs.r10;
+	u64 a5 = id == NR_PREADV2 ? regs.r9 : 0;
+	if (id == NR_PREAD64) {
+		call_enter(SYSCALL_PREAD64, (s32)a0, (s64)a3, a2, 0);
+		return 0;
+	}
+	call_enter(id == NR_PREADV2 ? SYSCALL_PREADV2 : SYSCALL_PREADV, (s32)a0, (s64)a3,
+		   iov_bytes((const struct iovec *)a1, a2), a5);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sys_exit)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	call_exit(pid_tgid, (s64)ctx->args[1]);
+	return 0;
+}
+#else
+TRACEPOINT_PROBE(syscalls, sys_enter_preadv2)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_PREADV2, (s32)args->fd, (s64)args->pos_l,
+		   iov_bytes((const struct iovec *)args->vec, args->vlen), (u64)args->flags);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_preadv2)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	call_exit(pid_tgid, args->ret);
+	return 0;
+}
+
+#if HAVE_PREADV
+TRACEPOINT_PROBE(syscalls, sys_enter_preadv)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_PREADV, (s32)args->fd, (s64)args->pos_l,
+		   iov_bytes((const struct iovec *)args->vec, args->vlen), 0);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_preadv)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	call_exit(pid_tgid, args->ret);
+	return 0;
+}
+#endif
+
+#if HAVE_PREAD64
+TRACEPOINT_PROBE(syscalls, sys_enter_pread64)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_PREAD64, (s32)args->fd, (s64)args->pos, args->count, 0);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_pread64)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	call_exit(pid_tgid, args->ret);
+	return 0;
+}
+#endif
+#endif /* USE_RAW_SYSCALLS */
+
+#if HAVE_GET_PAGES
+/* Inside filemap_read, in the reader's context, once the pages of a chunk are found. */
+TRACEPOINT_PROBE(filemap, mm_filemap_get_pages)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct inflight *s = current_call();
+	if (s && !s->ino) {
+		s->ino = args->i_ino;
+		s->dev = args->s_dev;
+	}
+	return 0;
+}
+#endif
+
+#if HAVE_FAULT
+TRACEPOINT_PROBE(filemap, mm_filemap_fault)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct export_totals *t = totals();
+	if (t)
+		t->faults++;
+	struct read_key k = {.ino = args->i_ino, .dev = args->s_dev, .kind = READ_KIND_FAULT};
+	struct read_stats *st = stats_of(&k);
+	if (st)
+		st->reads++;
+	struct inflight *s = task_state(1);
+	if (s && !s->ts) {
+		s->fault_key = k;
+		s->fault_open = 1;
+		s->fault_missed = 0;
+	}
+	return 0;
+}
+#endif
+
+#if HAVE_FILEMAP
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct inflight *s = task_state(0);
+	if (!s)
+		return 0;
+	u32 n = 1 << args->order;
+	if (s->ts) {
+		s->pages_added += n;
+		return 0;
+	}
+	if (!s->fault_open)
+		return 0;
+	struct read_stats *st = stats_of(&s->fault_key);
+	if (!st)
+		return 0;
+	st->pages_added += n;
+	if (!s->fault_missed) {
+		st->misses++;
+		s->fault_missed = 1;
+	}
+	return 0;
+}
+#endif
+
+#if HAVE_BIO
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct inflight *s = current_call();
+	if (!s)
+		return 0;
+	s->bio_count++;
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	struct bio_start v = {.ts = bpf_ktime_get_ns(), .call_ts = s->ts, .tid = (u32)bpf_get_current_pid_tgid()};
+	bio_start_by_sector.update(&k, &v);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_backmerge)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	bio_start_by_sector.delete(&k);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	struct bio_start *b = bio_start_by_sector.lookup(&k);
+	if (!b)
+		return 0;
+	u64 delta = bpf_ktime_get_ns() - b->ts;
+	u32 tid = b->tid;
+	u64 call_ts = b->call_ts;
+	bio_start_by_sector.delete(&k);
+	u32 slot = bpf_log2l(delta);
+	if (slot >= LAT_SLOTS)
+		slot = LAT_SLOTS - 1;
+	u64 *h = bio_latency_log2.lookup(&slot);
+	if (h)
+		__sync_fetch_and_add(h, 1);
+	struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
+	if (!w || w->call_ts != call_ts) {
+		struct bio_wait fresh = {.call_ts = call_ts};
+		bio_wait_by_tid.update(&tid, &fresh);
+		w = bio_wait_by_tid.lookup(&tid);
+		if (!w)
+			return 0;
+	}
+	__sync_fetch_and_add(&w->ns, delta);
+	__sync_fetch_and_add(&w->count, 1);
+	return 0;
+}
+#endif
+
+static __always_inline void reclaim_begin(void)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return;
+	struct inflight *s = current_call();
+	if (s)
+		s->reclaim_start = bpf_ktime_get_ns();
+}
+
+static __always_inline void reclaim_end(void)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return;
+	struct inflight *s = current_call();
+	if (s && s->reclaim_start) {
+		s->reclaim_ns += bpf_ktime_get_ns() - s->reclaim_start;
+		s->reclaim_start = 0;
+	}
+}
+
+#if HAVE_VMSCAN_DIRECT
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { reclaim_begin(); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end) { reclaim_end(); return 0; }
+#endif
+#if HAVE_VMSCAN_MEMCG
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin) { reclaim_begin(); return 0; }
+TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0; }
+#endif
+
+#if HAVE_SCHED
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 next = args->next_pid;
+	struct offcpu_state *o = offcpu_by_tid.lookup(&next);
+	if (o && o->out_ts) {
+		u64 gap = now - o->out_ts;
+		o->offcpu_ns += gap;
+		if (o->preempted)
+			o->runq_ns += gap;
+		else if (o->wake_ts)
+			o->runq_ns += now - o->wake_ts;
+		o->out_ts = 0;
+		o->wake_ts = 0;
+	}
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct inflight *s = current_call();
+	if (!s)
+		return 0;
+	u32 prev = (u32)bpf_get_current_pid_tgid();
+	struct offcpu_state init = {};
+	if (!s->switched)
+		offcpu_by_tid.update(&prev, &init);
+	o = offcpu_by_tid.lookup(&prev);
+	if (!o)
+		return 0;
+	s->switched = 1;
+	o->out_ts = now;
+	o->wake_ts = 0;
+	o->preempted = (args->prev_state & 0x7f) == 0;
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+	u32 pid = args->pid;
+	struct offcpu_state *o = offcpu_by_tid.lookup(&pid);
+	if (o && o->out_ts && !o->wake_ts)
+		o->wake_ts = bpf_ktime_get_ns();
+	return 0;
+}
+#endif
