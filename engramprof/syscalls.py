@@ -87,7 +87,7 @@ class SyscallTracer:
         #: the off-CPU spans of the target's threads (samples/offcpu), None with --no-offcpu
         self.offcpu = OffcpuRecorder(pid, tid) if (OFFCPU_DEFAULT if offcpu is None else offcpu) else None
         if self.offcpu is not None:
-            if not (self.selection.pids or self.selection.cgroups_v2 or self.selection.cgroups_v1):
+            if not self.selection.selects_processes:
                 # --file alone: every thread of the machine would be followed off-CPU
                 self.offcpu = None
                 self.notes.append("off-CPU spans not recorded: --file alone selects no process")
@@ -157,8 +157,15 @@ class SyscallTracer:
             return
         from engramprof.record.faults import FaultRecorder
 
+        use_pfu = self.fault_address
+        if use_pfu and self.selection.files and not self.selection.selects_processes:
+            # --file alone: page_fault_user would open per-thread state for every faulting thread
+            # of the machine; the generic path opens it only at a fault on a selected file
+            use_pfu = False
+            self.notes.append("page faults timed from their first filemap event (--file alone: "
+                              "exceptions:page_fault_user not hooked)")
         try:
-            self.faults = FaultRecorder(self.pid, self.tid, self.paths, self.tensors, use_pfu=self.fault_address,
+            self.faults = FaultRecorder(self.pid, self.tid, self.paths, self.tensors, use_pfu=use_pfu,
                                         selection=self.selection)
         except Exception as exc:
             self.notes.append(f"page faults not traced: {exc}")

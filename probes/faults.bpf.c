@@ -170,7 +170,7 @@ static __always_inline void open_new(struct fault_state *s, u64 now, u32 dev, u6
 static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 index, u64 last)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
+	if (!is_target(pid_tgid) || !is_target_file(dev, ino))  /* --file: targets.h */
 		return;
 	u64 now = bpf_ktime_get_ns();
 	u32 tid = (u32)pid_tgid;

@@ -8,7 +8,8 @@
  * per-fd log2 latency histograms.
  *
  * Constants filled in before load (-D):
- *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes
+ *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes,
+ *   MATCH_FILES, OFF_*  which files (--file: the call's fd is followed to its inode at entry)
  *                 (probes/targets.h)
  *   MIN_NS        record only calls at least this long (all calls are still counted)
  *   RING_PAGES    ring buffer size in pages
@@ -101,6 +102,8 @@ static __always_inline struct inflight *current_call(void)
 
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
+	if (!is_target_fd(fd))
+		return;      /* --file: a read of another file */
 	struct inflight *s = inflight_by_task.task_storage_get(bpf_get_current_task_btf(), 0,
 							     BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!s)

@@ -166,3 +166,115 @@ def test_cgroup2_two_readers_inside_seen_whole_third_outside_not(tmp_path, table
 @pytest.mark.bpf
 def test_cgroup_v1_two_readers_inside_seen_whole_third_outside_not(tmp_path, table):
     _cgroup_two_in_one_out(tmp_path, table, "/sys/fs/cgroup/memory", "v1")
+
+
+# a reader of two files: preadv2 calls of each, counted by itself (its imports read with read(2))
+TWO_FILES = r"""
+import json, os, signal, sys
+a, b, na, nb = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+fa, fb = os.open(a, os.O_RDONLY), os.open(b, os.O_RDONLY)
+buf = bytearray(4096)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+print("two: ready", file=sys.stderr, flush=True)
+signal.sigwait({signal.SIGUSR1})
+if len(sys.argv) > 5:  # mmap: touch one byte every 256 KiB of both (a page fault each)
+    import mmap
+    ma, mb = mmap.mmap(fa, 0, prot=mmap.PROT_READ), mmap.mmap(fb, 0, prot=mmap.PROT_READ)
+    for m, n in ((ma, na), (mb, nb)):
+        m.madvise(mmap.MADV_RANDOM)
+        for i in range(n):
+            m[(i * 262144) % len(m)]
+for i in range(max(na, nb)):
+    if i < na:
+        os.preadv(fa, [buf], (i * 4096) % (1 << 20))
+    if i < nb:
+        os.preadv(fb, [buf], (i * 4096) % (1 << 20))
+print(json.dumps({"pid": os.getpid(), "a": na, "b": nb}), flush=True)
+signal.sigwait({signal.SIGUSR1})  # alive until the trace is closed: its fds can be named
+"""
+
+
+def two_file_reader(a: Path, b: Path, na: int, nb: int, *mmap: str) -> Proc:
+    p = Proc([engramprof()[0], "-c", TWO_FILES, str(a), str(b), str(na), str(nb), *mmap])
+    p.wait_line("two: ready")
+    return p
+
+
+@pytest.fixture
+def two_files(tmp_path) -> tuple[Path, Path]:
+    a, b = tmp_path / "table_a.bin", tmp_path / "other_b.bin"
+    for f in (a, b):
+        f.write_bytes(os.urandom(1 << 22))
+    return a, b
+
+
+def _run_readers(readers: list[Proc]) -> list[dict]:
+    """Start them; their counts once done (they then wait for _release_readers)."""
+    for r in readers:
+        os.kill(r.pid, signal.SIGUSR1)
+    return [json.loads(r.p.stdout.readline()) for r in readers]
+
+
+def _release_readers(readers: list[Proc]) -> None:
+    for r in readers:
+        os.kill(r.pid, signal.SIGUSR1)
+        rc, _, se = r.finish()
+        assert rc == 0, se
+
+
+@pytest.mark.bpf
+def test_file_sees_two_unrelated_readers_of_it_and_not_their_other_file(tmp_path, two_files):
+    a, b = two_files
+    readers = [two_file_reader(a, b, 300, 200, "mmap"), two_file_reader(a, b, 150, 400, "mmap")]
+    try:
+        tracer, out = trace_of(tmp_path, "file", "--file", str(a), "--duration", "60")
+        counts = _run_readers(readers)
+        tracer.p.send_signal(signal.SIGINT)  # --file selects whoever comes: it runs until told
+        rc, _, err = tracer.finish()
+        assert rc == 0, err
+        _release_readers(readers)
+    finally:
+        for p in readers:
+            if p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+    meta = json.loads((out / "meta.json").read_text())
+    st = os.stat(a)
+    assert [f["ino"] for f in meta["files"]] == [st.st_ino]
+    df = syscall_events(tracefmt.load(out))
+    # every preadv2 of table_a by either process, none of other_b (nor of anyone else)
+    assert counts_by_pid(out) == {c["pid"]: c["a"] for c in counts}
+    assert set(df["path"]) == {str(a)}, set(df["path"])
+    # page faults (both mapped every 256 KiB of each file): of table_a by both, none of other_b
+    faults = (ev := tracefmt.load(out))[ev["kind"] == "fault"]
+    assert set(faults["pid"]) == {c["pid"] for c in counts}, faults["pid"].value_counts()
+    assert set(faults["path"]) == {str(a)}, set(faults["path"])
+
+
+@pytest.mark.bpf
+def test_cgroup_and_file_combined_are_that_groups_reads_of_that_file(tmp_path, two_files):
+    a, b = two_files
+    cg = _cgroup_dir("/sys/fs/cgroup/unified", "file")
+    readers = []
+    try:
+        readers += [two_file_reader(a, b, 250, 120), two_file_reader(a, b, 180, 90)]
+        (cg / "cgroup.procs").write_text(str(readers[0].pid))  # waiting: inside before its first read
+        tracer, out = trace_of(tmp_path, "cgfile", "--cgroup", str(cg), "--file", str(a))
+        readers.append(tracer)
+        inside, outside = _run_readers(readers[:2])
+        tracer.p.send_signal(signal.SIGINT)
+        rc, _, err = tracer.finish()
+        assert rc == 0, err
+        _release_readers(readers[:2])
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["cgroups"] == [str(cg)] and [f["path"] for f in meta["files"]] == [str(a)]
+        df = tracefmt.load(out)
+        # the inside reader's reads of table_a only: not its other_b, not the outside reader's table_a
+        assert counts_by_pid(out) == {inside["pid"]: inside["a"]}
+        assert set(df["pid"]) == {inside["pid"]} and set(syscall_events(df)["path"]) == {str(a)}
+    finally:
+        for p in readers:
+            if p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+        _remove_cgroup(cg)

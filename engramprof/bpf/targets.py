@@ -4,7 +4,7 @@ A probe's config carries a :class:`~engramprof.record.selection.Selection` (or N
 process ``tgid``).  :func:`inline` puts targets.h into the program text, :func:`defines` gives
 its constants, and :func:`fill` writes the target tgids and cgroup ids into the loaded
 object's maps (right after load, before the recording is armed: until then the maps are empty
-and nothing passes the filter).  :func:`sync` keeps them up to date (the recorder calls it
+and nothing passes the filter), and the device + inode of every ``--file``.  :func:`sync` keeps them up to date (the recorder calls it
 about once a second: new sub-groups of a v2 cgroup, the processes of a v1 cgroup).
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from engramprof.bpf import layout
 
 MAX_TARGETS = 16384
 MAX_CGROUPS = 4096
+MAX_FILES = 65536
 
 
 def inline(src: str) -> str:
@@ -32,12 +33,18 @@ def _group_dead() -> bool:
 
 def defines(selection, tgid: int, tid: int) -> dict[str, int]:
     if selection is None:
-        mode, cg, children = 1, 0, 0
+        mode, cg, children, files = 1, 0, 0, 0
     else:
         mode, cg, children = selection.match_tgids, int(bool(selection.cgroups_v2)), int(selection.children)
-    return {"TARGET_TGID": tgid, "TARGET_TID": tid, "MATCH_TGIDS": mode, "MATCH_CGROUPS": cg,
-            "FOLLOW_CHILDREN": children, "HAVE_GROUP_DEAD": int(bool(children) and _group_dead()),
-            "MAX_TARGETS": MAX_TARGETS, "MAX_CGROUPS": MAX_CGROUPS}
+        files = int(bool(selection.files))
+    out = {"TARGET_TGID": tgid, "TARGET_TID": tid, "MATCH_TGIDS": mode, "MATCH_CGROUPS": cg,
+           "FOLLOW_CHILDREN": children, "HAVE_GROUP_DEAD": int(bool(children) and _group_dead()),
+           "MATCH_FILES": files, "MAX_TARGETS": MAX_TARGETS, "MAX_CGROUPS": MAX_CGROUPS, "MAX_FILES": MAX_FILES}
+    if files:  # the fd -> inode walk, with the running kernel's struct layout
+        from engramprof.bpf import btf
+
+        out.update(btf.fd_walk_offsets())
+    return out
 
 
 class TargetMaps:
@@ -47,6 +54,12 @@ class TargetMaps:
         self.selection = selection
         self.tgids = bpf["target_tgids"] if selection is not None and selection.match_tgids == 2 else None
         self.cgroups = bpf["target_cgroups"] if selection is not None and selection.cgroups_v2 else None
+        self.files = bpf["target_files"] if selection is not None and selection.files else None
+        if self.files is not None:  # fixed for the whole trace (device + inode of each --file)
+            for dev, ino in sorted(selection.file_keys()):
+                k = self.files.Key()
+                k.dev, k.ino = dev, ino
+                self.files[k] = ctypes.c_uint8(1)
         self.tgids_put: set[int] = set()
         self.cgroups_put: set[int] = set()
         self.sync()

@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", help="The reader process (all its threads); repeat for several."),
         children: bool = typer.Option(False, "--children", help="Also every descendant of --pid, including processes forked while recording."),
         cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", help="Only reads of this file (a directory: every regular file under it), by whichever process, matched in the kernel by device + inode; repeatable. With --pid / --cgroup: their reads of it."),
         duration: float = typer.Option(20.0, "--duration", "-d", help="Seconds to record."),
         markers: Optional[str] = typer.Option(None, "--markers", help="Batch markers (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC)."),
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Keep the recorded trace here (a new directory); default: a private temporary one, removed."),
@@ -59,7 +60,7 @@ def register(app: typer.Typer) -> None:
         validate.positive("--slow-ms", slow_ms)
         if markers is not None:  # a bad markers file fails now, not after the recording
             batches.read_markers(markers)
-        selection = Selection.parse(pids=pid, children=children, cgroups=cgroup)
+        selection = Selection.parse(pids=pid, children=children, cgroups=cgroup, files=file)
         for p in selection.pids:
             validate.live_process("--pid", p)
 

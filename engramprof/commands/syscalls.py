@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
         pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", help="Process to trace (all its threads); repeat for several."),
         children: bool = typer.Option(False, "--children", help="Also every descendant of --pid, including processes forked while tracing."),
         cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", help="Only reads of this file (a directory: every regular file under it), by whichever process, matched in the kernel by device + inode; repeatable. With --pid / --cgroup: their reads of it."),
         tid: int = typer.Option(0, "--tid", help="Trace only this thread of PID."),
         duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after S seconds (default: until Ctrl-C or PID exits)."),
         min_us: float = typer.Option(0.0, "--min-us", help="Record only calls at least this long (all calls are still counted in the kernel)."),
@@ -69,7 +70,7 @@ def register(app: typer.Typer) -> None:
         validate.duration("--duration", duration)
         validate.non_negative("--min-us", min_us)
         validate.sample_hz("--sample-hz", sample_hz, zero_is_off=True)
-        selection = Selection.parse(pids=pid, tid=tid, children=children, cgroups=cgroup)
+        selection = Selection.parse(pids=pid, tid=tid, children=children, cgroups=cgroup, files=file)
         if ebpf:  # needs no privileges: where tracefs cannot be read, every feature is assumed
             config = loader.ProbeConfig(tgid=selection.first_pid, tid=tid, min_ns=int(min_us * 1000),
                                         syscall_hook=hook, selection=selection)

@@ -81,6 +81,46 @@ def _cgroup_dirs(path: str):
         yield d
 
 
+def mapped_identity(path: str) -> tuple[int, int] | None:
+    """(dev, ino) of the file as the kernel names it in a mapping (/proc/self/maps shows the
+    mapped inode's i_sb->s_dev and i_ino, what mm_filemap_fault reports): on ext4 / xfs the
+    same as stat's, not always elsewhere (a btrfs subvolume's stat st_dev is its own anonymous
+    device; an overlayfs file's mapping is the underlying file's).  One page is mapped read-only
+    and never touched, so nothing is read and residency is not disturbed."""
+    import ctypes
+    import mmap as _mmap
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size == 0:
+            return None
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        page = _mmap.PAGESIZE
+        addr = libc.mmap(None, page, _mmap.PROT_READ, _mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    rng, _perm, _off, dev, ino = line.split()[:5]
+                    if int(rng.split("-")[0], 16) == addr:
+                        major, minor = (int(x, 16) for x in dev.split(":"))
+                        return (major << 20) | minor, int(ino)
+        finally:
+            libc.munmap(addr, page)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
 def _files_of(path: str) -> list[tuple[int, int, str]]:
     try:
         st = os.stat(path)
@@ -114,6 +154,7 @@ class Selection:
     file_args: list[str] = field(default_factory=list)
     _v1_members: set[int] = field(default_factory=set)
     _descendants_walked: bool = False
+    _file_keys: set | None = None
 
     @classmethod
     def parse(cls, pids=(), tid: int = 0, children: bool = False, cgroups=(), files=()) -> "Selection":
@@ -137,7 +178,24 @@ class Selection:
                     s.files.append(key)
         if files and not s.files:
             raise UserError(f"--file {', '.join(files)}: no regular file in it", code=2)
+        from engramprof.bpf.targets import MAX_FILES
+
+        if len(s.files) > MAX_FILES:
+            raise UserError(f"--file names {len(s.files):,} files; at most {MAX_FILES:,} can be traced", code=2)
         return s
+
+    def file_keys(self) -> set[tuple[int, int]]:
+        """(dev, ino) the probes match: stat's, and the kernel's own where a mapping shows
+        another (probes/targets.h)."""
+        if self._file_keys is None:
+            keys = set()
+            for dev, ino, path in self.files:
+                keys.add((dev, ino))
+                mapped = mapped_identity(path)
+                if mapped is not None:
+                    keys.add(mapped)
+            self._file_keys = keys
+        return self._file_keys
 
     @classmethod
     def of(cls, target) -> "Selection":
@@ -150,6 +208,11 @@ class Selection:
         if len(self.pids) == 1 and not self.children and not self.cgroups_v1:
             return 1
         return 2 if (self.pids or self.cgroups_v1) else 0
+
+    @property
+    def selects_processes(self) -> bool:
+        """Some selector names processes (--pid, --cgroup); --file alone selects only files."""
+        return bool(self.pids or self.cgroups_v2 or self.cgroups_v1)
 
     @property
     def first_pid(self) -> int:
