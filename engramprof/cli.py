@@ -10,8 +10,8 @@ import sys
 
 import typer
 
-from engramprof.commands import (batch_tail, compare, demo, diagnose, doctor, lab, lab_scenario, replay, residency,
-                                 sample, syscalls)
+from engramprof.commands import (batch_tail, compare, demo, diagnose, doctor, export, lab, lab_scenario, replay,
+                                 residency, sample, syscalls)
 from engramprof.errors import UserError
 
 app = typer.Typer(
@@ -26,7 +26,8 @@ app = typer.Typer(
 )
 
 #: registration order: ``lab_scenario`` adds its command to the ``lab`` group
-COMMAND_MODULES = (doctor, lab, lab_scenario, syscalls, sample, batch_tail, residency, replay, diagnose, compare, demo)
+COMMAND_MODULES = (doctor, lab, lab_scenario, syscalls, sample, batch_tail, residency, replay, diagnose, compare, export,
+                   demo)
 
 for _mod in COMMAND_MODULES:
     _mod.register(app)

@@ -143,6 +143,7 @@ BPF_PERCPU_ARRAY(read_stats_zero, struct read_stats, 1);   /* never written: the
 BPF_PERCPU_ARRAY(export_totals, struct export_totals, 1);
 /* queue -> complete of every bio a target thread queued inside a syscall read (all files) */
 BPF_ARRAY(bio_latency_log2, u64, LAT_SLOTS);
+BPF_ARRAY(bio_latency_sum_ns, u64, 1);
 BPF_ARRAY(sample_budget, s64, 1);
 BPF_RINGBUF_OUTPUT(sample_records, RING_PAGES);
 BPF_ARRAY(call_record_layout, struct call_record, 1);
@@ -542,6 +543,10 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 	u64 *h = bio_latency_log2.lookup(&slot);
 	if (h)
 		__sync_fetch_and_add(h, 1);
+	int zero = 0;
+	u64 *sum = bio_latency_sum_ns.lookup(&zero);
+	if (sum)
+		__sync_fetch_and_add(sum, delta);
 	struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
 	if (!w || w->call_ts != call_ts) {
 		struct bio_wait fresh = {.call_ts = call_ts};

@@ -140,6 +140,9 @@ class ExportProbe:
         names = [f for f, _ in per_cpu[0]._fields_]
         return {n: sum(getattr(v, n) for v in per_cpu) for n in names}
 
+    def bio_seconds(self) -> float:
+        return self.bpf["bio_latency_sum_ns"][ctypes.c_int(0)].value * 1e-9
+
     def bio_histogram(self) -> np.ndarray:
         return np.array([self._bio[ctypes.c_int(i)].value for i in range(self.lat_slots)], dtype=np.int64)
 

@@ -1,0 +1,73 @@
+"""(device, inode) -> path, for the ``file`` label: from the target processes' open files
+(/proc/PID/fd, one stat each: metadata only, no page is read) and mappings (/proc/PID/maps
+gives device and inode itself), and the --file paths.
+
+A key the probe reports that no target has open or mapped (the file was closed) keeps the
+path it was last seen with; one never seen is labelled ``dev:MAJ:MIN:ino:N``, and inode 0
+(a call that found no page and whose fd had no earlier read) ``unknown``.  Lookups of new keys
+rescan at most every ``min_rescan_s``.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from engramprof.record.selection import kernel_dev
+
+UNKNOWN = "unknown"
+
+
+def _maps_keys(pid: int) -> dict[tuple[int, int], str]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or parts[4] == "0":
+                    continue
+                major, minor = (int(x, 16) for x in parts[3].split(":"))
+                out[((major << 20) | minor, int(parts[4]))] = parts[5].strip()
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _fd_keys(pid: int) -> dict[tuple[int, int], str]:
+    out = {}
+    d = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            path = os.readlink(f"{d}/{name}")
+            if not path.startswith("/"):
+                continue
+            st = os.stat(f"{d}/{name}")
+        except OSError:
+            continue
+        out[(kernel_dev(st.st_dev), st.st_ino)] = path
+    return out
+
+
+class FileNames:
+    def __init__(self, selection, pids_now, min_rescan_s: float = 5.0):
+        self.pids_now = pids_now  # () -> iterable of target tgids
+        self.paths: dict[tuple[int, int], str] = {(d, i): p for d, i, p in selection.files}
+        self.min_rescan_s = min_rescan_s
+        self._last_scan = 0.0
+
+    def rescan(self) -> None:
+        self._last_scan = time.monotonic()
+        for pid in self.pids_now():
+            self.paths.update(_maps_keys(pid))
+            self.paths.update(_fd_keys(pid))
+
+    def name(self, dev: int, ino: int) -> str:
+        if ino == 0:
+            return UNKNOWN
+        key = (dev, ino)
+        if key not in self.paths and time.monotonic() - self._last_scan >= self.min_rescan_s:
+            self.rescan()
+        return self.paths.get(key) or f"dev:{dev >> 20}:{dev & 0xFFFFF}:ino:{ino}"

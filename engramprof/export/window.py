@@ -1,0 +1,167 @@
+"""Every --window seconds: the batch analysis (engramprof.analysis, as batch-tail runs it) on
+the window's sampled read records, folded into cumulative counters for /metrics.
+
+The probe records each window's first ``budget`` syscall reads (probes/export.bpf.c); when a
+window has more, the analysis covers its start up to the last sampled read (``coverage``), and
+inferred batches cut by that end are left out as at a recording's edge.  Markers (JSON lines
+with start_ns / end_ns, CLOCK_MONOTONIC) are read incrementally from where the last window
+stopped; a marked batch belongs to the window its end falls in.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from engramprof.analysis import analyse
+from engramprof.analysis.verdicts import CAUSES, VERDICTS, col
+from engramprof.errors import UserError
+from engramprof.record.decode import syscall_names
+
+#: batch time histogram buckets, seconds (decode batches are ~0.1-100 ms)
+BATCH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_RECORD_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "offset", "size", "ret", "flags", "pages_added", "bio_count",
+                   "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns")
+
+
+def records_frame(recs: np.ndarray) -> pd.DataFrame:
+    """The per-event DataFrame the analysis reads, from sampled ``struct call_record`` rows."""
+    df = pd.DataFrame({c: recs[c].astype(np.int64) for c in _RECORD_COLUMNS})
+    names = syscall_names()
+    df["syscall"] = pd.Categorical.from_codes(recs["syscall"].astype(np.int16), categories=names)
+    df["kind"] = "syscall"
+    return df
+
+
+class MarkerTail:
+    """New lines of a markers file since the last read (the file may appear later, or be
+    replaced: a shorter file or a new inode is read from its start)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.pos = 0
+        self.ino = None
+        self.bad_lines = 0
+        self._partial = b""
+
+    def new_batches(self) -> list[tuple[int, int]]:
+        if self.path is None:
+            return []
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return []
+        try:
+            st = os.fstat(fd)
+            if st.st_ino != self.ino or st.st_size < self.pos:
+                self.ino, self.pos, self._partial = st.st_ino, 0, b""
+            os.lseek(fd, self.pos, os.SEEK_SET)
+            data = b""
+            while True:  # at most what is there now
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                data += chunk
+            self.pos += len(data)
+        finally:
+            os.close(fd)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next window
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                s, e = obj["start_ns"], obj["end_ns"]
+                if not (isinstance(s, int) and isinstance(e, int) and e >= s):
+                    raise ValueError
+                out.append((s, e))
+            except (ValueError, KeyError, TypeError):
+                self.bad_lines += 1
+        return out
+
+
+@dataclass
+class WindowTotals:
+    """What /metrics shows of the windows: cumulative since start, plus the last window's."""
+
+    cause_seconds: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CAUSES})
+    batch_buckets: np.ndarray = field(default_factory=lambda: np.zeros(len(BATCH_BUCKETS), dtype=np.int64))
+    batch_count: int = 0
+    batch_sum: float = 0.0
+    analyses: dict[str, int] = field(default_factory=lambda: {"ok": 0, "no-batches": 0, "error": 0})
+    verdict: str | None = None
+    coverage: float | None = None
+    last_batches: int = 0
+    marker_bad_lines: int = 0
+
+
+class WindowAnalyser:
+    def __init__(self, markers: str | None, slow_ms: float | None = None):
+        self.markers = MarkerTail(markers)
+        self.pending_markers: list[tuple[int, int]] = []
+        self.totals = WindowTotals()
+        self.slow_ms = slow_ms
+        self.last_error: str | None = None
+        self.lock = contextlib.nullcontext()  # the exporter's lock: a scrape never sees half a window
+
+    def _markers_for(self, end_ns: int) -> pd.DataFrame | None:
+        if self.markers.path is None:
+            return None
+        self.pending_markers += self.markers.new_batches()
+        self.totals.marker_bad_lines = self.markers.bad_lines
+        mine = [m for m in self.pending_markers if m[1] <= end_ns]
+        self.pending_markers = [m for m in self.pending_markers if m[1] > end_ns]
+        return pd.DataFrame(mine, columns=["start_ns", "end_ns"])
+
+    def run(self, recs: np.ndarray, start_ns: int, end_ns: int, budget_spent: bool) -> None:
+        """Analyse one window's records; fold the result into the totals (never raises)."""
+        t = self.totals
+        markers = self._markers_for(end_ns)
+        covered_end = end_ns
+        if budget_spent and len(recs):
+            covered_end = int((recs["ts_ns"] + recs["dur_ns"]).max())
+        t.coverage = max(0.0, min(1.0, (covered_end - start_ns) / max(1, end_ns - start_ns)))
+        if len(recs) == 0 or (markers is not None and markers.empty):
+            t.analyses["no-batches"] += 1
+            t.verdict, t.last_batches = None, 0
+            return
+        meta = {"start_ns": int(start_ns), "end_ns": int(covered_end)}
+        kw = {} if self.slow_ms is None else {"slow_ms": self.slow_ms}
+        try:
+            table, summary = analyse(records_frame(recs), markers, meta=meta, **kw)
+        except UserError as exc:
+            t.analyses["no-batches"] += 1
+            t.verdict, t.last_batches = None, 0
+            self.last_error = str(exc)
+            return
+        except Exception as exc:  # a window the analysis cannot handle must not end the exporter
+            t.analyses["error"] += 1
+            t.verdict, t.last_batches = None, 0
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return
+        with self.lock:
+            self._fold(table, summary)
+
+    def _fold(self, table: pd.DataFrame, summary: dict) -> None:
+        t = self.totals
+        t.analyses["ok"] += 1
+        t.verdict = summary.get("verdict")
+        t.last_batches = int(len(table))
+        for c in CAUSES:
+            name = f"ms_{col(c)}"
+            if name in table.columns:
+                t.cause_seconds[c] += float(np.nansum(table[name].to_numpy(dtype=np.float64))) / 1e3
+        wall = table["wall_ms"].to_numpy(dtype=np.float64) / 1e3 if "wall_ms" in table.columns else np.empty(0)
+        t.batch_count += int(len(wall))
+        t.batch_sum += float(wall.sum())
+        t.batch_buckets += np.array([(wall <= b).sum() for b in BATCH_BUCKETS], dtype=np.int64)
+
+
+__all__ = ["BATCH_BUCKETS", "VERDICTS", "WindowAnalyser", "WindowTotals", "records_frame"]
