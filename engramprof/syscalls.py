@@ -57,7 +57,8 @@ class SyscallTracer:
 
     def __init__(self, pid: "int | Selection", tid: int = 0, min_us: float = 0.0, output: str | None = None,
                  sample_hz: float = 10.0, syscall_hook: str = "auto", argv: list[str] | None = None,
-                 offcpu: bool | None = None, faults: bool = True, fault_address: bool = True):
+                 offcpu: bool | None = None, faults: bool = True, fault_address: bool = True,
+                 evictions: bool = True):
         # what to trace: one pid, or a Selection (--pid repeated, --children, --cgroup, --file)
         self.selection = Selection.of(pid)
         if isinstance(pid, Selection):
@@ -67,6 +68,9 @@ class SyscallTracer:
         # page faults (probes/faults.bpf.c): attached when the kernel has the filemap fault
         # tracepoint; fault_address=False forces the path without exceptions:page_fault_user
         self.faults_wanted, self.fault_address = faults, fault_address
+        # evictions of the target's files' pages (probes/evictions.bpf.c), when the kernel has
+        # filemap:mm_filemap_delete_from_page_cache (engramprof/record/evictions.py)
+        self.evictions_wanted, self.evictions = evictions, None
         self.faults = None
         self.output = output
         self.sample_hz = sample_hz
@@ -129,12 +133,18 @@ class SyscallTracer:
         if self.output:
             self.writer = trace.TraceWriter(self.output, meta=self._meta())
             self.sink.writer = self.writer
+        # evictions first: the target's files are watched before its first recorded read
+        self._start_evictions()
         try:
             self.probe = loader.LoadedProbe(p)
         except BaseException:
+            if self.evictions is not None:
+                self.evictions.close()
             if self.writer:  # leave a closed, loadable (empty) bundle that says why
                 self.writer.close(end_reason="probe load failed", end_ns=time.monotonic_ns())
             raise
+        if self.evictions is not None:  # while the other probes compile: keep the ring from filling
+            self.evictions.drain(self.sink)
         self._start_faults()
         self._start_offcpu()
         self._build_pipeline()
@@ -188,6 +198,28 @@ class SyscallTracer:
             self.notes.append(f"off-CPU spans not recorded: {exc}")
         if self.writer:
             self.writer.update_meta(offcpu=self.offcpu.summary() if self.offcpu else None)
+
+    def _start_evictions(self) -> None:
+        """The eviction probe is evidence for the miss causes: without it, say so (the analysis
+        keeps the proportional refault estimate)."""
+        from engramprof.bpf import evictions as eviction_probe
+
+        if not self.evictions_wanted:
+            return
+        if not eviction_probe.required_available():
+            self.notes.append("evictions not traced: the kernel lacks filemap:mm_filemap_delete_from_page_cache")
+            return
+        from engramprof.record.evictions import EvictionRecorder
+
+        try:
+            self.evictions = EvictionRecorder(self.selection, list(self.selection.pids), self.paths)
+        except Exception as exc:
+            self.notes.append(f"evictions not traced: {exc}")
+            return
+        if self.evictions.plan.missing:
+            self.notes.append(f"eviction contexts not seen (recorded as unknown): {', '.join(self.evictions.plan.missing)}")
+        if self.writer:
+            self.writer.update_meta(evictions=self.evictions.summary())
 
     def _meta(self) -> dict:
         p = self.plan
@@ -252,7 +284,8 @@ class SyscallTracer:
         if not (s.cgroups_v2 or s.cgroups_v1):
             return
         for probe in (self.probe, self.faults.probe if self.faults else None,
-                      self.offcpu.probe if self.offcpu else None):
+                      self.offcpu.probe if self.offcpu else None,
+                      self.evictions.probe if self.evictions else None):
             if probe is not None and getattr(probe, "bpf", None) is not None:
                 try:
                     probe.targets.sync()
@@ -304,6 +337,8 @@ class SyscallTracer:
                 self.faults.detach()
             if self.offcpu is not None:
                 self.offcpu.detach()
+            if self.evictions is not None:
+                self.evictions.detach()
             self.drain()
             totals = probe.totals()
             hists = probe.histograms(self.fd_paths.fds_seen)
@@ -326,6 +361,8 @@ class SyscallTracer:
         summary = self.summary(totals, hists, end_ns, bio_hist)
         if self.writer and self.faults is not None:
             self.writer.update_meta(faults=summary.get("faults"))
+        if self.writer and self.evictions is not None:
+            self.writer.update_meta(evictions=summary.get("evictions"))
         if self.writer:
             try:
                 self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
@@ -343,6 +380,8 @@ class SyscallTracer:
             self.faults.close()
         if self.offcpu is not None:
             self.offcpu.close()
+        if self.evictions is not None:
+            self.evictions.close()
         for w in self._exit:
             w.close()
         return summary
@@ -377,6 +416,8 @@ class SyscallTracer:
         self._put_kernel_tables(hists, bio)
         if self.offcpu is not None:
             self.sink.put_meta(offcpu=self.offcpu.summary())
+        if self.evictions is not None:
+            self.sink.put_meta(evictions=self.evictions.summary())
         self.sink.put_meta(totals=totals, totals_ns=time.monotonic_ns(), lost_records=totals.get("lost_records", 0),
                            lost_record_intervals=self.lost_intervals, notes=list(self.notes))
 
@@ -389,16 +430,22 @@ class SyscallTracer:
             fault_events = self.faults.drain()
             if fault_events is not None:
                 self.sink.add_events(fault_events)
+                if self.evictions is not None:  # a newly mapped file: watch its evictions
+                    self.evictions.watch_mappings(self.faults.mappings)
         kswapd = self.vm_events.decode(self.probe.vm_ring.drain())
         if kswapd is not None:
             self.sink.add_samples("kswapd_events", kswapd)
         recs = self.probe.ring.drain()
         self._check_lost()
+        if self.evictions is not None:
+            self.evictions.drain(self.sink)
         batch = self.calls.decode(recs)
         if batch is None:
             return
         for e in self.enrichers:
             e.enrich(batch)
+        if self.evictions is not None:  # a file read for the first time: watch its evictions
+            self.evictions.watch_calls(batch.recs, batch.cols["path"])
         if self.identities.changed:  # a file seen for the first time: tables/files.parquet again
             self.sink.put_table("files", self.identities.table())
         self.account.add(batch)
@@ -430,6 +477,8 @@ class SyscallTracer:
             out["offcpu"] = self.offcpu.summary()
         if self.faults is not None:
             out["faults"] = self.faults.summary()
+        if self.evictions is not None:
+            out["evictions"] = self.evictions.summary()
         if self.sampler is not None:
             try:
                 out["context"] = self.sampler.summary()

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof import batches as _batches
-from engramprof.analysis import calibrate
+from engramprof.analysis import calibrate, misses
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, prepare_read_events
@@ -141,24 +141,30 @@ def analyse(
     check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_us)
     calls, getter, meta, notes = _inputs(trace_or_calls, samples, meta)
     pids = process_ids(calls)
+    # why each missed page was missing, where the bundle has eviction records (analysis/misses.py)
+    table_of = getattr(trace_or_calls, "table", None)
+    miss_pages = misses.from_trace(calls, getter, table_of, meta)
     settings = dict(slow_ms=slow_ms, gap_ms=gap_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
                     loop_gap_us=loop_gap_us, getter=getter, meta=meta, notes=notes,
-                    markers_bad_lines=markers_bad_lines, top=top)
+                    markers_bad_lines=markers_bad_lines, top=top, miss_pages=miss_pages)
+    why = misses.summary_keys(miss_pages, table_of("evictors") if table_of and miss_pages is not None else None)
     if len(pids) > 1:
         def one(c, m, **kw):
             kw["notes"] = list(kw["notes"])
             return _analyse_process(c, m, **kw)
 
         table, summary = analyse_each(one, calls, pids, markers_df, **settings)
+        summary.update(why)
         return BatchTailResult(table, summary)
     table, summary = _analyse_process(calls, markers_df, **settings)
+    summary.update(why)
     summary["processes"] = [process_row(int(pids[0]), summary, meta)] if len(pids) else []
     summary["slowest_process"] = int(pids[0]) if len(pids) else None
     return BatchTailResult(table, summary)
 
 
 def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal_miss_us, meaningful_share,
-                     loop_gap_us, getter, meta, notes, markers_bad_lines, top) -> BatchTailResult:
+                     loop_gap_us, getter, meta, notes, markers_bad_lines, top, miss_pages=None) -> BatchTailResult:
     """Stages 1-8 on the events of one process."""
     # a memory-mapped reader's marked batch may hold no read event (its rows mapped, resident)
     keep_unread = markers_df is not None and fault_read_path(calls, meta)
@@ -174,7 +180,9 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
                                                       path_codes=_path_codes(events)))
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
     service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio)
-    calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults))
+    pid = int(pids_of[0]) if len(pids_of := process_ids(calls)) == 1 else None
+    evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
+    calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)
     threads_per_batch = threads.per_batch
     unread = {"batches": 0, "source": None}
     if not read.all():

@@ -77,8 +77,14 @@ def refault_fractions(acc: BatchAccumulator, refaults: RefaultSeries | None) -> 
     return np.minimum(1.0, safe_div(refaults.refaults, acc.pages_per_interval))
 
 
-def split_miss_time(acc: BatchAccumulator, service: MissService, fractions: np.ndarray | None) -> None:
-    """Add each miss's time to residency, storage and reclaim (stage 6 of the pipeline)."""
+def split_miss_time(acc: BatchAccumulator, service: MissService, fractions: np.ndarray | None,
+                    evicted: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Add each miss's time to residency, storage and reclaim (stage 6 of the pipeline).
+
+    ``evicted``: per batch, the shares of its missed pages evicted by reclaim and of unknown
+    cause (engramprof.analysis.misses.batch_shares; NaN: none classified).  Where given, the
+    reclaim fraction of a miss is the reclaim share plus the unknown share times the refault
+    estimate, instead of the estimate alone."""
     parts = acc.miss.arrays()
     acc.miss = type(acc.miss)()  # free the lists
     b = parts["batch"].astype(np.int64)
@@ -94,6 +100,9 @@ def split_miss_time(acc: BatchAccumulator, service: MissService, fractions: np.n
         acc.totals.refaulted_pages += float((rf * parts["pages"]).sum())
     else:
         rf = np.zeros(len(b))
+    if evicted is not None and len(b):
+        rec, unk = evicted[0][b], evicted[1][b]
+        rf = np.where(np.isfinite(rec), rec + np.nan_to_num(unk) * rf, rf)
     wait, other = parts["wait"], parts["other"]
     n = acc.n
     acc.cause_ns["residency"] += np.bincount(b, weights=(wait * (1.0 - f_storage) + other) * (1.0 - rf), minlength=n)

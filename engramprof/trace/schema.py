@@ -259,6 +259,26 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("waker_tid", pa.int32()),
         ("waker_pid", pa.int32()),
     ],
+    # every removal of a watched file's page from the page cache (probes/evictions.bpf.c,
+    # system-wide, filtered in the kernel to the files the target reads): the folio's first
+    # page and its size, and who removed it in which context (engramprof/record/evictions.py:
+    # kswapd | direct-reclaim | memcg-reclaim | fadvise | drop-caches | truncate | unknown);
+    # holes in this stream are samples/evictions_lost (lost_records' columns)
+    "evictions": [
+        ("ts_ns", pa.int64()),
+        ("path", pa.string()),
+        ("dev", pa.int64()),  # kernel dev_t (major << 20 | minor)
+        ("ino", pa.int64()),
+        ("index", pa.int64()),  # first page of the folio
+        ("pages", pa.int32()),  # 1 << folio order
+        ("context", pa.string()),
+        ("pid", pa.int32()),  # tgid of the removing task
+        ("tid", pa.int32()),
+        ("comm", pa.string()),
+        ("by_target", pa.bool_()),  # the removing task is one of the traced processes
+        ("cgroup_id", pa.int64()),  # its cgroup2 id
+        ("ctx_ns", pa.int64()),  # when its reclaim / syscall began; 0: no context
+    ],
 }
 
 #: the read events' columns the batch analysis reads (engramprof.analysis): a bundle is read
@@ -321,6 +341,19 @@ TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("method", pa.string()),  # how they were read: O_DIRECT | resident pages | not read: why
         ("first_seen_ns", pa.int64()),  # CLOCK_MONOTONIC
     ],
+    # who removed the traced files' pages (samples/evictions' pids), read when first seen
+    "evictors": [
+        ("pid", pa.int32()),
+        ("comm", pa.string()),
+        ("cmdline", pa.string()),  # "" when the process had exited before it was read
+        ("cgroup", pa.string()),  # its memory cgroup (v1 memory controller, else cgroup2), relative
+        ("cgroup_limit_bytes", pa.int64()),  # that group's limit (-1: none / unknown)
+        ("cgroup_usage_bytes", pa.int64()),  # its usage when first seen (-1: unknown)
+        ("fd_path", pa.string()),  # the file its fadvise / write / truncate named ("" if none)
+        ("first_seen_ns", pa.int64()),
+    ],
+    # the files the eviction probe watched, and since when (CLOCK_MONOTONIC)
+    "eviction_files": [("path", pa.string()), ("dev", pa.int64()), ("ino", pa.int64()), ("watched_ns", pa.int64())],
 }
 
 
