@@ -10,7 +10,9 @@ A :class:`Sampler` reads, at ``hz`` (10 by default) in a background thread:
   ``/proc/PID/cgroup``): refaults, reclaim counters, usage, limit, limit hits, and the v2
   ``memory.pressure`` / ``io.pressure`` of the group (on a v1/v2 hybrid the v2 pressure files
   exist for the group the target has in the unified hierarchy);
-* the target process and each of its threads: context switches, user/system CPU, names.
+* the target process and each of its threads: context switches, user/system CPU, names; with
+  ``follow`` (a callable giving the tgids traced now: --pid repeated, --children, --cgroup, the
+  readers of --file), every other traced process too, checked about once a second.
 
 Every row carries ``ts_ns`` = ``time.monotonic_ns()`` taken at the start of its sampling round
 (CLOCK_MONOTONIC, the clock of the eBPF records).  All rows of one round share that ``ts_ns``.
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -50,6 +52,8 @@ from engramprof.trace.schema import (CGROUP_COUNTERS, CGROUP_GAUGES, PSI_RESOURC
                                      VMSTAT_COUNTERS, VMSTAT_DERIVED, sample_schema as schema)
 
 FLUSH_MIN_ROWS = 64
+#: at most this many processes besides the first get process / thread rows (a large cgroup)
+MAX_FOLLOWED = 64
 # at a periodic flush, a series whose oldest buffered row is older than this goes out however
 # few rows it has: with flush_s = 1 s every series is written about once a second, like the
 # calls, so a killed recorder loses at most about a second of any series
@@ -72,6 +76,8 @@ class Sampler:
         sys_root: str = "/sys",
         flush_s: float = 1.0,
         clock: Callable[[], int] = time.monotonic_ns,
+        follow: Callable[[], Iterable[int]] | None = None,
+        follow_s: float = 1.0,
     ):
         if not (0 < hz <= 1000):
             raise UserError(f"--sample-hz must be in (0, 1000], got {hz}")
@@ -102,6 +108,13 @@ class Sampler:
                 self._notes.add(n, n)
         self.cgroups = CgroupReader(self.cgroup, self._fdc, self._notes, self._rel)
         self.rows = RowRecorder(pid, self._notes, self._rel, self.target_exited, recent=max(3, int(self.hz * 2) + 2))
+        # the other traced processes: `follow()` gives the tgids traced now (asked every
+        # follow_s); each gets its process and thread rows (the pid column tells them apart)
+        self.follow, self.follow_s = follow, follow_s
+        self.followed: dict[int, TargetReader] = {}
+        self._followed_done: set[int] = set()  # exited, or gone before its first read
+        self._followed_at: int | None = None
+        self.followed_names: dict[int, str] = {}
 
     # ----------------------------------------------------------------- state, by name
 
@@ -137,7 +150,35 @@ class Sampler:
             snap["process"], snap["threads"] = self.target.read()
         else:
             snap["process"], snap["threads"] = None, None
+        if self.follow is not None:
+            self._refresh_followed(ts)
+            snap["others"] = others = {}
+            for p, reader in list(self.followed.items()):
+                others[p] = reader.read()
+                if others[p][0] is None:  # exited: its last round says so, then it is dropped
+                    del self.followed[p]
+                    self._followed_done.add(p)
         return snap
+
+    def _refresh_followed(self, ts: int) -> None:
+        if self._followed_at is not None and ts - self._followed_at < self.follow_s * 1e9:
+            return
+        self._followed_at = ts
+        try:
+            want = set(self.follow())
+        except Exception as exc:  # context: keep sampling what is known
+            self._notes.add("follow", f"could not list the traced processes ({type(exc).__name__}: {exc})")
+            return
+        for p in sorted(want - set(self.followed) - self._followed_done - {self.pid}):
+            if len(self.followed) >= MAX_FOLLOWED:
+                self._notes.add("follow-max", f"per-thread samples of the first {MAX_FOLLOWED} traced processes "
+                                              "only (more were traced)")
+                break
+            try:
+                self.followed[p] = TargetReader(p, self.proc_root, self.hz, self._fdc, self._notes)
+                self.followed_names[p] = self.followed[p].name
+            except UserError:  # gone already
+                self._followed_done.add(p)
 
     def sample_now(self) -> None:
         """Take one sampling round and record it (the background thread calls this)."""
@@ -241,6 +282,7 @@ class Sampler:
             "hz": self.hz,
             "pid": self.pid,
             "target_name": self.target_name,
+            "followed": {str(p): n for p, n in self.followed_names.items()} if self.follow is not None else None,
             "target_exited": self.target_exited.is_set(),
             "target_exit_ns": self.target_exit_ns,
             "start_ns": self.start_ns,

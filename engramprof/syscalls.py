@@ -254,15 +254,33 @@ class SyscallTracer:
             from engramprof.samplers import Sampler
         except ImportError:
             return
-        if len(self.selection.pids) != 1 or self.selection.children:
-            self.notes.append("per-thread samples are of the first pid only" if self.pid else
-                              "no per-thread samples (no --pid)")
+        s = self.selection
+        several = len(s.pids) != 1 or s.children or s.cgroups_v2 or s.cgroups_v1 or s.files
         try:
-            self.sampler = Sampler(pid=self.pid or None, hz=self.sample_hz)
+            self.sampler = Sampler(pid=self.pid or None, hz=self.sample_hz,
+                                   follow=self.traced_tgids if several else None)
             self.sampler.start(self.writer)
         except Exception as exc:  # samplers are context; never lose the trace over them
             self.sampler = None
             self.notes.append(f"samplers not running: {exc}")
+
+    def traced_tgids(self) -> set[int]:
+        """The processes traced now, for the per-thread samplers (their thread): the --pid ones,
+        what the kernel's map holds (--children's forks, a v1 cgroup's members), a v2 cgroup's
+        members, and every process a read event came from (--file's readers)."""
+        s = self.selection
+        out = set(s.pids)
+        for probe in (self.probe, self.faults.probe if self.faults else None):
+            targets = getattr(probe, "targets", None)
+            if targets is not None and targets.tgids is not None:
+                out.update(targets.live_tgids())
+                break
+        if s.cgroups_v2:
+            out |= s.v2_members()
+        out.update(list(self.fd_paths.by_pid))
+        if self.faults is not None:
+            out.update(list(self.faults.mappings.by_pid))
+        return out
 
     def target_exited(self) -> bool:
         """Every target has exited (--pid, --children; a cgroup or files select whoever comes)."""

@@ -335,7 +335,7 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
 
 
 def test_cli_json_ends_when_pid_exits():
-    child = subprocess.Popen(["sleep", "1.5"])
+    child = subprocess.Popen(["sleep", "4"])  # the CLI starts within it even on a loaded machine
     try:
         p = _cli("sample", "--pid", str(child.pid), "--json", "--duration", "20")
         out, err = p.communicate(timeout=30)
@@ -557,3 +557,47 @@ def test_summarize_is_pure_on_empty_frames():
     s = summarize({n: None for n in SAMPLE_NAMES}, {})
     assert s["psi"] == {} and s["vmstat"] == {} and s["window"]["samples"] == 0
     assert s["interpretation"] == ["window too short to interpret"]
+
+
+def test_follow_samples_every_traced_process_each_under_its_pid(tmp_path):
+    """Sampler(follow=...): the other traced processes get process and thread rows too (issue
+    13), a process that joins later from its join on, one that exits is noted."""
+    data = _make_file(tmp_path / "rows.bin", 1 * MiB, evict=False)
+    a, b, late = (_child(POOL, str(data)) for _ in range(3))
+    try:
+        for c in (a, b, late):
+            _expect(c, "ready")
+        traced = {b.pid}
+        s = Sampler(pid=a.pid, hz=20, follow=lambda: set(traced), follow_s=0.2)
+        s.start()
+        time.sleep(0.3)
+        _say(b, "300")
+        _expect(b, "done")
+        traced.add(late.pid)
+        time.sleep(0.5)  # more than follow_s: picked up
+        _say(late, "200")
+        _expect(late, "done")
+        _say(a, "5")
+        _expect(a, "done")
+        _stop_child(b)  # exits while followed
+        time.sleep(0.3)
+        s.stop()
+        summ = s.summary()
+    finally:
+        for c in (a, b, late):
+            _stop_child(c)
+    th = s.frames()["threads"]
+    cs = th.assign(cs=th["ctx_voluntary_delta"] + th["ctx_involuntary_delta"]).groupby("pid")["cs"].sum()
+    assert set(cs.index) == {a.pid, b.pid, late.pid}
+    assert cs[b.pid] >= 300 and cs[late.pid] >= 200 and cs[b.pid] > 3 * cs[a.pid], cs.to_dict()
+    # each process's threads are its own (the pid column tells them apart)
+    tids = {pid: set(g["tid"]) for pid, g in th.groupby("pid")}
+    assert all(pid in t for pid, t in tids.items())  # its main thread
+    assert not (tids[a.pid] & tids[b.pid] or tids[a.pid] & tids[late.pid] or tids[b.pid] & tids[late.pid])
+    assert th.loc[th["pid"] == late.pid, "ts_ns"].min() > th.loc[th["pid"] == b.pid, "ts_ns"].min()
+    procs = {p["pid"]: p for p in summ["processes"]}
+    assert set(procs) == {a.pid, b.pid, late.pid} and summ["process"]["pid"] == a.pid
+    assert procs[b.pid]["ctx_voluntary"] + procs[b.pid]["ctx_involuntary"] == cs[b.pid]
+    assert summ["process"]["threads_seen"] == th.loc[th["pid"] == a.pid, "tid"].nunique()
+    assert any(f"pid {b.pid} exited" in n for n in summ["notes"]), summ["notes"]
+    assert s.info()["followed"] == {str(b.pid): procs[b.pid]["name"], str(late.pid): procs[late.pid]["name"]}

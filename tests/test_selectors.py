@@ -33,9 +33,9 @@ def finish_reader(lab: Proc) -> dict:
     return json.loads(out)
 
 
-def trace_of(tmp: Path, name: str, *selector: str) -> tuple[Proc, Path]:
+def trace_of(tmp: Path, name: str, *selector: str, sample_hz: str = "0") -> tuple[Proc, Path]:
     out = tmp / name
-    tracer = Proc(engramprof("syscalls", *selector, "--output", out, "--json", "--sample-hz", "0", "--no-offcpu"))
+    tracer = Proc(engramprof("syscalls", *selector, "--output", out, "--json", "--sample-hz", sample_hz, "--no-offcpu"))
     tracer.wait_line("Tracing")
     return tracer, out
 
@@ -52,7 +52,7 @@ def counts_by_pid(trace: Path) -> dict[int, int]:
 @pytest.mark.bpf
 def test_two_pids_each_seen_whole(tmp_path, table):
     a, b = start_reader(table), start_reader(table)
-    tracer, out = trace_of(tmp_path, "two", "--pid", str(a.pid), "--pid", str(b.pid))
+    tracer, out = trace_of(tmp_path, "two", "--pid", str(a.pid), "--pid", str(b.pid), sample_hz="20")
     for lab in (a, b):
         os.kill(lab.pid, signal.SIGUSR1)
     la, lb = finish_reader(a), finish_reader(b)
@@ -61,6 +61,10 @@ def test_two_pids_each_seen_whole(tmp_path, table):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["end_reason"] == "target-exit" and meta["pids"] == [a.pid, b.pid] and meta["pid"] == a.pid
     assert counts_by_pid(out) == {a.pid: la["calls"], b.pid: lb["calls"]}
+    # the per-thread samplers follow both processes (each thread under its own pid)
+    threads = tracefmt.load_bundle(out).samples("threads")
+    assert set(threads["pid"]) == {a.pid, b.pid}
+    assert all(pid in set(g["tid"]) for pid, g in threads.groupby("pid"))
     r = subprocess.run(engramprof("batch-tail", out, "--json"), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert sorted(p["pid"] for p in json.loads(r.stdout)["processes"]) == sorted([a.pid, b.pid])

@@ -245,6 +245,18 @@ class Selection:
             want |= self._v1_members
         return want
 
+    def v2_members(self) -> set[int]:
+        """The processes in the v2 cgroups (and their sub-groups) now."""
+        out = set()
+        for c in self.cgroups_v2:
+            for d in _cgroup_dirs(c):
+                try:
+                    with open(os.path.join(d, "cgroup.procs")) as f:
+                        out.update(int(x) for x in f.read().split())
+                except (OSError, ValueError):
+                    continue
+        return out
+
     def tgids_left(self, put: set[int], want: set[int]) -> set[int]:
         """Tgids put in the map that are to go: a v1 cgroup's members that left it."""
         if not self.cgroups_v1:

@@ -102,6 +102,8 @@ class RowRecorder:
         self._cgroup(ts, s["cgroup"], first)
         if self.pid is not None and not self.target_exited.is_set():
             self._target(ts, s["process"], s["threads"], first)
+        for pid, (proc, threads) in (s.get("others") or {}).items():
+            self._followed(ts, pid, proc, threads)
         self.recent.append((
             ts,
             {r: (v.get("some", (0, 0))[0], v.get("full", (0, 0))[0]) for r, v in s["psi"].items() if v},
@@ -168,10 +170,23 @@ class RowRecorder:
             else:
                 self.notes.add("exit", f"pid {self.pid} exited{self.rel(ts)}; its samples up to then are kept")
             return
-        pp = self.prev.get("process", proc)
+        self._process_rows(ts, self.pid, proc, threads, first, "")
+
+    def _followed(self, ts: int, pid: int, proc: dict | None, threads: list | None) -> None:
+        """Another traced process (--pid repeated, --children, --cgroup, --file readers): its
+        first round (when it joined) is its baseline."""
+        key = f":{pid}"
+        if proc is None:
+            if f"process{key}" in self.prev:
+                self.notes.add(f"exit-{pid}", f"pid {pid} exited{self.rel(ts)}; its samples up to then are kept")
+            return
+        self._process_rows(ts, pid, proc, threads, f"process{key}" not in self.prev, key)
+
+    def _process_rows(self, ts: int, pid: int, proc: dict, threads: list | None, first: bool, key: str) -> None:
+        pp = self.prev.get(f"process{key}", proc)
         cpu = proc["utime_s"] + proc["stime_s"]
         self.series["process"].rows.append((
-            ts, self.pid, proc["state"], proc["utime_s"], proc["stime_s"],
+            ts, pid, proc["state"], proc["utime_s"], proc["stime_s"],
             max(0.0, cpu - pp["utime_s"] - pp["stime_s"]),
             proc["num_threads"], proc["rss_bytes"],
             delta(proc["minflt"], pp["minflt"]),
@@ -180,11 +195,11 @@ class RowRecorder:
             delta(proc["read_bytes"], pp["read_bytes"]),
             delta(proc["syscr"], pp["syscr"]),
         ))
-        self.prev["process"] = proc
-        self._threads(ts, threads, first)
+        self.prev[f"process{key}"] = proc
+        self._threads(ts, pid, threads or [], first, key)
 
-    def _threads(self, ts: int, threads: list, first: bool) -> None:
-        known: dict = self.prev.setdefault("threads", {})
+    def _threads(self, ts: int, pid: int, threads: list, first: bool, key: str = "") -> None:
+        known: dict = self.prev.setdefault(f"threads{key}", {})
         seen = {}
         rows = self.series["threads"].rows
         for tid, name, vcs, ivcs, ut, stt, run, runq, slices in threads:
@@ -193,7 +208,7 @@ class RowRecorder:
             cur = (vcs, ivcs, ut, stt, run, runq, slices)
             base = known.get(tid) or (cur if first else (0, 0, 0.0, 0.0, 0, 0, 0))
             rows.append((
-                ts, self.pid, tid, name, vcs, ivcs,
+                ts, pid, tid, name, vcs, ivcs,
                 delta(vcs, base[0]),
                 delta(ivcs, base[1]),
                 ut, stt,
@@ -203,4 +218,4 @@ class RowRecorder:
                 delta(slices, base[6]),
             ))
             seen[tid] = cur
-        self.prev["threads"] = seen
+        self.prev[f"threads{key}"] = seen

@@ -189,6 +189,29 @@ def _threads_section(th: pd.DataFrame, span: float, notes: list[str]) -> dict:
     )
 
 
+def _of_pid(df: pd.DataFrame | None, pid) -> pd.DataFrame | None:
+    return None if df is None or df.empty else df[df["pid"] == pid]
+
+
+PROCESS_KEYS = ("pid", "name", "samples", "span_s", "cpu_pct", "majflt", "read_bytes", "threads_seen",
+                "ctx_voluntary", "ctx_involuntary", "ctx_per_s", "run_s", "runq_s")
+
+
+def _processes_section(pr, th, info: Mapping, lo, dur_ns: int, pids: list[int]) -> list[dict]:
+    """One short row per traced process (the per-thread lists stay in `process` for the first)."""
+    names = {int(k): v for k, v in (info.get("followed") or {}).items()}
+    if info.get("pid") is not None:
+        names[int(info["pid"])] = info.get("target_name")
+    rows = []
+    for p in pids:
+        sec = _process_section(_of_pid(pr, p), {"pid": p, "target_name": names.get(p)}, lo)
+        t = _of_pid(th, p)
+        if t is not None and not t.empty:
+            sec.update(_threads_section(t, sec.get("span_s") or dur_ns / 1e9, []))
+        rows.append({k: sec.get(k) for k in PROCESS_KEYS})
+    return rows
+
+
 def summarize(frames: Mapping[str, pd.DataFrame | None], info: Mapping | None = None) -> dict:
     """The JSON summary of recorded sample frames (pure: the frames and run info in, dict out).
 
@@ -217,6 +240,11 @@ def summarize(frames: Mapping[str, pd.DataFrame | None], info: Mapping | None = 
     elif info.get("pid") is not None:
         out["cgroup"] = None
     pr, th = frames.get("process"), frames.get("threads")
+    pids = sorted(int(p) for p in pr["pid"].dropna().unique()) if pr is not None and not pr.empty else []
+    if len(pids) > 1:  # several traced processes: `process` is the first, `processes` each
+        out["processes"] = _processes_section(pr, th, info, lo, dur_ns, pids)
+        first = info.get("pid") if info.get("pid") is not None else pids[0]
+        pr, th = _of_pid(pr, first), _of_pid(th, first)
     if info.get("pid") is not None or (pr is not None and not pr.empty):
         psec = _process_section(pr, info, lo)
         if th is not None and not th.empty:
