@@ -72,6 +72,8 @@ class SyscallTracer:
         # filemap:mm_filemap_delete_from_page_cache (engramprof/record/evictions.py)
         self.evictions_wanted, self.evictions = evictions, None
         self.faults = None
+        #: page-cache insertions, readahead and hints of the target's files (probes/pagecache.bpf.c)
+        self.pagecache = None
         self.output = output
         self.sample_hz = sample_hz
         self.config = loader.ProbeConfig(tgid=self.pid, tid=tid, min_ns=int(min_us * 1000), syscall_hook=syscall_hook,
@@ -146,6 +148,7 @@ class SyscallTracer:
         if self.evictions is not None:  # while the other probes compile: keep the ring from filling
             self.evictions.drain(self.sink)
         self._start_faults()
+        self._start_pagecache()
         self._start_offcpu()
         self._build_pipeline()
         self.state.started_ns = time.monotonic_ns()
@@ -185,6 +188,29 @@ class SyscallTracer:
         if self.writer:
             self.writer.update_meta(fault_probe="faults.bpf.c", fault_address=self.faults.plan.has_address,
                                     fault_missing_evidence=self.faults.plan.missing_columns)
+
+    def _start_pagecache(self) -> None:
+        """The page-cache probe (engramprof/record/pagecache.py) is evidence for readahead and
+        prefetch hints: if it cannot load, record without it and say so."""
+        from engramprof.bpf import pagecache as pagecache_probe
+        from engramprof.record.pagecache import PagecacheRecorder
+
+        if not pagecache_probe.required_available():
+            self.notes.append("page-cache insertions not traced: the kernel lacks filemap:mm_filemap_add_to_page_cache")
+            return
+        try:
+            self.pagecache = PagecacheRecorder(self.pid, self.tid, selection=self.selection)
+            self.pagecache.start()
+        except Exception as exc:
+            if self.pagecache is not None:
+                self.pagecache.close()
+            self.pagecache = None
+            self.notes.append(f"page-cache insertions not traced: {exc}")
+            return
+        if self.pagecache.plan.missing:
+            self.notes.append(f"page-cache evidence not collected: {', '.join(self.pagecache.plan.missing)}")
+        if self.writer:
+            self.writer.update_meta(pagecache_probe=pagecache_probe.PROBE_FILE)
 
     def _start_offcpu(self) -> None:
         """The sched probe is context: if it cannot load, record without it and say so."""
@@ -303,7 +329,7 @@ class SyscallTracer:
             return
         for probe in (self.probe, self.faults.probe if self.faults else None,
                       self.offcpu.probe if self.offcpu else None,
-                      self.evictions.probe if self.evictions else None):
+                      self.evictions.probe if self.evictions else None, self.pagecache.probe if self.pagecache else None):
             if probe is not None and getattr(probe, "bpf", None) is not None:
                 try:
                     probe.targets.sync()
@@ -357,7 +383,11 @@ class SyscallTracer:
                 self.offcpu.detach()
             if self.evictions is not None:
                 self.evictions.detach()
+            if self.pagecache is not None:
+                self.pagecache.detach()
             self.drain()
+            if self.pagecache is not None:  # and the insertion runs still open in the kernel
+                self.pagecache.drain(self.sink, final=True)
             totals = probe.totals()
             hists = probe.histograms(self.fd_paths.fds_seen)
             bio_hist = probe.bio_histogram() if self.plan.features.get("HAVE_BIO") else None
@@ -379,6 +409,8 @@ class SyscallTracer:
         summary = self.summary(totals, hists, end_ns, bio_hist)
         if self.writer and self.faults is not None:
             self.writer.update_meta(faults=summary.get("faults"))
+        if self.writer and self.pagecache is not None:
+            self.writer.update_meta(pagecache=summary.get("pagecache"))
         if self.writer and self.evictions is not None:
             self.writer.update_meta(evictions=summary.get("evictions"))
         if self.writer:
@@ -400,6 +432,8 @@ class SyscallTracer:
             self.offcpu.close()
         if self.evictions is not None:
             self.evictions.close()
+        if self.pagecache is not None:
+            self.pagecache.close()
         for w in self._exit:
             w.close()
         return summary
@@ -444,6 +478,8 @@ class SyscallTracer:
         """One pass down the pipeline for everything the probe has written since the last."""
         if self.offcpu is not None:
             self.offcpu.drain(self.sink)
+        if self.pagecache is not None:
+            self.pagecache.drain(self.sink)
         if self.faults is not None:
             fault_events = self.faults.drain()
             if fault_events is not None:
@@ -495,6 +531,8 @@ class SyscallTracer:
             out["offcpu"] = self.offcpu.summary()
         if self.faults is not None:
             out["faults"] = self.faults.summary()
+        if self.pagecache is not None:
+            out["pagecache"] = self.pagecache.summary()
         if self.evictions is not None:
             out["evictions"] = self.evictions.summary()
         if self.sampler is not None:

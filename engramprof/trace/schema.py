@@ -259,6 +259,51 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("waker_tid", pa.int32()),
         ("waker_pid", pa.int32()),
     ],
+    # the page cache of the watched files (probes/pagecache.bpf.c, engramprof/record/pagecache.py):
+    # event insert = a run of pages [first_page, first_page + pages) inserted by one thread
+    # (ts_ns first insertion, dur_ns to the last); sync_ra / async_ra / ra_order / ra_unbounded =
+    # a readahead window the kernel chose (pages = its size, async_pages its async part);
+    # target: in a traced thread; in_hint: inside its fadvise / madvise / readahead(2);
+    # open_at_end: a run still open when the recording ended; holes: samples/pagecache_lost
+    "pagecache": [
+        ("ts_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("event", pa.string()),
+        ("dev", pa.int64()),  # kernel dev_t (major << 20 | minor)
+        ("ino", pa.int64()),
+        ("path", pa.string()),  # "" when no traced process has the file open or mapped
+        ("first_page", pa.int64()),
+        ("pages", pa.int64()),
+        ("async_pages", pa.int64()),
+        ("ra_pages", pa.int64()),
+        ("target", pa.bool_()),
+        ("in_hint", pa.bool_()),
+        ("open_at_end", pa.bool_()),
+    ],
+    # the target's page-cache hints, one row per file range: call fadvise | madvise | readahead;
+    # advice WILLNEED, DONTNEED, RANDOM, SEQUENTIAL, POPULATE_READ, PAGEOUT, ...; address: the
+    # madvise start (null otherwise); offset / length: as called (length 0: to the end); the
+    # file pages covered [first_page, first_page + pages); ret: the call's return value
+    "pagecache_hints": [
+        ("ts_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("call", pa.string()),
+        ("advice", pa.string()),
+        ("fd", pa.int32()),
+        ("address", pa.int64()),
+        ("offset", pa.int64()),
+        ("length", pa.int64()),
+        ("path", pa.string()),
+        ("dev", pa.int64()),
+        ("ino", pa.int64()),
+        ("first_page", pa.int64()),
+        ("pages", pa.int64()),
+        ("ret", pa.int64()),
+    ],
     # every removal of a watched file's page from the page cache (probes/evictions.bpf.c,
     # system-wide, filtered in the kernel to the files the target reads): the folio's first
     # page and its size, and who removed it in which context (engramprof/record/evictions.py:
