@@ -26,6 +26,7 @@ from engramprof.analysis.events import code_faults
 from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
 from engramprof.present import advice, jsonable  # noqa: F401  (jsonable: the command's JSON shaping)
+from engramprof.present import advice_for, miss_story
 #: a second cause is named as runner-up from this share of batch time on
 RUNNER_UP_MIN_SHARE = 0.15
 #: most distinct rows whose residency is looked up now (the most read first)
@@ -127,6 +128,9 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
             finding += (f"; hot rows resident now: {hot['resident_frac_by_reads']:.0%} (by reads, "
                         f"{which}, mincore/cachestat)")
         steps.append({"step": "residency of their pages", "finding": finding, "value": miss_any})
+    story = miss_story(bt)  # who evicted the missed pages (eviction records, analysis/misses.py)
+    if story:
+        steps.append({"step": "why the pages were missing", "finding": story, "value": bt.get("miss_causes")})
     vm = ctx.get("vmstat") or {}
     psi = (ctx.get("psi") or {}).get("memory") or {}
     cg = ctx.get("cgroup") or {}
@@ -260,7 +264,10 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "limits": limits(bt, trace_summary, duration, markers is not None),
         "window": {k: v for k, v in recorded_window(trace_summary, duration).items() if k != "text"},
         "read_path": read_path_of(bt),
-        "recommendation": {k: advice(verdict, read_path_of(bt))[k] for k in ("fix", "confirm")},
+        "recommendation": {k: advice_for(verdict, read_path_of(bt), bt)[k] for k in ("fix", "confirm")},
+        "evicted_by": bt.get("evicted_by"),
+        "miss_causes": bt.get("miss_causes"),
+        "miss_cause_method": bt.get("miss_cause_method"),
         "hot_rows": hot,
         "batch_tail": bt,
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",

@@ -121,3 +121,74 @@ def advice(verdict: str, read_path: str = "syscalls") -> dict:
     if read_path == "faults" and verdict in ADVICE_FAULTS:
         return ADVICE_FAULTS[verdict]
     return ADVICE[verdict]
+
+
+# ---------------------------------------------------------------- why the pages were missing
+
+def _gib(n) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _who(e: dict) -> str:
+    """One evictor in words: `pid 4242 (`sh -c ...`)`, memcg reclaim of /group (limit ...)."""
+    ctx = e.get("context")
+    cmd = e.get("cmdline") or e.get("comm") or "?"
+    if ctx == "kswapd":
+        return f"kswapd (global reclaim, {e.get('comm')})"
+    if ctx == "memcg-reclaim":
+        lim, use = e.get("cgroup_limit_bytes"), e.get("cgroup_usage_bytes")
+        extra = ", ".join(x for x in ((f"limit {_gib(lim)}" if lim else ""),
+                                      (f"usage {_gib(use)} when first seen" if use else "")) if x)
+        return (f"memcg reclaim of {e.get('cgroup') or '?'}" + (f" ({extra})" if extra else "")
+                + f" in pid {e['pid']} (`{cmd}`)")
+    if ctx == "direct-reclaim":
+        return f"direct reclaim in pid {e['pid']} (`{cmd}`)"
+    how = {"fadvise": "POSIX_FADV_DONTNEED", "drop-caches": "a drop_caches write", "truncate": "truncation"}.get(ctx)
+    return f"pid {e['pid']} (`{cmd}`)" + (f" with {how}" if how else " (context not seen)")
+
+
+def miss_story(bt: dict) -> str | None:
+    """The sentence that says why the missed pages were missing (``miss_causes`` and
+    ``evicted_by`` of a batch-tail summary), or None without eviction records."""
+    causes, by = bt.get("miss_causes"), bt.get("evicted_by") or []
+    if not causes or not causes.get("pages"):
+        return None
+    main = max(("first_touch", "reclaim", "dropped", "unknown"), key=lambda c: causes.get(c) or 0)
+    if main == "first_touch":
+        return (f"residency: {causes['first_touch']:.0%} of the {causes['pages']:,.0f} missed pages were first touches "
+                "(never seen resident in the trace)")
+    if main == "unknown" or not by:
+        return (f"{causes['unknown']:.0%} of the {causes['pages']:,.0f} missed pages could not be matched to an "
+                "eviction (evicted before the trace or while records were lost)")
+    want = ("kswapd", "direct-reclaim", "memcg-reclaim") if main == "reclaim" else ("fadvise", "drop-caches", "truncate")
+    top = next((e for e in by if e.get("context") in want), by[0])
+    cause = "reclaim" if main == "reclaim" else "residency"
+    lo, hi = (top.get("before_read_s") or [None, None])[:2]
+    when = f" {lo:.1f}-{hi:.1f} s before they were read" if lo is not None and hi is not None else ""
+    return (f"{cause}: {top['share']:.0%} of the missed pages had been evicted by {_who(top)}{when}"
+            + (f" ({causes[main]:.0%} by {main} in all)" if causes[main] - top["share"] > 0.05 else ""))
+
+
+def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
+    """:func:`advice`, with the fix naming the evictor when the eviction records show one."""
+    base = dict(advice(verdict, read_path))
+    by = bt.get("evicted_by") or []
+    causes = bt.get("miss_causes") or {}
+    if verdict == "residency" and (causes.get("dropped") or 0) >= 0.5:
+        top = next((e for e in by if e.get("context") in ("fadvise", "drop-caches", "truncate")), None)
+        if top is not None:
+            base["fix"] = (f"Stop the dropper: {_who(top)} evicted {top['share']:.0%} of the missed pages. Remove or "
+                           "reschedule it (a drop_caches cron job, a DONTNEED on the table's file), or exclude the "
+                           "table's files from it; then the rows stay resident.")
+    elif verdict == "reclaim" and by:
+        top = next((e for e in by if e.get("context") in ("kswapd", "direct-reclaim", "memcg-reclaim")), None)
+        if top is not None and top["context"] == "memcg-reclaim":
+            base["fix"] = (f"The table's pages were reclaimed by {_who(top)}: raise that cgroup's memory limit "
+                           "(memory.max / memory.limit_in_bytes) above the table's working set plus the process's own "
+                           "memory, move other page-cache users (streamed checkpoints, logs) out of the group, or "
+                           "shrink the working set.")
+        elif top is not None:
+            base["fix"] = (f"The table's pages were reclaimed by {_who(top)} (system memory pressure): give the host "
+                           "memory headroom (fewer or smaller co-located jobs, no large streaming reads through the page "
+                           "cache: O_DIRECT or POSIX_FADV_DONTNEED on the streamed files), or pin the hot rows.")
+    return base

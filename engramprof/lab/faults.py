@@ -431,6 +431,8 @@ class StorageFault(Fault):
         return done + d2, problems + p2
 
 
+from engramprof.lab.evicting import EVICTING_FAULTS  # noqa: E402  (dropper, boot-stream: they build on the above)
+
 FAULTS: dict[str, type[Fault]] = {cls.spec.name: cls for cls in (
-    PythonSchedulingFault, HealthyFault, ResidencyFault, ReclaimFault, StorageFault)}
+    PythonSchedulingFault, HealthyFault, ResidencyFault, ReclaimFault, StorageFault, *EVICTING_FAULTS)}
 SCENARIOS: dict[str, Spec] = {name: cls.spec for name, cls in FAULTS.items()}
