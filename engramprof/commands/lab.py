@@ -112,6 +112,9 @@ def run_cmd(
     seed: int = typer.Option(0, "--seed", help="seed of the row plan"),
     start_delay: float = typer.Option(0.0, "--start-delay", help="sleep S seconds before the first step (attach a tracer); SIGUSR1 ends the wait early"),
     threads: int = typer.Option(32, "--threads", help="pool threads"),
+    random: bool = typer.Option(True, "--random/--no-random", help="POSIX_FADV_RANDOM / MADV_RANDOM on the table (default); --no-random leaves readahead on"),
+    prefetch: Optional[str] = typer.Option(None, "--prefetch", help="willneed: hint each step's rows with WILLNEED --prefetch-lead steps before reading them"),
+    prefetch_lead: int = typer.Option(1, "--prefetch-lead", help="steps between a batch's WILLNEED hint and its read (0: just before the read)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Read Engram rows like a model server: one batch of 2 jobs per layer per step."""
@@ -134,6 +137,9 @@ def run_cmd(
     validate.existing_file("--table", table_path)
     if markers is not None:
         validate.new_or_regular_file("--markers", markers)
+    if prefetch is not None and prefetch != "willneed":
+        raise UserError(f"--prefetch must be willneed, not {prefetch!r}")
+    validate.at_least("--prefetch-lead", prefetch_lead, 0)
     from engramprof import layout
 
     layout.load(table_path)  # not a safetensors table: one line, before the pid line
@@ -153,6 +159,7 @@ def run_cmd(
             cache=None if cache is None else ("warm" if cache else "cold"),
             start_delay=start_delay, threads=threads, stop=stop, start_event=go,
             on_ready=lambda: print("lab: ready", file=sys.stderr, flush=True),
+            random=random, prefetch=prefetch, prefetch_lead=prefetch_lead,
         )
     except MarkerFileError as exc:
         raise UserError(f"--markers: {exc}") from None

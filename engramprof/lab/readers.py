@@ -82,12 +82,25 @@ class ReadStats:
         self.nowait_unsupported |= other.nowait_unsupported
 
 
-def open_table(path: str | os.PathLike) -> int:
+def open_table(path: str | os.PathLike, random: bool = True) -> int:
     """A read-only fd for row reads, with POSIX_FADV_RANDOM (no readahead markers, which
-    would make RWF_NOWAIT reads of cached pages return EAGAIN)."""
+    would make RWF_NOWAIT reads of cached pages return EAGAIN); ``random=False`` (``lab run
+    --no-random``) leaves the kernel's readahead on."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    if random:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     return fd
+
+
+def page_runs(offsets: np.ndarray, row_bytes: int) -> list[tuple[int, int]]:
+    """The pages of these rows as runs of consecutive pages: (first page, pages) each."""
+    offs = np.asarray(offsets, dtype=np.int64)
+    if not len(offs):
+        return []
+    ps = mmap.PAGESIZE
+    first, last = offs // ps, (offs + row_bytes - 1) // ps
+    pages = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
+    return [(int(r[0]), len(r)) for r in np.split(pages, np.flatnonzero(np.diff(pages) != 1) + 1)]
 
 
 def unique_rows(job: Job) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -158,6 +171,17 @@ class Reader:
 
     def read_batch(self, jobs: list[Job]) -> ReadStats:
         raise NotImplementedError
+
+    #: False (``lab run --no-random``): no POSIX_FADV_RANDOM / MADV_RANDOM, readahead on
+    random = True
+
+    def hint(self, fd: int, offsets: np.ndarray, row_bytes: int) -> int:
+        """Prefetch these rows (``lab run --prefetch willneed``): one
+        ``posix_fadvise(POSIX_FADV_WILLNEED)`` per run of consecutive pages; returns the calls."""
+        runs = page_runs(offsets, row_bytes)
+        for first, n in runs:
+            os.posix_fadvise(fd, first * mmap.PAGESIZE, n * mmap.PAGESIZE, os.POSIX_FADV_WILLNEED)
+        return len(runs)
 
     def prepare(self, fd: int, populate: bool = False) -> None:
         """Called once per table fd before the first batch (the mmap readers map it here, so
@@ -302,14 +326,15 @@ class NowaitReader(PoolReader):
 class _Mapping:
     """One read-only ``numpy.memmap`` of a table file, ``MADV_RANDOM`` on the whole mapping."""
 
-    def __init__(self, fd: int, populate: bool = False):
+    def __init__(self, fd: int, populate: bool = False, random: bool = True):
         st = os.fstat(fd)
         self.ident = (st.st_dev, st.st_ino)
         self.size = st.st_size
         with open(fd, "rb", closefd=False) as f:
             self.mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(st.st_size,))
         raw = self.mm._mmap  # the mmap.mmap numpy made: madvise acts on the whole mapping
-        raw.madvise(mmap.MADV_RANDOM)
+        if random:  # else (--no-random) the kernel's mmap read-around stays on
+            raw.madvise(mmap.MADV_RANDOM)
         if populate:  # map every (cached) page now: later gathers make no fault at all
             try:
                 raw.madvise(MADV_POPULATE_READ)
@@ -384,8 +409,18 @@ class MmapReader(Reader):
         if m is None or m.ident != (st.st_dev, st.st_ino) or m.size != st.st_size:
             if m is not None:
                 m.close()
-            m = self._maps[fd] = _Mapping(fd, populate)
+            m = self._maps[fd] = _Mapping(fd, populate, random=self.random)
         return m
+
+    def hint(self, fd: int, offsets: np.ndarray, row_bytes: int) -> int:
+        """Prefetch these rows through the mapping: one ``madvise(MADV_WILLNEED)`` per run of
+        consecutive pages; returns the calls."""
+        m = self._mapping(fd)
+        runs = page_runs(offsets, row_bytes)
+        for first, n in runs:
+            start = first * mmap.PAGESIZE
+            m.mm._mmap.madvise(mmap.MADV_WILLNEED, start, min(n * mmap.PAGESIZE, m.size - start))
+        return len(runs)
 
     def unmap(self, fd: int, offsets: np.ndarray, row_bytes: int) -> int:
         """Unmap the pages of these rows from this reader's mapping of ``fd`` (see

@@ -143,6 +143,8 @@ class _Tally:
     unique: int = 0  # rows read: summed over jobs, each job's rows de-duplicated
     distinct: set = field(default_factory=set)  # file offsets of every row read in the run
     reads: list = field(default_factory=list)  # per batch (offset, size) list, with record_reads
+    hints: int = 0  # prefetch hint calls made (--prefetch)
+    hinted_steps: int = 0  # steps whose rows were hinted
 
 
 def run_workload(
@@ -165,13 +167,19 @@ def run_workload(
     on_ready: Callable[[], None] | None = None,
     preadv: readers.Preadv | None = None,
     start_event: threading.Event | None = None,
+    random: bool = True,
+    prefetch: str | None = None,
+    prefetch_lead: int = 1,
 ) -> dict:
     """Run steps until ``steps`` batches, ``duration`` seconds or ``stop`` is set.
 
     Default: 200 steps when neither ``steps`` nor ``duration`` is given.  Returns the
     summary dict (``steps, rows, unique_rows, calls, eagain, fallback_rows, batch_ms{p50,p99,
     mean,max}, reader, pid, table, ...``); with ``record_reads`` also ``reads``: per batch the
-    (offset, size) list of :func:`batch_reads`.
+    (offset, size) list of :func:`batch_reads`.  ``random=False``: no POSIX_FADV_RANDOM /
+    MADV_RANDOM (readahead on); ``prefetch="willneed"``: before reading step i the reader hints
+    the rows of step i + ``prefetch_lead`` with WILLNEED (0: its own rows, just before reading
+    them; steps before the lead are not hinted).
     """
     if steps is None and duration is None:
         steps = 200
@@ -188,7 +196,10 @@ def run_workload(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     writer = MarkerWriter(markers) if markers is not None else None
-    fd = readers.open_table(path)
+    if prefetch not in (None, "willneed") or prefetch_lead < 0:
+        raise UserError(f"prefetch must be 'willneed' with a lead >= 0, not {prefetch!r} / {prefetch_lead}")
+    rdr.random = random
+    fd = readers.open_table(path, random=random)
     try:
         if cache == "warm":
             warm(path)
@@ -202,7 +213,8 @@ def run_workload(
             (start_event if start_event is not None else stop).wait(start_delay)
         t0 = time.monotonic()
         tally = _run_steps(plan, rdr, fd, writer, reader, stop, steps,
-                           t0 + duration if duration is not None else None, gap_ms, record_reads)
+                           t0 + duration if duration is not None else None, gap_ms, record_reads,
+                           prefetch_lead=prefetch_lead if prefetch else None)
         elapsed = time.monotonic() - t0
     finally:
         os.close(fd)
@@ -210,16 +222,41 @@ def run_workload(
         if writer is not None:
             writer.close()
     result = _summary(tally, reader=reader, pid=os.getpid(), table=path, tokens=tokens, heads=heads,
-                      jobs_per_step=2 * len(plan.layers), cache=cache, elapsed_s=round(elapsed, 3))
+                      jobs_per_step=2 * len(plan.layers), cache=cache, elapsed_s=round(elapsed, 3), random=random)
+    if prefetch:
+        result["prefetch"] = {"advice": prefetch, "lead": prefetch_lead, "hints": tally.hints,
+                              "hinted_steps": tally.hinted_steps}
     if record_reads:
         result["reads"] = tally.reads
     return result
 
 
+class _Ahead:
+    """The plan's batches generated ahead of the reader (for prefetch hints with a lead)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.queue: list[list[JobSpec]] = []
+
+    def at(self, k: int) -> list[JobSpec]:
+        """The batch ``k`` steps after the next one to read (0: the next one)."""
+        while len(self.queue) <= k:
+            self.queue.append(self.plan.next_batch())
+        return self.queue[k]
+
+    def next_batch(self) -> list[JobSpec]:
+        self.at(0)
+        return self.queue.pop(0)
+
+
 def _run_steps(plan: Plan, rdr, fd: int, writer: MarkerWriter | None, reader: str, stop: threading.Event,
-               steps: int | None, deadline: float | None, gap_ms: float, record_reads: bool) -> _Tally:
-    """The step loop: one batch per step, a marker each, ``gap_ms`` between steps."""
+               steps: int | None, deadline: float | None, gap_ms: float, record_reads: bool,
+               prefetch_lead: int | None = None) -> _Tally:
+    """The step loop: one batch per step, a marker each, ``gap_ms`` between steps; with
+    ``prefetch_lead``, the WILLNEED hints of the batch that many steps ahead before each batch."""
     tally = _Tally()
+    if prefetch_lead is not None:
+        plan = _Ahead(plan)
     while not stop.is_set():
         if steps is not None and len(tally.batch_ns) >= steps:
             break
@@ -228,6 +265,10 @@ def _run_steps(plan: Plan, rdr, fd: int, writer: MarkerWriter | None, reader: st
         if tally.batch_ns and gap_ms:
             if stop.wait(gap_ms / 1000):
                 break
+        if prefetch_lead is not None and (steps is None or len(tally.batch_ns) + prefetch_lead < steps):
+            for s in plan.at(prefetch_lead):  # not timed: the hint belongs to an earlier step
+                tally.hints += rdr.hint(fd, s.offsets, s.row_bytes)
+            tally.hinted_steps += 1
         specs = plan.next_batch()
         jobs = [readers.Job(fd, s.offsets, s.row_bytes, np.empty((len(s.offsets), s.row_bytes), dtype=np.uint8))
                 for s in specs]
