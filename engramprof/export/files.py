@@ -4,8 +4,11 @@ gives device and inode itself), and the --file paths.
 
 A key the probe reports that no target has open or mapped (the file was closed) keeps the
 path it was last seen with; one never seen is labelled ``dev:MAJ:MIN:ino:N``, and inode 0
-(a call that found no page and whose fd had no earlier read) ``unknown``.  Lookups of new keys
-rescan at most every ``min_rescan_s``.
+(a call that found no page and whose fd had no earlier read) ``unknown``.  A key seen for the
+first time is looked up at once (the exporter names new keys every second, while their
+reader is alive); one not found is looked up again at most every ``min_rescan_s``.  A name,
+once a path, never changes (one series per file); a fallback name becomes the path when it is
+found (the series is then continued under the path).
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class FileNames:
         self.paths: dict[tuple[int, int], str] = {(d, i): p for d, i, p in selection.files}
         self.min_rescan_s = min_rescan_s
         self._last_scan = 0.0
+        self._tried: set[tuple[int, int]] = set()
 
     def rescan(self) -> None:
         self._last_scan = time.monotonic()
@@ -68,6 +72,7 @@ class FileNames:
         if ino == 0:
             return UNKNOWN
         key = (dev, ino)
-        if key not in self.paths and time.monotonic() - self._last_scan >= self.min_rescan_s:
+        if key not in self.paths and (key not in self._tried or time.monotonic() - self._last_scan >= self.min_rescan_s):
+            self._tried.add(key)  # a key seen for the first time: scan now, while its reader has it open
             self.rescan()
         return self.paths.get(key) or f"dev:{dev >> 20}:{dev & 0xFFFFF}:ino:{ino}"

@@ -60,7 +60,9 @@ class ExporterCollector:
     def collect(self):
         s = self.state
         lv = self.label_values
-        stats = s.read_stats()
+        snap = s.snapshot()
+        at = snap["at"]
+        stats = snap["stats"]
         fams = {name: self._f(CounterMetricFamily, name, doc, ("file", "kind")) for _, name, doc, _ in READ_COUNTERS}
         lat = self._f(HistogramMetricFamily, "engramprof_read_latency_seconds",
                       "Latency of syscall reads, entry to exit (log2 buckets kept in the kernel)", ("file", "kind"))
@@ -69,40 +71,39 @@ class ExporterCollector:
                 continue
             labels = lv + [s.file_name(dev, ino), kind]
             for field, name, _doc, scale in READ_COUNTERS:
-                fams[name].add_metric(labels, row[field] * scale)
+                fams[name].add_metric(labels, row[field] * scale, timestamp=at)
             if kind == "syscall":
                 buckets, total = log2_histogram(row["latency_log2"], row["sum_ns"] * NS)
-                lat.add_metric(labels, buckets, total)
+                lat.add_metric(labels, buckets, total, timestamp=at)
         yield from fams.values()
         yield lat
-        bio = s.bio_histogram()
+        bio = snap["bio"]
         h = self._f(HistogramMetricFamily, "engramprof_bio_latency_seconds",
                     "Queue -> complete of every bio the targets queued inside syscall reads (all files)")
-        h.add_metric(lv, *log2_histogram(bio, s.bio_seconds()))
+        h.add_metric(lv, *log2_histogram(bio, snap["bio_seconds"]), timestamp=at)
         yield h
-        yield from self._totals(s)
+        yield from self._totals(s, snap["totals"], at)
         yield from self._windows(s)
         yield from self._system(s)
 
-    def _totals(self, s):
-        tot = s.totals()
+    def _totals(self, s, tot, at):
         lv = self.label_values
         lost = self._f(CounterMetricFamily, "engramprof_lost_events_total",
                        "Events the probe could not keep: a window sample record dropped (ring full), a read not "
                        "kept per file (the file map full; still in engramprof_probe_reads_total)", ("what",))
-        lost.add_metric(lv + ["sample-ring-full"], tot["sample_lost"])
-        lost.add_metric(lv + ["file-map-full"], tot["files_overflow"])
+        lost.add_metric(lv + ["sample-ring-full"], tot["sample_lost"], timestamp=at)
+        lost.add_metric(lv + ["file-map-full"], tot["files_overflow"], timestamp=at)
         yield lost
         reads = self._f(CounterMetricFamily, "engramprof_probe_reads_total",
                         "Every read the probe saw, by kind (files beyond the file map included)", ("kind",))
-        reads.add_metric(lv + ["syscall"], tot["syscall_reads"])
-        reads.add_metric(lv + ["fault"], tot["faults"])
+        reads.add_metric(lv + ["syscall"], tot["syscall_reads"], timestamp=at)
+        reads.add_metric(lv + ["fault"], tot["faults"], timestamp=at)
         yield reads
         smp = self._f(CounterMetricFamily, "engramprof_window_sampled_reads_total",
                       "Syscall reads recorded for the window analysis (result=sampled) or only aggregated because "
                       "the window's sample budget was spent (result=unsampled)", ("result",))
-        smp.add_metric(lv + ["sampled"], tot["sampled"])
-        smp.add_metric(lv + ["unsampled"], tot["unsampled"])
+        smp.add_metric(lv + ["sampled"], tot["sampled"], timestamp=at)
+        smp.add_metric(lv + ["unsampled"], tot["unsampled"], timestamp=at)
         yield smp
         live = s.live_targets()
         if live is None:  # --file alone: whichever process reads the files

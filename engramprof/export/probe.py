@@ -135,6 +135,10 @@ class ExportProbe:
             out[(int(k.dev), int(k.ino), kind)] = row
         return out
 
+    def file_keys(self) -> list[tuple[int, int]]:
+        """(dev, ino) of every key in the map (keys only: no per-CPU values read)."""
+        return [(int(k.dev), int(k.ino)) for k in self._stats.keys()]
+
     def totals(self) -> dict[str, int]:
         per_cpu = self._totals[0]
         names = [f for f, _ in per_cpu[0]._fields_]

@@ -108,21 +108,21 @@ class ExportState:
     def file_name(self, dev: int, ino: int) -> str:
         return self.files.name(dev, ino)
 
-    def read_stats(self):
+    def snapshot(self) -> dict:
+        """The probe's maps, read together, and the wall-clock time they were read at: the
+        samples carry it, so a scrape the host was slow to serve is not misdated."""
         with self.lock:
-            return self.probe.read_stats()
+            p = self.probe
+            snap = {"stats": p.read_stats(), "totals": p.totals(), "bio": p.bio_histogram(),
+                    "bio_seconds": p.bio_seconds()}
+        snap["at"] = time.time()
+        return snap
 
-    def totals(self):
-        with self.lock:
-            return self.probe.totals()
-
-    def bio_histogram(self):
-        with self.lock:
-            return self.probe.bio_histogram()
-
-    def bio_seconds(self):
-        with self.lock:
-            return self.probe.bio_seconds()
+    def name_new_files(self) -> None:
+        """Resolve the file of each key while its reader is alive (called once a second)."""
+        for k in self.probe.file_keys():
+            if k[1]:
+                self.files.name(k[0], k[1])
 
     def selection_waiting(self) -> list[str]:
         sel = self.settings.selection
@@ -192,6 +192,7 @@ def _loop(settings: ExportSettings, state: ExportState, p, stop: threading.Event
         now = time.monotonic_ns()
         with state.lock:
             state.refresh_targets()
+            state.name_new_files()
             parts.append(p.drain())
             if now - start < window_ns:
                 continue

@@ -111,22 +111,24 @@ class WindowAnalyser:
         self.last_error: str | None = None
         self.lock = contextlib.nullcontext()  # the exporter's lock: a scrape never sees half a window
 
-    def _markers_for(self, end_ns: int) -> pd.DataFrame | None:
+    def _markers_for(self, start_ns: int, end_ns: int) -> pd.DataFrame | None:
+        """Marked batches inside [start_ns, end_ns]; later ones wait for the next window, and
+        ones that began before it (or were written after their window was analysed) are dropped."""
         if self.markers.path is None:
             return None
         self.pending_markers += self.markers.new_batches()
         self.totals.marker_bad_lines = self.markers.bad_lines
-        mine = [m for m in self.pending_markers if m[1] <= end_ns]
+        mine = [m for m in self.pending_markers if m[1] <= end_ns and m[0] >= start_ns]
         self.pending_markers = [m for m in self.pending_markers if m[1] > end_ns]
         return pd.DataFrame(mine, columns=["start_ns", "end_ns"])
 
     def run(self, recs: np.ndarray, start_ns: int, end_ns: int, budget_spent: bool) -> None:
         """Analyse one window's records; fold the result into the totals (never raises)."""
         t = self.totals
-        markers = self._markers_for(end_ns)
         covered_end = end_ns
         if budget_spent and len(recs):
             covered_end = int((recs["ts_ns"] + recs["dur_ns"]).max())
+        markers = self._markers_for(start_ns, covered_end)
         t.coverage = max(0.0, min(1.0, (covered_end - start_ns) / max(1, end_ns - start_ns)))
         if len(recs) == 0 or (markers is not None and markers.empty):
             t.analyses["no-batches"] += 1

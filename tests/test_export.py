@@ -1,0 +1,217 @@
+"""`engramprof export` scraped by a real Prometheus (Debian's package), with real probes.
+
+One shared run (module fixture): a cgroup2 group holding a warm lab pool reader (the
+python-scheduling scenario), `engramprof export --cgroup` on it, and a Prometheus server
+started here on 127.0.0.1 (generated config, scrape interval 1 s, data in a temporary
+directory).  The tests then ask Prometheus's HTTP API; the restart test kills the reader and
+starts another one in the same group.  Bad input needs neither BPF nor Prometheus.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.tracing import Proc, engramprof
+
+REPO = Path(__file__).resolve().parent.parent
+CGROUP2 = Path("/sys/fs/cgroup/unified")
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+DASHBOARD = REPO / "deploy" / "grafana-dashboard.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+class Prom:
+    def __init__(self, port: int):
+        self.base = f"http://127.0.0.1:{port}"
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        q = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+        doc = json.loads(_get(f"{self.base}/api/v1/query?{urllib.parse.urlencode(q)}"))
+        assert doc["status"] == "success", doc
+        return doc["data"]["result"]
+
+    def value(self, expr: str, at: float | None = None) -> float:
+        res = self.query(expr, at)
+        assert len(res) == 1, f"{expr}: {res}"
+        return float(res[0]["value"][1])
+
+
+def _wait(what: str, ok, timeout: float = 60, every: float = 0.5):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            v = ok()
+            if v:
+                return v
+        except (OSError, AssertionError, ValueError):
+            pass
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start_reader(table: Path, markers: Path, group: Path) -> Proc:
+    lab = Proc(engramprof("lab", "run", "--table", table, "--warm", "--reader", "pool", "--duration", "300",
+                          "--markers", markers, "--start-delay", "120", "--json"))
+    lab.wait_line("lab: ready")
+    (group / "cgroup.procs").write_text(str(lab.pid))  # moved in before its first read
+    os.kill(lab.pid, signal.SIGUSR1)
+    return lab
+
+
+def _stop(proc, sig=signal.SIGKILL):
+    p = proc.p if isinstance(proc, Proc) else proc
+    if p.poll() is None:
+        p.send_signal(sig)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def lab_rate(markers: Path, t0_mono: float, t1_mono: float) -> float:
+    """The lab's own reads per second in [t0, t1] (CLOCK_MONOTONIC s): rows of its marked batches."""
+    rows = 0
+    for line in markers.read_text().splitlines():
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if t0_mono * 1e9 <= m["end_ns"] <= t1_mono * 1e9:
+            rows += m["rows"]
+    return rows / (t1_mono - t0_mono)
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    from tests.conftest import require_bpf
+
+    require_bpf()
+    if not os.path.exists(PROMETHEUS):
+        pytest.skip("Debian's prometheus package is not installed (`make setup` installs it)")
+    if not (CGROUP2 / "cgroup.procs").exists():
+        pytest.skip(f"no cgroup2 hierarchy at {CGROUP2}")
+    tmp = tmp_path_factory.mktemp("export")
+    table = tmp / "table.safetensors"
+    subprocess.run(engramprof("lab", "make-table", table, "--rows", "32768"), check=True, capture_output=True)
+    group = CGROUP2 / f"engramprof-export-{os.getpid()}"
+    group.mkdir()
+    procs: list = []
+    try:
+        markers = tmp / "m1.jsonl"
+        lab = _start_reader(table, markers, group)
+        procs.append(lab)
+        eport, pport = _free_port(), _free_port()
+        exporter = Proc(engramprof("export", "--cgroup", group, "--window", "3", "--listen", f"127.0.0.1:{eport}",
+                                   "--label", "rank=0"))
+        procs.append(exporter)
+        exporter.wait_line("Exporting", timeout=120)
+        cfg = tmp / "prometheus.yml"
+        cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                       f"  - job_name: engramprof\n    static_configs:\n      - targets: ['127.0.0.1:{eport}']\n")
+        prom_p = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                                   f"--web.listen-address=127.0.0.1:{pport}"],
+                                  stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
+        procs.append(prom_p)
+        prom = Prom(pport)
+        _wait("prometheus ready", lambda: "Ready" in _get(f"{prom.base}/-/ready"))
+        # 20 s of scrapes: a full 15 s rate window while the reader runs, several analysis windows
+        _wait("20 s of samples", lambda: prom.query("count_over_time(up[25s]) >= 20"), timeout=60)
+        yield dict(tmp=tmp, table=table, group=group, lab=lab, markers=markers, exporter=exporter, prom=prom,
+                   eport=eport, procs=procs)
+    finally:
+        for p in reversed(procs):
+            _stop(p, signal.SIGTERM if p is not procs[0] else signal.SIGKILL)
+        for p in procs:
+            _stop(p)
+        _wait("cgroup empty", lambda: not (group / "cgroup.procs").read_text().strip(), timeout=30)
+        group.rmdir()
+
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+
+def test_read_rate_matches_the_lab_own_rate(scraped):
+    prom = scraped["prom"]
+    at = time.time() - 3  # the lab flushes its markers about once a second
+    mono = at - (time.time() - time.monotonic())
+    got = prom.value('sum(rate(engramprof_read_calls_total{kind="syscall",rank="0"}[15s]))', at)
+    want = lab_rate(scraped["markers"], mono - 15, mono)
+    assert want > 1000, want
+    assert abs(got - want) / want <= 0.05, (got, want)
+
+
+def test_histogram_count_equals_the_calls_counter(scraped):
+    prom = scraped["prom"]
+    at = time.time() - 1
+    calls = {r["metric"]["file"]: float(r["value"][1])
+             for r in prom.query('engramprof_read_calls_total{kind="syscall"}', at)}
+    counts = {r["metric"]["file"]: float(r["value"][1])
+              for r in prom.query('engramprof_read_latency_seconds_count{kind="syscall"}', at)}
+    assert str(scraped["table"]) in calls and calls[str(scraped["table"])] > 10_000, calls
+    assert counts == calls
+    inf = {r["metric"]["file"]: float(r["value"][1])
+           for r in prom.query('engramprof_read_latency_seconds_bucket{kind="syscall",le="+Inf"}', at)}
+    assert inf == calls
+
+
+def test_python_scheduling_scenario_puts_python_scheduling_first(scraped):
+    prom = scraped["prom"]
+    res = prom.query("increase(engramprof_batch_cause_seconds_total[20s])")
+    inc = {r["metric"]["cause"]: float(r["value"][1]) for r in res}
+    assert inc["python-scheduling"] > 0, inc
+    verdict_causes = {c: inc[c] for c in ("residency", "reclaim", "storage", "python-scheduling")}
+    assert max(verdict_causes, key=verdict_causes.get) == "python-scheduling", inc
+    assert prom.value('max_over_time(engramprof_window_verdict{verdict="python-scheduling"}[20s])') == 1
+    assert prom.value("increase(engramprof_batch_seconds_count[20s])") > 0
+
+
+def test_dashboard_metrics_are_all_in_a_real_scrape(scraped):
+    text = _get(f"http://127.0.0.1:{scraped['eport']}/metrics")
+    exported = set(re.findall(r"^(engramprof_\w+?)(?:\{| )", text, flags=re.M))
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    assert exprs, "the dashboard has no queries"
+    used = {n for e in exprs for n in re.findall(r"\bengramprof_\w+", e)}
+    assert used and used <= exported, sorted(used - exported)
+
+
+def test_target_restart_continues_without_duplicated_series(scraped):
+    prom, group = scraped["prom"], scraped["group"]
+    table = str(scraped["table"])
+    sel = f'engramprof_read_calls_total{{kind="syscall",file="{table}"}}'
+    before = prom.value(sel)
+    _stop(scraped["lab"])  # kill -9: the target is gone, the exporter stays
+    _wait("target gone", lambda: prom.value("engramprof_target_processes") == 0, timeout=20)
+    assert prom.value("engramprof_target_waiting") == 1
+    lab2 = _start_reader(scraped["table"], scraped["tmp"] / "m2.jsonl", group)
+    scraped["procs"].insert(1, lab2)
+    _wait("new target counted", lambda: prom.value("engramprof_target_processes") == 1, timeout=20)
+    _wait("reads of the new process", lambda: prom.value(sel) > before + 10_000, timeout=30)
+    assert scraped["exporter"].p.poll() is None, "the exporter restarted or died"
+    assert prom.value("engramprof_target_waiting") == 0
+    # one series per (file, kind): the new process's reads went on in the same ones
+    dup = prom.query("count by (file, kind, rank) (engramprof_read_calls_total) > 1")
+    assert dup == [], dup
+    assert len(prom.query(sel)) == 1
