@@ -601,3 +601,38 @@ def test_follow_samples_every_traced_process_each_under_its_pid(tmp_path):
     assert summ["process"]["threads_seen"] == th.loc[th["pid"] == a.pid, "tid"].nunique()
     assert any(f"pid {b.pid} exited" in n for n in summ["notes"]), summ["notes"]
     assert s.info()["followed"] == {str(b.pid): procs[b.pid]["name"], str(late.pid): procs[late.pid]["name"]}
+
+
+HOLD = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_cli_file_samples_the_processes_holding_it_and_not_others(tmp_path):
+    """`sample --file F`: whoever has F open (found in /proc), not a process holding another file."""
+    f, other = tmp_path / "table.bin", tmp_path / "other.bin"
+    for x in (f, other):
+        x.write_bytes(b"\0" * 4096)
+    kids = [_child(HOLD, str(f)), _child(HOLD, str(f)), _child(HOLD, str(other))]
+    try:
+        for k in kids:
+            _expect(k, "ready")
+        p = _cli("sample", "--file", str(f), "--json", "--duration", "1.5")
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert f"Sampling reads of {f}" in err
+        s = json.loads(out)
+        assert sorted(x["pid"] for x in s["processes"]) == sorted(k.pid for k in kids[:2])
+        assert s["process"]["pid"] in (kids[0].pid, kids[1].pid)
+    finally:
+        for k in kids:
+            _stop_child(k)
+
+
+def test_cli_file_that_does_not_exist_exit_2(tmp_path):
+    p = _cli("sample", "--file", str(tmp_path / "gone" / "t.bin"), "--duration", "1")
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and err.strip().count("\n") == 0 and "No such file" in err, err

@@ -31,8 +31,13 @@ def run_sample(
     proc_root: str = "/proc",
     sys_root: str = "/sys",
     stop_event: threading.Event | None = None,
+    selection=None,
 ) -> dict:
     """Sample until ``duration``, SIGINT/SIGTERM, ``stop_event`` or the exit of ``pid``.
+
+    ``selection`` (engramprof.record.selection.Selection: --pid repeated, --children, --cgroup,
+    --file): its processes, found in /proc about once a second; the first one found is ``pid``
+    (its cgroup, the live line), every one gets process and thread rows.
 
     Returns the summary (see :func:`engramprof.samplers.summarize`); writes a TRACE bundle
     with the sample series when ``output`` is given.
@@ -43,14 +48,28 @@ def run_sample(
     validate.pid("--pid", pid)
     validate.duration("--duration", duration)
     validate.sample_hz("--sample-hz", hz)
+    follow, waiting = None, []
+    if selection is not None:
+        for p in selection.pids:
+            validate.live_process("--pid", p)
+        several = len(selection.pids) != 1 or selection.children or selection.cgroups_v2 or selection.cgroups_v1 \
+            or selection.files
+        if several:
+            follow = selection.processes_now
+            now = sorted(follow())
+            pid = selection.first_pid if selection.first_pid in now else (now[0] if now else None)
+            waiting = selection.waiting()
+        else:
+            pid = selection.first_pid
     if proc_root == "/proc":
         validate.live_process("--pid", pid)
-    sampler = Sampler(pid=pid, hz=hz, proc_root=proc_root, sys_root=sys_root)
+    sampler = Sampler(pid=pid, hz=hz, proc_root=proc_root, sys_root=sys_root, follow=follow)
     writer = None
     if output is not None:
         from engramprof.trace import TraceWriter
 
-        writer = TraceWriter(output, meta={"command": "sample", "argv": sys.argv, "pid": pid, "sample_hz": hz})
+        writer = TraceWriter(output, meta={"command": "sample", "argv": sys.argv, "pid": pid, "sample_hz": hz,
+                                           **(selection.meta() if selection is not None else {})})
     stop = stop_event or threading.Event()
     reason = {"why": "duration"}
 
@@ -62,7 +81,9 @@ def run_sample(
     err = Console(stderr=True)
     try:
         sampler.start(writer)
-        target = f" pid {pid}" if pid is not None else ""
+        for line in waiting:  # not an error: the sampling waits for them
+            print(f"engramprof: {line}", file=sys.stderr, flush=True)
+        target = f" {selection.describe()}" if follow is not None else f" pid {pid}" if pid is not None else ""
         span = f" for {duration:g} s" if duration else " until Ctrl-C"
         print(f"Sampling{target} at {hz:g} Hz{span}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + duration if duration else None
@@ -76,7 +97,10 @@ def run_sample(
             while not stop.wait(0.1):
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                if sampler.target_exited.is_set():
+                # several processes: ends when all have exited (--pid, --children); a cgroup or a
+                # file selects whoever comes: until the duration or a signal
+                if sampler.target_exited.is_set() and (follow is None or (
+                        selection.ends_with_targets and not sampler.followed)):
                     reason["why"] = "target exited"
                     break
                 if status is not None:
@@ -193,6 +217,17 @@ def render(s: dict, console: Console) -> None:
                 tt.caption = f"{len(ths) - 10} more threads in --json"
             console.print(tt)
 
+    procs = s.get("processes") or []
+    if procs:
+        t = Table(title=f"Traced processes ({len(procs)})", title_justify="left")
+        for c in ("pid", "name", "cpu", "vol / invol cs", "threads", "major faults", "from storage"):
+            t.add_column(c, justify="left" if c == "name" else "right")
+        for p in procs:
+            t.add_row(str(p["pid"]), p.get("name") or "-", _pct(p.get("cpu_pct")),
+                      f"{_n(p.get('ctx_voluntary'))} / {_n(p.get('ctx_involuntary'))}", _n(p.get("threads_seen")),
+                      _n(p.get("majflt")), _mib(p.get("read_bytes")))
+        console.print(t)
+
     console.print("[bold]Reading[/]")
     for line in s.get("interpretation") or []:
         console.print(f"  - {line}")
@@ -209,18 +244,32 @@ def register(app: typer.Typer) -> None:
         "Examples:\n\n"
         "engramprof sample --duration 10             # PSI, refaults, kswapd\n"
         "engramprof sample --pid 4242 --duration 10  # + its cgroup and threads\n"
-        "engramprof sample --pid 4242 --duration 30 --json --output /var/tmp/s1\n\n"
+        "engramprof sample --pid 4242 --duration 30 --json --output /var/tmp/s1\n"
+        "engramprof sample --pid 4242 --children --duration 10  # a server and its workers\n"
+        "engramprof sample --file /data/engram.safetensors --duration 10  # whoever has it open or mapped\n\n"
         "No eBPF needed. Page: docs/commands/sample.md"
     ))
     def sample(
-        pid: Optional[int] = typer.Option(None, "--pid", help="Target process: its cgroup, process and per-thread counters too."),
+        pid: Optional[list[int]] = typer.Option(None, "--pid", help="Target process: its cgroup, process and per-thread counters too; repeat for several."),
+        children: bool = typer.Option(False, "--children", help="Also every descendant of --pid (found in /proc about once a second)."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2 or v1); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", help="The processes that have this file (a directory: any regular file under it) open or mapped; repeatable. With --pid / --cgroup: those of them."),
         duration: Optional[float] = typer.Option(None, "--duration", help="Seconds to sample (default: until Ctrl-C or the target exits)."),
         sample_hz: float = typer.Option(10.0, "--sample-hz", help="Sampling rate."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         output: Optional[Path] = typer.Option(None, "--output", help="Write the sample series to this TRACE bundle (a new directory)."),
     ) -> None:
         """Sample PSI, reclaim/refault counters, kswapd, the target's memory cgroup and threads (no eBPF)."""
-        summary = run_sample(pid, duration, sample_hz, output, live=not json_out and sys.stderr.isatty())
+        selection = None
+        if pid or children or cgroup or file:
+            from engramprof.commands import validate
+            from engramprof.record.selection import Selection
+
+            for p in pid or ():
+                validate.pid("--pid", p)
+            selection = Selection.parse(pids=pid, children=children, cgroups=cgroup, files=file)
+        summary = run_sample(None, duration, sample_hz, output, live=not json_out and sys.stderr.isatty(),
+                             selection=selection)
         if json_out:
             print(json.dumps(summary, indent=2))
         else:

@@ -257,6 +257,30 @@ class Selection:
                     continue
         return out
 
+    def file_readers(self) -> set[int]:
+        """The processes that have a selected file open or mapped now (/proc/PID/fd, maps)."""
+        keys = self.file_keys()
+        out = set()
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            if _holds(int(name), keys):
+                out.add(int(name))
+        return out
+
+    def processes_now(self) -> set[int]:
+        """The processes selected now, found in user space (/proc, cgroup.procs): for what has no
+        kernel filter (`engramprof sample`).  Kinds intersect, as in the probes."""
+        sets = []
+        if self.pids:
+            alive = {p for p in self.pids if _alive(p)}
+            sets.append(alive | descendants(alive) if self.children else alive)
+        if self.cgroups_v2 or self.cgroups_v1:
+            sets.append(self.v1_members() | self.v2_members())
+        if self.files:
+            sets.append(self.file_readers())
+        return set.intersection(*sets) if sets else set()
+
     def tgids_left(self, put: set[int], want: set[int]) -> set[int]:
         """Tgids put in the map that are to go: a v1 cgroup's members that left it."""
         if not self.cgroups_v1:
@@ -295,11 +319,41 @@ class Selection:
         for c in self.cgroups_v1:
             if not self.v1_members():
                 out.append(f"cgroup {c} has no processes yet: waiting for them")
+        if self.files and not self.file_readers():
+            what = self.files[0][2] if len(self.files) == 1 else f"any of the {len(self.files)} files"
+            out.append(f"no process has {what} open or mapped yet: waiting for its readers")
         return out
 
     def meta(self) -> dict:
         return {"pids": self.pids, "children": self.children, "cgroups": self.cgroups_v2 + self.cgroups_v1,
                 "files": [{"dev": d, "ino": i, "path": p} for d, i, p in self.files] or None}
+
+
+def _holds(pid: int, keys: set[tuple[int, int]]) -> bool:
+    """pid has one of the files (dev, ino) open or mapped."""
+    base = f"/proc/{pid}"
+    try:
+        for fd in os.listdir(f"{base}/fd"):
+            try:
+                st = os.stat(f"{base}/fd/{fd}")
+            except OSError:
+                continue
+            if (kernel_dev(st.st_dev), st.st_ino) in keys:
+                return True
+    except OSError:
+        return False
+    try:
+        with open(f"{base}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or parts[4] == "0":
+                    continue
+                major, minor = (int(x, 16) for x in parts[3].split(":"))
+                if ((major << 20) | minor, int(parts[4])) in keys:
+                    return True
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _cgroup_has_procs(d: str) -> bool:
