@@ -15,6 +15,7 @@ EPILOG = (
     "engramprof compare --ranks r0 r1 r2 r3          # which rank gates each step\n"
     "engramprof compare --ranks r0 r1 --markers m0.jsonl --markers m1.jsonl\n"
     "engramprof compare --ranks h1/t h2/t --clock-error-ms 2 --plot /tmp/r.png\n"
+    "engramprof compare --ranks tp     # one trace of 2+ pids: a rank per pid\n"
     "engramprof compare --before t_old --after t_new --json | jq .overall\n"
     "engramprof compare --before a1 --before a2 --after b1 --after b2\n\n"
     "--markers: once per TRACE, in order (before traces first). Exit 3:\n"
@@ -26,7 +27,7 @@ EPILOG = (
 def register(app: typer.Typer) -> None:
     @app.command("compare", epilog=EPILOG)
     def compare(
-        traces: Optional[List[Path]] = typer.Argument(None, help="With --ranks: one bundle per rank."),
+        traces: Optional[List[Path]] = typer.Argument(None, help="With --ranks: one bundle per rank, or one bundle of several processes (one rank per pid)."),
         ranks: bool = typer.Option(False, "--ranks", help="Compare ranks of one job: which rank gates each step, and why."),
         before: Optional[List[Path]] = typer.Option(None, "--before", help="A bundle of the control / old side (repeat for several)."),
         after: Optional[List[Path]] = typer.Option(None, "--after", help="A bundle of the canary / new side (repeat for several)."),

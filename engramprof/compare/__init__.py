@@ -16,44 +16,76 @@ from engramprof.errors import UserError
 EXIT_UNMATCHED = 3
 
 
-def _load_all(traces: list[Path], markers: list[Path | None], slow_ms: float) -> list:
+def _check_all(traces: list[Path], markers: list[Path | None]) -> None:
     from engramprof.compare import dataset, load
 
     metas = [(str(t), load.read_meta(t)) for t in traces]
     load.check_same_format(metas)
     dataset.check_calls(traces, markers)  # pyarrow.dataset: row counts from the footers only
+
+
+def _load_all(traces: list[Path], markers: list[Path | None], slow_ms: float) -> list:
+    from engramprof.compare import load
+
+    _check_all(traces, markers)
     return [load.load(t, m, slow_ms=slow_ms) for t, m in zip(traces, markers)]
+
+
+def _rank_labels(traces: list[Path], groups: list[list]) -> list[int]:
+    """``rank=K`` in a bundle's path (one rank per bundle), a process's own rank (a bundle of
+    several processes: its process list or markers), else the position; positions for all when
+    two would share a label."""
+    from engramprof.compare import load
+
+    labels, i = [], 0
+    for t, group in zip(traces, groups):
+        for b in group:
+            labels.append(b.rank if len(group) > 1 and b.rank is not None else
+                          load.rank_label(t, i) if len(group) == 1 else i)
+            i += 1
+    return labels if len(set(labels)) == len(labels) else list(range(len(labels)))
 
 
 def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_error_ms: float | None = None,
               slow_ms: float = 4.0, top: int = 10) -> tuple[dict, dict]:
-    """``compare --ranks``: (the JSON document, arrays for the plot)."""
+    """``compare --ranks``: (the JSON document, arrays for the plot).  A bundle of several
+    processes is split by pid, one rank per process."""
     from engramprof.compare import align, load, ranks
 
-    if len(traces) < 2:
-        raise UserError("--ranks needs at least 2 traces (one per rank)")
+    if not traces:
+        raise UserError("--ranks needs at least 2 traces (one per rank), or one trace of several processes")
     pairs = load.pair_markers(traces, markers)
-    bundles = _load_all(traces, pairs, slow_ms)
-    names = [b.trace for b in bundles]
-    labels = [load.rank_label(t, i) for i, t in enumerate(traces)]
-    if len(set(labels)) < len(labels):
-        labels = list(range(len(traces)))
-    for b in bundles:
+    _check_all(traces, pairs)
+    groups = [load.load_ranks(t, m, slow_ms=slow_ms) for t, m in zip(traces, pairs)]
+    bundles = [b for g in groups for b in g]
+    if len(bundles) < 2:
+        raise UserError(f"{traces[0]}: one process, one rank: --ranks needs at least 2 traces (one per rank), or "
+                        "one trace of several processes (recorded with --pid A --pid B, or --children)")
+    names = [b.trace if b.pid is None or len(g) == 1 else f"{b.trace} (pid {b.pid})" for g in groups for b in g]
+    labels = _rank_labels(traces, groups)
+    for b, name in zip(bundles, names):
         if not len(b.batches):
-            raise UserError(f"{b.trace}: no batches")
+            raise UserError(f"{name}: no batches")
     al = align.align([b.batches for b in bundles], [b.meta for b in bundles], names,
                      [b.has_steps for b in bundles], clock_error_ms)
     W, C = ranks.matrices([b.batches for b in bundles], al.index)
     att = ranks.attribute(W, C)
-    doc = ranks.summarise(W, att, labels, names, [b.batches for b in bundles])
+    doc = ranks.summarise(W, att, labels, [b.trace for b in bundles], [b.batches for b in bundles])
+    for r, b in zip(doc["ranks"], bundles):
+        r["pid"] = b.pid
     notes = list(al.notes)
     warn = []
-    for b in bundles:
+    for g in groups:
+        b = g[0]
         if b.lost_records:
             warn.append(f"{b.trace} lost {b.lost_records:,} records (ring buffer full): batches in the holes are "
                         "left out")
         if b.summary.get("batch_source") != "markers":
             notes.append(f"{b.trace}: batches inferred from gaps in the read stream (no markers)")
+        if len(g) > 1:
+            notes.append(f"{b.trace}: {len(g)} processes, one rank each (pids {', '.join(str(x.pid) for x in g)}), "
+                         "each analysed on its own as batch-tail does")
+        notes.extend(n for n in b.notes if n.startswith("left out: pid "))
     hosts = sorted({str(b.meta.get("host")) for b in bundles if b.meta.get("host")})
     out = {"mode": "ranks", "gating_rank": doc["gating_rank"], "steps": int(len(al.steps)),
            "alignment": al.method, "alignment_error_ms": round(al.error_ms, 6),

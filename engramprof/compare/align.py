@@ -9,7 +9,8 @@ during the recording is followed).  The first rank's batches are the reference: 
 matched to the nearest batch start of every other rank, mutually nearest only, within half a
 step period.  The error assumed is stated: ``--clock-error-ms``, else on one boot the skew of
 the clock readings, else the sum of the two largest NTP estimated errors (adjtimex
-``esterror``) of the bundles.  An error of half a step or more cannot align steps (exit 2).
+``esterror``) of the bundles; the processes of one bundle (split into ranks) share one clock
+(error 0).  An error of half a step or more cannot align steps (exit 2).
 """
 from __future__ import annotations
 
@@ -79,6 +80,10 @@ def _offset_fn(c: dict):
 
 def clock_error(metas: list[dict], names: list[str], given_ms: float | None) -> tuple[float, str, bool]:
     """(error ms, how it was found, same boot?)."""
+    if len(metas) > 1 and all(m is metas[0] for m in metas):  # the processes of one bundle
+        if given_ms is not None:
+            return float(given_ms), "given (--clock-error-ms)", True
+        return 0.0, "one bundle: its processes' events share one CLOCK_MONOTONIC", True
     cl = [_clocks(m, n) for m, n in zip(metas, names)]
     boots = {c.get("boot_id") for c in cl}
     same_boot = len(boots) == 1 and None not in boots

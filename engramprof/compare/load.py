@@ -34,6 +34,8 @@ class BundleBatches:
     markers: str | None
     has_steps: bool
     notes: list[str] = field(default_factory=list)
+    pid: int | None = None       # the process of these batches (a bundle of several is split by pid)
+    rank: int | None = None      # its rank, when the bundle's process list or its markers say it
 
     @property
     def format_version(self) -> int:
@@ -80,20 +82,6 @@ def read_meta(trace: str | Path) -> dict:
     return _read_meta(p)
 
 
-def _steps_of(markers_path: Path) -> pd.DataFrame | None:
-    """(start_ns, step) of each marker line holding an integer ``step``; None when none does."""
-    from engramprof.markers import read_markers_df
-
-    raw, _bad = read_markers_df(markers_path)
-    if "step" not in raw.columns or raw.empty:
-        return None
-    step = pd.to_numeric(raw["step"], errors="coerce")
-    ok = step.notna() & (step == step.round())
-    if not ok.any():
-        return None
-    return pd.DataFrame({"start_ns": raw.loc[ok, "start_ns"].astype("int64"), "step": step[ok].astype("int64")})
-
-
 #: a batch's read path is ``mixed`` when each kind holds at least this share of its events (a
 #: syscall reader's stray fault on its own buffer does not make a memory-mapped batch)
 MIXED_FROM = 0.1
@@ -121,53 +109,148 @@ def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_eve
     return out
 
 
-def load(trace: str | Path, markers: str | Path | None = None, *, slow_ms: float = 4.0) -> BundleBatches:
-    """Analyse one bundle (batch-tail's split) and keep only its per-batch table."""
-    import pyarrow as pa
-
+def read_markers(path: Path) -> tuple[pd.DataFrame, int]:
+    """batch-tail's markers (start_ns, end_ns, tid; its checks and bad-line count) with the keys
+    compare reads beside them, where the lines carry them: ``step`` (an integer step id),
+    ``pid`` and ``rank`` (whose batch it is, in a bundle of several processes)."""
     from engramprof import batches as _batches
-    from engramprof.analysis import analyse
-    from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
+    from engramprof.markers import read_markers_df
 
-    trace = Path(trace)
-    mpath = Path(markers) if markers is not None else bundle_markers(trace)
-    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
-    mdf, bad = (None, 0)
-    if mpath is not None:
-        mdf, bad = _batches.read_markers(mpath)
-    try:
-        table, summary = analyse(tr, mdf, slow_ms=slow_ms, markers_bad_lines=bad, top=1)
-    except UserError as exc:
-        raise UserError(f"{trace}: {exc}") from None
+    df, bad = _batches.read_markers(path)
+    raw, _ = read_markers_df(path)  # the same lines, in the same order, as df's
+    for key in ("step", "pid", "rank"):
+        if key in raw.columns and len(raw) == len(df):
+            v = pd.to_numeric(raw[key], errors="coerce").reset_index(drop=True)
+            if v.notna().any():
+                df[key] = v.where(v == v.round())
+    return df, bad
+
+
+def _extras(table: pd.DataFrame, calls: pd.DataFrame, mdf: pd.DataFrame | None) -> tuple[pd.DataFrame, bool]:
+    """The per-batch columns compare adds to batch-tail's table: read_path, resident_frac, rows,
+    step (and whether any batch has a step id)."""
     table = table.copy()
     starts, ends = table["start_ns"].to_numpy(np.int64), table["end_ns"].to_numpy(np.int64)
-    table["read_path"] = _read_paths(tr.calls, starts, ends, table["calls"].to_numpy(np.int64))
+    table["read_path"] = _read_paths(calls, starts, ends, table["calls"].to_numpy(np.int64))
     if "calls_with_misses" in table.columns:
-        calls = table["calls"].to_numpy(np.float64)
+        n = table["calls"].to_numpy(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            table["resident_frac"] = np.where(calls > 0, 1.0 - table["calls_with_misses"] / np.maximum(calls, 1), 1.0)
+            table["resident_frac"] = np.where(n > 0, 1.0 - table["calls_with_misses"] / np.maximum(n, 1), 1.0)
     else:
         table["resident_frac"] = np.nan
     if "rows" not in table.columns:
         table["rows"] = table["calls"]
+    table = table.drop(columns=[c for c in ("step",) if c in table.columns])
     has_steps = False
-    if mpath is not None:
-        steps = _steps_of(mpath)
-        if steps is not None:
-            steps = steps.drop_duplicates("start_ns")
-            table = table.merge(steps, on="start_ns", how="left")
-            has_steps = bool(table["step"].notna().any())
+    if mdf is not None and "step" in mdf.columns and mdf["step"].notna().any():
+        steps = mdf.loc[mdf["step"].notna(), ["start_ns", "step"]].astype("int64").drop_duplicates("start_ns")
+        table = table.merge(steps, on="start_ns", how="left")
+        has_steps = bool(table["step"].notna().any())
     if "step" not in table.columns:
         table["step"] = np.nan
-    meta = dict(tr.meta)
-    notes = list(tr.notes) + list(summary.get("notes", []))
-    keep = {k: summary.get(k) for k in ("batches", "batch_source", "lost_records", "read_events", "share", "verdict")}
-    # release the events before the next bundle is read
+    return table, has_steps
+
+
+def _analysed(trace: Path, markers: str | Path | None, slow_ms: float):
+    """(trace, batch-tail's table and summary, the markers with compare's keys, their path)."""
+    from engramprof.analysis import analyse
+    from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
+
+    mpath = Path(markers) if markers is not None else bundle_markers(trace)
+    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+    mdf, bad = read_markers(mpath) if mpath is not None else (None, 0)
+    try:
+        table, summary = analyse(tr, mdf, slow_ms=slow_ms, markers_bad_lines=bad, top=1)
+    except UserError as exc:
+        raise UserError(f"{trace}: {exc}") from None
+    return tr, table, summary, mdf, mpath
+
+
+_SUMMARY_KEYS = ("batches", "batch_source", "lost_records", "read_events", "share", "verdict")
+
+
+def _release(tr) -> None:
+    """Free a bundle's events before the next bundle is read."""
+    import pyarrow as pa
+
     del tr
     gc.collect()
     pa.default_memory_pool().release_unused()
-    return BundleBatches(trace=str(trace), meta=meta, batches=table, summary=keep,
-                         markers=str(mpath) if mpath is not None else None, has_steps=has_steps, notes=notes)
+
+
+def load(trace: str | Path, markers: str | Path | None = None, *, slow_ms: float = 4.0) -> BundleBatches:
+    """Analyse one bundle (batch-tail's split) and keep only its per-batch table."""
+    trace = Path(trace)
+    tr, table, summary, mdf, mpath = _analysed(trace, markers, slow_ms)
+    table, has_steps = _extras(table, tr.calls, mdf)
+    meta, notes = dict(tr.meta), list(tr.notes) + list(summary.get("notes", []))
+    _release(tr)
+    return BundleBatches(trace=str(trace), meta=meta, batches=table, summary={k: summary.get(k) for k in _SUMMARY_KEYS},
+                         markers=str(mpath) if mpath is not None else None, has_steps=has_steps, notes=notes,
+                         pid=_single_pid(summary, meta))
+
+
+def _single_pid(summary: dict, meta: dict) -> int | None:
+    procs = summary.get("processes") or []
+    if len(procs) == 1:
+        return int(procs[0]["pid"])
+    return meta.get("pid") if isinstance(meta.get("pid"), int) else None
+
+
+def _pid_rank(meta: dict, mdf: pd.DataFrame | None, pid: int) -> int | None:
+    """A process's rank: from the bundle's process list, else from its markers (lines with both
+    ``pid`` and ``rank``)."""
+    from engramprof.analysis.processes import _process_facts
+
+    rank = _process_facts(meta, pid)[2]
+    if isinstance(rank, int):
+        return rank
+    if mdf is not None and {"pid", "rank"} <= set(mdf.columns):
+        r = mdf.loc[mdf["pid"] == pid, "rank"].dropna().unique()
+        if len(r) == 1:
+            return int(r[0])
+    return None
+
+
+def load_ranks(trace: str | Path, markers: str | Path | None = None, *, slow_ms: float = 4.0) -> list[BundleBatches]:
+    """``compare --ranks``: one BundleBatches per process of a bundle.  A bundle of one process is
+    one rank (:func:`load`); a bundle of several (``--pid A --pid B``, ``--children``) is
+    analysed as batch-tail analyses it -- each process on its own, with its own markers (lines
+    whose ``pid`` or ``rank`` is its own; lines naming neither apply to every process) -- and
+    split by pid into ranks."""
+    from engramprof.analysis.processes import markers_of
+
+    trace = Path(trace)
+    tr, table, summary, mdf, mpath = _analysed(trace, markers, slow_ms)
+    procs = summary.get("processes") or []
+    meta, notes = dict(tr.meta), list(tr.notes)
+    if "pid" not in table.columns or len(procs) < 2:
+        table, has_steps = _extras(table, tr.calls, mdf)
+        out = [BundleBatches(trace=str(trace), meta=meta, batches=table,
+                             summary={k: summary.get(k) for k in _SUMMARY_KEYS},
+                             markers=str(mpath) if mpath is not None else None, has_steps=has_steps,
+                             notes=notes + list(summary.get("notes", [])), pid=_single_pid(summary, meta))]
+        _release(tr)
+        return out
+    pid_col = pd.to_numeric(tr.calls["pid"], errors="coerce").to_numpy(np.float64)
+    out = []
+    for row in procs:
+        pid = int(row["pid"])
+        rank = _pid_rank(meta, mdf, pid)
+        mine = table[table["pid"] == pid].drop(columns=["pid"]).reset_index(drop=True)
+        calls = tr.calls.loc[pid_col == pid, ["ts_ns", "kind"]]
+        t, has_steps = _extras(mine, calls, markers_of(mdf, pid, rank))
+        s = {k: row.get(k) for k in ("batches", "share", "verdict")}
+        s.update(batch_source=summary.get("batch_source"), lost_records=summary.get("lost_records"),
+                 read_events=None)
+        out.append(BundleBatches(trace=str(trace), meta=meta, batches=t, summary=s,
+                                 markers=str(mpath) if mpath is not None else None, has_steps=has_steps,
+                                 notes=notes, pid=pid, rank=rank))
+    left_out = [n for n in summary.get("notes", []) if n.startswith("left out: pid ")]
+    if out:
+        out[0].notes = notes + left_out
+    _release(tr)
+    return out
 
 
 def check_same_format(metas: list[tuple[str, dict]]) -> None:
