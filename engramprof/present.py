@@ -143,7 +143,8 @@ def _who(e: dict) -> str:
                 + f" in pid {e['pid']} (`{cmd}`)")
     if ctx == "direct-reclaim":
         return f"direct reclaim in pid {e['pid']} (`{cmd}`)"
-    how = {"fadvise": "POSIX_FADV_DONTNEED", "drop-caches": "a drop_caches write", "truncate": "truncation"}.get(ctx)
+    how = {"fadvise": "POSIX_FADV_DONTNEED", "drop-caches": "a drop_caches write", "truncate": "truncation",
+           "madvise": "MADV_PAGEOUT / MADV_REMOVE"}.get(ctx)
     return f"pid {e['pid']} (`{cmd}`)" + (f" with {how}" if how else " (context not seen)")
 
 
@@ -160,7 +161,8 @@ def miss_story(bt: dict) -> str | None:
     if main == "unknown" or not by:
         return (f"{causes['unknown']:.0%} of the {causes['pages']:,.0f} missed pages could not be matched to an "
                 "eviction (evicted before the trace or while records were lost)")
-    want = ("kswapd", "direct-reclaim", "memcg-reclaim") if main == "reclaim" else ("fadvise", "drop-caches", "truncate")
+    want = (("kswapd", "direct-reclaim", "memcg-reclaim") if main == "reclaim"
+            else ("fadvise", "drop-caches", "truncate", "madvise"))
     top = next((e for e in by if e.get("context") in want), by[0])
     cause = "reclaim" if main == "reclaim" else "residency"
     lo, hi = (top.get("before_read_s") or [None, None])[:2]
@@ -175,11 +177,11 @@ def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
     by = bt.get("evicted_by") or []
     causes = bt.get("miss_causes") or {}
     if verdict == "residency" and (causes.get("dropped") or 0) >= 0.5:
-        top = next((e for e in by if e.get("context") in ("fadvise", "drop-caches", "truncate")), None)
+        top = next((e for e in by if e.get("context") in ("fadvise", "drop-caches", "truncate", "madvise")), None)
         if top is not None:
             base["fix"] = (f"Stop the dropper: {_who(top)} evicted {top['share']:.0%} of the missed pages. Remove or "
                            "reschedule it (a drop_caches cron job, a DONTNEED on the table's file), or exclude the "
-                           "table's files from it; then the rows stay resident.")
+                           "table's files from it; then the rows stay resident. Otherwise: " + base["fix"])
     elif verdict == "reclaim" and by:
         top = next((e for e in by if e.get("context") in ("kswapd", "direct-reclaim", "memcg-reclaim")), None)
         if top is not None and top["context"] == "memcg-reclaim":

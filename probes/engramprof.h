@@ -136,6 +136,7 @@ struct offcpu_totals {
 #define EVICT_FADVISE  4   /* inside fadvise64(POSIX_FADV_DONTNEED) */
 #define EVICT_WRITE    5   /* inside a write() of 1-3 bytes starting with a digit: drop_caches */
 #define EVICT_TRUNCATE 6   /* inside truncate, ftruncate, fallocate, unlink, unlinkat */
+#define EVICT_MADVISE  7   /* inside madvise / process_madvise(MADV_PAGEOUT or MADV_REMOVE) */
 
 #define EVICT_BY_TARGET 1  /* flags: the removing task is one of the traced processes */
 
@@ -167,6 +168,7 @@ struct eviction_totals {
 	u64 ctx_fadvise;
 	u64 ctx_write;
 	u64 ctx_truncate;
+	u64 ctx_madvise;
 	u64 ctx_unknown;
 	u64 no_state;      /* context map full at a reclaim / syscall entry: context not tracked */
 };

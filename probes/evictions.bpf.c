@@ -15,13 +15,15 @@
  *   - sys_enter/exit_fadvise64 with advice POSIX_FADV_DONTNEED,
  *   - sys_enter/exit_write of 1-3 bytes whose first byte is '1'..'3' (what a drop_caches write
  *     looks like; user space checks the fd's path when the writer still exists),
- *   - sys_enter/exit of truncate, ftruncate, fallocate, unlink, unlinkat.
+ *   - sys_enter/exit of truncate, ftruncate, fallocate, unlink, unlinkat,
+ *   - sys_enter/exit_madvise and _process_madvise with MADV_PAGEOUT or MADV_REMOVE.
  * No state and the task's comm is "kswapd*": kswapd.  Otherwise: unknown (a kernel thread, or
  * another syscall), with the task's pid and comm.
  *
  * Constants filled in before load (-D): RING_PAGES, MAX_FILES, MAX_TASKS, FADV_DONTNEED,
  * HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_FADVISE, HAVE_WRITE, HAVE_TRUNCATE, HAVE_FTRUNCATE,
- * HAVE_FALLOCATE, HAVE_UNLINK, HAVE_UNLINKAT, and targets.h's (the EVICT_BY_TARGET flag).
+ * HAVE_FALLOCATE, HAVE_UNLINK, HAVE_UNLINKAT, HAVE_MADVISE, HAVE_PROCESS_MADVISE, MADV_PAGEOUT_,
+ * MADV_REMOVE_, and targets.h's (the EVICT_BY_TARGET flag).
  */
 #include "engramprof.h"
 
@@ -94,6 +96,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache)
 		case EVICT_FADVISE: t->ctx_fadvise += pages; break;
 		case EVICT_WRITE: t->ctx_write += pages; break;
 		case EVICT_TRUNCATE: t->ctx_truncate += pages; break;
+		case EVICT_MADVISE: t->ctx_madvise += pages; break;
 		default: t->ctx_unknown += pages; break;
 		}
 	}
@@ -241,4 +244,23 @@ TRACEPOINT_PROBE(syscalls, sys_exit_unlink) { sys_end(); return 0; }
 #if HAVE_UNLINKAT
 TRACEPOINT_PROBE(syscalls, sys_enter_unlinkat) { sys_begin(EVICT_TRUNCATE, -1); return 0; }
 TRACEPOINT_PROBE(syscalls, sys_exit_unlinkat) { sys_end(); return 0; }
+#endif
+
+#if HAVE_MADVISE
+TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
+{
+	if (args->behavior == MADV_PAGEOUT_ || args->behavior == MADV_REMOVE_)
+		sys_begin(EVICT_MADVISE, -1);
+	return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_madvise) { sys_end(); return 0; }
+#endif
+#if HAVE_PROCESS_MADVISE
+TRACEPOINT_PROBE(syscalls, sys_enter_process_madvise)
+{
+	if (args->behavior == MADV_PAGEOUT_ || args->behavior == MADV_REMOVE_)
+		sys_begin(EVICT_MADVISE, -1);
+	return 0;
+}
+TRACEPOINT_PROBE(syscalls, sys_exit_process_madvise) { sys_end(); return 0; }
 #endif

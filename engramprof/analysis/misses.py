@@ -8,7 +8,7 @@ the last event on the same (file, page) before it, from the ``evictions`` sample
 (probes/evictions.bpf.c) and the other misses:
 
 * an eviction -> **reclaim** (kswapd, direct or memcg reclaim), **dropped** (fadvise DONTNEED,
-  drop_caches, truncate / invalidate) or **unknown** (its context was not seen), with who
+  drop_caches, truncate / invalidate, madvise PAGEOUT / REMOVE) or **unknown** (its context was not seen), with who
   removed it and how long before the read;
 * an earlier miss of the same page with no eviction between -> **unknown** (an eviction the
   probe did not see, or a page of the range that was in fact resident);
@@ -32,7 +32,7 @@ PAGE = 4096
 CAUSES = ("first_touch", "reclaim", "dropped", "unknown")
 FIRST_TOUCH, RECLAIM, DROPPED, UNKNOWN = range(4)
 RECLAIM_CONTEXTS = ("kswapd", "direct-reclaim", "memcg-reclaim")
-DROP_CONTEXTS = ("fadvise", "drop-caches", "truncate")
+DROP_CONTEXTS = ("fadvise", "drop-caches", "truncate", "madvise")
 MAX_PAGES_PER_EVENT = 4096  # a read of more than 16 MiB: its first 16 MiB are classified
 METHOD_EVICTIONS = "eviction records (probes/evictions.bpf.c)"
 METHOD_ESTIMATE = "refault estimate (refaults per page inserted in each sample interval)"
