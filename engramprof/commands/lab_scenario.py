@@ -15,7 +15,8 @@ from engramprof.commands.lab import lab_app
 from engramprof.commands.signals import install_stop_handlers
 from engramprof.lab import scenarios as sc_mod
 
-SCENARIO_EPILOG = """Scenarios: python-scheduling, healthy, residency, reclaim, storage.
+SCENARIO_EPILOG = """Scenarios: python-scheduling, healthy, residency, reclaim, storage, dropper,
+boot-stream.
 
 Examples:
 
@@ -41,7 +42,8 @@ def _fmt_evidence(ev: dict) -> str:
 
 
 def scenario_cmd(
-    name: str = typer.Argument(..., help="python-scheduling | healthy | residency | reclaim | storage"),
+    name: str = typer.Argument(..., help="python-scheduling | healthy | residency | reclaim | storage | dropper | "
+                                         "boot-stream"),
     steps: Optional[int] = typer.Option(None, "--steps", help="batches to run"),
     duration: Optional[float] = typer.Option(None, "--duration",
                                              help=f"seconds to run (default {sc_mod.DEFAULT_DURATION:g})"),
@@ -57,7 +59,7 @@ def scenario_cmd(
     start_delay: float = typer.Option(0.0, "--start-delay", help="reader sleeps S s after ready, before step 1"),
     keep_running: bool = typer.Option(False, "--keep-running", help="run until Ctrl-C / SIGTERM"),
     reader: Optional[str] = typer.Option(None, "--reader", help="override the scenario's reader (pool|nowait|serial|mmap|mmap-pool; mmap: a numpy.memmap gather, its rows read by page faults)"),
-    evict_ms: float = typer.Option(sc_mod.DEFAULT_EVICT_MS, "--evict-ms", help="residency: eviction period"),
+    evict_ms: float = typer.Option(sc_mod.DEFAULT_EVICT_MS, "--evict-ms", help="residency, dropper: eviction period"),
     memory_mib: float = typer.Option(sc_mod.DEFAULT_MEMORY_MIB, "--memory-mib",
                                      help="reclaim: page cache allowed in the cgroup"),
     iops: int = typer.Option(sc_mod.DEFAULT_IOPS, "--iops", help="storage: read IOPS limit of the loop device"),
