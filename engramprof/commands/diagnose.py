@@ -20,6 +20,7 @@ engramprof diagnose --pid 4242 --markers batches.jsonl --output /var/tmp/d1
 engramprof diagnose --pid 4242 --duration 30 --json | jq .verdict
 engramprof diagnose --pid 4242 --children   # a server and its workers
 engramprof diagnose --cgroup /sys/fs/cgroup/unified/kubepods.slice/POD
+engramprof diagnose --file /data/engram.safetensors  # who reads it
 
 Verdicts: residency, reclaim, storage, python-scheduling, healthy.
 Page: docs/commands/diagnose.md

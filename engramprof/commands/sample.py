@@ -245,8 +245,8 @@ def register(app: typer.Typer) -> None:
         "engramprof sample --duration 10             # PSI, refaults, kswapd\n"
         "engramprof sample --pid 4242 --duration 10  # + its cgroup and threads\n"
         "engramprof sample --pid 4242 --duration 30 --json --output /var/tmp/s1\n"
-        "engramprof sample --pid 4242 --children --duration 10  # a server and its workers\n"
-        "engramprof sample --file /data/engram.safetensors --duration 10  # whoever has it open or mapped\n\n"
+        "engramprof sample --pid 4242 --children     # and its workers\n"
+        "engramprof sample --file /data/engram.safetensors  # who holds it\n\n"
         "No eBPF needed. Page: docs/commands/sample.md"
     ))
     def sample(

@@ -23,6 +23,7 @@ engramprof syscalls --pid 4242 --ebpf              # print the BPF program
 engramprof syscalls --pid 4242 --pid 4243         # two processes
 engramprof syscalls --pid 4242 --children         # a process tree
 engramprof syscalls --cgroup /sys/fs/cgroup/unified/kubepods.slice/POD
+engramprof syscalls --file /data/engram.safetensors  # who reads it
 
 Page: docs/commands/syscalls.md
 """
