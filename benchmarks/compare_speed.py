@@ -2,7 +2,19 @@
 """compare --ranks speed: 4 synthetic rank bundles of 5M calls each, wall time and peak RSS.
 
     .venv/bin/python benchmarks/compare_speed.py                  # 4 ranks x 5M calls
-    .venv/bin/python benchmarks/compare_speed.py --ranks 8 --calls 1e6
+    .venv/bin/python benchmarks/compare_speed.py --ranks 8 --calls 1e7
+    .venv/bin/python benchmarks/compare_speed.py --arms --calls 1e7 --rounds 3
+
+``--arms``: how compare should read one rank's events, decided by measurement.  One bundle,
+then, round by round in one run (arms interleaved, each in a fresh child process): ``bundle``
+(engramprof's reader, ``load_bundle(columns=EVENT_READ_COLUMNS, compact=True)``),
+``dataset`` (``pyarrow.dataset`` to_table of the same columns, then to_pandas), ``duckdb``
+(``read_parquet`` of the same columns to Arrow, then to pandas), each followed by batch-tail's
+analysis (``engramprof.analysis.analyse``, the cause split); and ``duckdb-sums``: DuckDB
+making only the per-batch sums (calls, pages, I/O and off-CPU ms per marked batch, an ASOF
+join on the markers) without any cause split.  Printed per arm: median read and analysis
+seconds, peak RSS (the child's getrusage), their ratios to ``bundle``, and whether the
+per-batch table (wall and cause ms) is identical to ``bundle``'s.
 
 Bundles are built like benchmarks/analysis_speed.py's (decode batches of 96 reads from a
 32-thread pool, ~1 ms each, a 2-20 ms forward pass between; 85% cached, 10% with cold reads,
@@ -82,17 +94,132 @@ def build(path: Path, n_calls: int, rank: int, straggler: int, chunk: int = 10_0
     return {"calls": nb_total * PER_BATCH, "batches": nb_total}
 
 
+ARMS = ("bundle", "dataset", "duckdb", "duckdb-sums")
+TEXT = ("path", "tensor", "kind")
+
+
+def _read_arm(arm: str, trace: Path, markers: Path):
+    """One rank's events as the analysis takes them (a Trace), or the per-batch sums
+    (``duckdb-sums``: a DataFrame)."""
+    from engramprof.compare.ranks import MS_COLS  # noqa: F401  (import cost in every arm)
+    from engramprof.trace import EVENT_READ_COLUMNS, Trace, load_bundle
+    from engramprof.trace.reader import _read_meta, complete_parts
+
+    if arm == "bundle":
+        return load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+    files = [str(h.path) for h in complete_parts(trace / "calls")]
+    names = set(complete_parts(trace / "calls")[0].schema_arrow.names)
+    cols = [c for c in EVENT_READ_COLUMNS if c in names]
+    if arm == "dataset":
+        import pyarrow.dataset as ds
+
+        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=[c for c in TEXT if c in cols]))
+        t = ds.dataset(files, format=fmt).to_table(columns=cols).unify_dictionaries()
+        calls = t.to_pandas(self_destruct=True, split_blocks=True)
+        del t
+    else:
+        import duckdb
+        import pandas as pd
+
+        con = duckdb.connect()
+        con.execute("SET threads = 2")
+        if arm == "duckdb-sums":
+            mk = pd.read_json(markers, lines=True)[["start_ns", "end_ns", "step"]]
+            con.register("mk", mk)
+            df = con.sql(f"""SELECT m.step, any_value(m.end_ns - m.start_ns) / 1e6 AS wall_ms, count(*) AS calls,
+                sum(c.pages_added) AS pages, sum(c.bio_ns) / 1e6 AS bio_ms, sum(c.offcpu_ns) / 1e6 AS offcpu_ms
+                FROM read_parquet({files!r}) c ASOF JOIN mk m ON c.ts_ns >= m.start_ns
+                WHERE c.ts_ns < m.end_ns GROUP BY m.step ORDER BY m.step""").df()
+            con.close()
+            return df
+        sel = ", ".join(f'"{c}"' for c in cols)
+        t = con.sql(f"SELECT {sel} FROM read_parquet({files!r})").to_arrow_table()
+        con.close()
+        calls = t.to_pandas(self_destruct=True, split_blocks=True)
+        del t
+        for c in TEXT:
+            if c in calls.columns:
+                calls[c] = calls[c].astype("category")
+    if not calls["ts_ns"].is_monotonic_increasing:
+        calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+    return Trace(path=trace, meta=_read_meta(trace), calls=calls)
+
+
+def child(arm: str, trace: Path, markers: Path) -> None:
+    """One arm in this (fresh) process: JSON line with read_s, analyse_s, rss_gib, digest."""
+    import hashlib
+
+    from engramprof import batches
+    from engramprof.analysis import analyse
+    from engramprof.compare.ranks import MS_COLS
+
+    t0 = time.perf_counter()
+    got = _read_arm(arm, trace, markers)
+    t1 = time.perf_counter()
+    digest, n = None, len(got) if arm == "duckdb-sums" else None
+    if arm != "duckdb-sums":
+        mdf, bad = batches.read_markers(markers)
+        table, _ = analyse(got, mdf, slow_ms=4.0, markers_bad_lines=bad, top=1)
+        n = len(table)
+        digest = hashlib.sha1(np.round(table[["wall_ms", *MS_COLS]].to_numpy(np.float64), 9).tobytes()).hexdigest()[:12]
+    t2 = time.perf_counter()
+    print(json.dumps({"arm": arm, "read_s": t1 - t0, "analyse_s": t2 - t1, "batches": n, "digest": digest,
+                      "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+
+
+def arms(d: Path, calls: int, rounds: int) -> None:
+    import os
+
+    p = d / "rank=0"
+    if not p.exists():
+        build(p, calls, 0, straggler=1)
+    m = p.parent / f"{p.name}.markers.jsonl"
+    res: dict[str, list[dict]] = {a: [] for a in ARMS}
+    load = [os.getloadavg()]
+    for r in range(rounds):
+        for arm in (ARMS if r % 2 == 0 else ARMS[::-1]):
+            out = subprocess.run([sys.executable, __file__, "--child", arm, str(p), str(m)], capture_output=True,
+                                 text=True, cwd=REPO)
+            if out.returncode != 0:
+                raise SystemExit(f"arm {arm} failed: {out.stderr[-2000:]}")
+            res[arm].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        load.append(os.getloadavg())
+    med = {a: {k: float(np.median([x[k] for x in v])) for k in ("read_s", "analyse_s", "rss_gib")} for a, v in res.items()}
+    ref = med["bundle"]
+    print(f"one bundle of {calls:,} calls ({res['bundle'][0]['batches']:,} batches), {rounds} round(s), arms "
+          f"interleaved; load average (1 min) from {min(x[0] for x in load):.1f} to {max(x[0] for x in load):.1f}")
+    print(f"{'arm':<12} {'read s':>7} {'analyse s':>9} {'total s':>8} {'peak GiB':>8}   vs bundle: read  total  peak"
+          "   table")
+    for a in ARMS:
+        x = med[a]
+        tot, rtot = x["read_s"] + x["analyse_s"], ref["read_s"] + ref["analyse_s"]
+        same = ("no split (sums only)" if a == "duckdb-sums" else
+                "identical" if {r["digest"] for r in res[a]} == {res["bundle"][0]["digest"]} else "DIFFERENT")
+        print(f"{a:<12} {x['read_s']:7.1f} {x['analyse_s']:9.1f} {tot:8.1f} {x['rss_gib']:8.2f}   "
+              f"{x['read_s'] / ref['read_s']:14.2f} {tot / rtot:6.2f} {x['rss_gib'] / ref['rss_gib']:5.2f}   {same}")
+    print("rounds (read s / peak GiB): " + "; ".join(
+        f"{a} " + ", ".join(f"{r['read_s']:.1f}/{r['rss_gib']:.2f}" for r in res[a]) for a in ARMS))
+
+
 def main() -> None:
+    sys.path.insert(0, str(REPO))
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--calls", type=float, default=5e6, help="calls per rank")
     ap.add_argument("--dir", default=None, help="build here (default: a temporary directory, removed)")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--arms", action="store_true", help="measure the ways to read one rank's events (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="--arms: rounds")
     a = ap.parse_args()
-    sys.path.insert(0, str(REPO))
     d = Path(a.dir or tempfile.mkdtemp(prefix="engramprof-compare-bench-", dir="/var/tmp"))
     d.mkdir(parents=True, exist_ok=True)
     try:
+        if a.arms:
+            arms(d, int(a.calls), a.rounds)
+            return
         traces = []
         t0 = time.perf_counter()
         for r in range(a.ranks):
@@ -105,9 +232,13 @@ def main() -> None:
         for p in traces:
             argv += ["--markers", str(p.parent / f"{p.name}.markers.jsonl")]
         argv += ["--json"]
+        import os
+
+        load0 = os.getloadavg()
         t0 = time.perf_counter()
         out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
         wall = time.perf_counter() - t0
+        load1 = os.getloadavg()
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
         if out.returncode != 0:
             raise SystemExit(f"compare failed ({out.returncode}): {out.stderr}")
@@ -115,7 +246,9 @@ def main() -> None:
         print(f"compare --ranks, {a.ranks} ranks x {int(a.calls):,} calls: {wall:.1f} s wall, peak RSS {rss:.2f} GiB; "
               f"{doc['steps']:,} steps aligned by {doc['alignment']}; gating rank {doc['gating_rank']} "
               f"({next(r['gated_share'] for r in doc['ranks'] if r['rank'] == doc['gating_rank']):.0%} of steps, "
-              f"top cause {next(r['top_cause'] for r in doc['ranks'] if r['rank'] == doc['gating_rank'])})")
+              f"top cause {next(r['top_cause'] for r in doc['ranks'] if r['rank'] == doc['gating_rank'])}); "
+              f"load average (1, 5, 15 min) before {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}, "
+              f"after {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}")
     finally:
         if not a.keep and a.dir is None:
             shutil.rmtree(d, ignore_errors=True)

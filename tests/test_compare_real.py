@@ -7,7 +7,8 @@ them, so only the fault under test tells them apart.  Every reader writes marker
 lab's shared step counter (step 0, 1, ... of the same row plan), which `compare --ranks`
 aligns on.
 
-Marked slow and bpf: three groups of 3-4 concurrent traced readers, about 90 s in all on the
+Marked slow and bpf: three groups of 3-4 concurrent traced readers and one trace of two readers
+(`--pid A --pid B`, split by pid into ranks), about 120 s in all on the
 2-vCPU VM (each tracer compiles its probe first).
 """
 from __future__ import annotations
@@ -140,3 +141,52 @@ def test_before_after_pool_vs_nowait(tables, tmp_path):
     assert doc["matched"] is False and doc["overall"] is None and "after has" in doc["reason"]
     assert any(s["stratum"].startswith("decode") for s in doc["strata"])
     assert any(d["stratum"].startswith("prefill") and d["after_time_share"] > 0.5 for d in doc["dropped"])
+
+
+def test_one_trace_of_two_processes_is_two_ranks(tables, tmp_path):
+    """Two lab readers traced by one `syscalls --pid A --pid B`, the second on an evicted table;
+    each writes its own markers (the lab's step counter), joined into one file with each line's
+    pid, as a server whose ranks share a markers file would write it: `compare --ranks TRACE`
+    splits the bundle by pid into two ranks and names the cold one, cause residency."""
+    labs, marks = {}, {}
+    tracer = None
+    out = tmp_path / "both"
+    try:
+        for name, table, mode in (("warm", tables[0], "--warm"), ("cold", tables[1], "--cold")):
+            marks[name] = tmp_path / f"{name}.jsonl"
+            labs[name] = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "300",
+                                         "--gap-ms", "1", "--markers", marks[name], mode, "--steps", STEPS))
+        for lab in labs.values():
+            lab.wait_line("lab: ready")
+        tracer = Proc(engramprof("syscalls", "--pid", labs["warm"].pid, "--pid", labs["cold"].pid, "--output", out,
+                                 "--json"))
+        tracer.wait_line("Tracing", timeout=300)  # the probes compile first: slow on a busy host
+        for lab in labs.values():
+            os.kill(lab.pid, signal.SIGUSR1)
+        for lab in labs.values():
+            rc, _, err = lab.finish(timeout=300)
+            assert rc == 0, err
+        rc, _, err = tracer.finish(timeout=120)  # ends by itself once both readers have exited
+        assert rc == 0, err
+    finally:
+        for p in list(labs.values()) + ([tracer] if tracer else []):
+            if p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+    joined = tmp_path / "markers.jsonl"
+    lines = []
+    for name, lab in labs.items():
+        for line in marks[name].read_text().splitlines():
+            m = json.loads(line)
+            m["pid"] = lab.pid
+            lines.append(m)
+    lines.sort(key=lambda m: m["start_ns"])
+    joined.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    p = compare("--ranks", out, "--markers", joined, "--json", "--resamples", "0")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [r["pid"] for r in doc["ranks"]] == sorted([labs["warm"].pid, labs["cold"].pid])
+    assert doc["alignment"] == "step-id" and doc["steps"] >= 190, doc
+    cold = next(r for r in doc["ranks"] if r["pid"] == labs["cold"].pid)
+    assert doc["gating_rank"] == cold["rank"], doc["ranks"]
+    assert cold["gated_share"] > 0.5 and cold["top_cause"] == "residency", cold
