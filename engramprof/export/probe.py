@@ -87,8 +87,9 @@ def program_text(p: ExportPlan) -> str:
     return head + "".join(f"#define {k} {v}\n" for k, v in defines.items()) + src
 
 
-def _release_compiler_memory() -> None:
-    """Give the heap BCC's compile freed back to the kernel (glibc keeps it otherwise)."""
+def release_freed_memory() -> None:
+    """Give freed heap back to the kernel (glibc keeps it otherwise): after BCC's compile, and
+    after each window's analysis."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -109,7 +110,7 @@ class ExportProbe:
         except Exception as exc:  # BCC raises bare Exception on compile/load failure
             raise UserError(f"cannot load the export probe ({exc}); run `engramprof doctor`", code=1) from None
         del text
-        _release_compiler_memory()
+        release_freed_memory()
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)
         self.record_dtype = layout.struct_dtype("call_record")
         layout.check_against_compiled(self.record_dtype, self.bpf["call_record_layout"].Leaf)

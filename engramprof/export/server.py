@@ -26,8 +26,9 @@ from engramprof.export.options import Listen
 from engramprof.export.window import WindowAnalyser
 from engramprof.record.target import pid_state
 
-#: reads recorded per window for its analysis (the probe's sample budget): ~96 bytes each
-DEFAULT_WINDOW_SAMPLE = 100_000
+#: reads recorded per window for its analysis (the probe's sample budget): 96 bytes each in the ring,
+#: about 0.6 KiB each while the analysis runs (benchmarks/RESULTS.md "Exporter cost")
+DEFAULT_WINDOW_SAMPLE = 50_000
 
 
 @dataclass
@@ -201,4 +202,6 @@ def _loop(settings: ExportSettings, state: ExportState, p, stop: threading.Event
         recs = np.concatenate(parts) if parts else np.empty(0, dtype=p.record_dtype)
         parts = []
         state.analyser.run(recs, start, now, budget_spent=unsampled1 > unsampled0)
+        del recs
+        export_probe.release_freed_memory()  # the analysis's transient arrays: back to the kernel
         unsampled0, start = unsampled1, now
