@@ -28,7 +28,9 @@
  * Constants filled in before load (-D):
  *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes
  *                 (probes/targets.h)
- *   RING_PAGES    sample ring size in pages       MAX_FILES   entries of read_stats_by_file
+ *   RING_PAGES    sample ring size in pages       MAX_READ_FILES  entries of read_stats_by_file
+ *   MATCH_FILES and the OFF_* offsets: --file, matched in the kernel (targets.h: is_target_fd at
+ *                 syscall entry, is_target_file for a fault's device + inode)
  *   USE_RAW_SYSCALLS  1: raw_syscalls sys_enter/sys_exit (x86_64); 0: per-syscall tracepoints
  *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_GET_PAGES, HAVE_FAULT, HAVE_BIO,
  *   HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_SCHED  feature-probed tracepoints
@@ -69,7 +71,7 @@ struct read_stats {
 };
 
 struct export_totals {
-	u64 syscall_reads;  /* every traced call (also those on files beyond MAX_FILES) */
+	u64 syscall_reads;  /* every traced call (also those on files beyond MAX_READ_FILES) */
 	u64 faults;
 	u64 sampled;        /* records written to sample_records */
 	u64 unsampled;      /* calls after the window's budget was spent: aggregated only */
@@ -138,7 +140,7 @@ struct file_id {
 	u32 __pad0;
 };
 
-BPF_PERCPU_HASH(read_stats_by_file, struct read_key, struct read_stats, MAX_FILES);
+BPF_PERCPU_HASH(read_stats_by_file, struct read_key, struct read_stats, MAX_READ_FILES);
 BPF_PERCPU_ARRAY(read_stats_zero, struct read_stats, 1);   /* never written: the initial value */
 BPF_PERCPU_ARRAY(export_totals, struct export_totals, 1);
 /* queue -> complete of every bio a target thread queued inside a syscall read (all files) */
@@ -198,6 +200,8 @@ static __always_inline struct inflight *current_call(void)
 
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
+	if (!is_target_fd(fd))
+		return;      /* --file: a read of another file (targets.h) */
 	struct inflight *s = task_state(1);
 	if (!s)
 		return;
@@ -457,7 +461,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_get_pages)
 #if HAVE_FAULT
 TRACEPOINT_PROBE(filemap, mm_filemap_fault)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
+	if (!is_target(bpf_get_current_pid_tgid()) || !is_target_file(args->s_dev, args->i_ino))
 		return 0;
 	struct export_totals *t = totals();
 	if (t)

@@ -79,7 +79,7 @@ def program_text(p: ExportPlan) -> str:
     defines = {
         **targets.defines(sel, sel.first_pid, sel.tid),
         "RING_PAGES": p.config.ring_pages,
-        "MAX_FILES": p.config.max_files,
+        "MAX_READ_FILES": p.config.max_files,
         "USE_RAW_SYSCALLS": int(p.raw_syscalls),
         **{k: int(v) for k, v in p.features.items()},
     }
