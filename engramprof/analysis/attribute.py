@@ -243,9 +243,10 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     if pages is not None:
         sel |= pages > 0
     if refaults is not None and pages is not None:
-        j, valid = refaults.interval_of(s)
-        acc.pages_per_interval += np.bincount(j[valid], weights=pages[valid], minlength=len(refaults.at))
-        interval = np.where(valid, j, -1)[sel]
+        j, valid = refaults.interval_of_sorted(s)  # entries are in time order
+        inserted = valid & (pages > 0)  # the others add nothing to the sums
+        acc.pages_per_interval += np.bincount(j[inserted], weights=pages[inserted], minlength=len(refaults.at))
+        interval = np.where(valid[sel], j[sel], -1)
     else:
         interval = np.full(int(sel.sum()), -1)
     scale_sel = scale[sel]
@@ -262,8 +263,11 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
     acc.slow_calls[sl] = ch.per_batch(slow)
     t.slow += int(slow.sum())
     if cols.has("offset"):
-        off = np.nan_to_num(ch.pick(cols.num("offset", ch.lo, ch.hi)), nan=-1.0)
-        off = np.clip(off + 1, 0, None).astype(np.int64)
+        off = ch.pick(cols.raw("offset", ch.lo, ch.hi))
+        if off.dtype.kind in "iub":  # offset + 1, 0 for a negative one (no float round trip)
+            off = np.clip(off.astype(np.int64) + 1, 0, None)
+        else:  # missing offsets (NaN) count as one value
+            off = np.clip(np.nan_to_num(off.astype(np.float64), nan=-1.0) + 1, 0, None).astype(np.int64)
         if inp.path_codes is not None:
             acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, ch.pick(inp.path_codes[ch.lo:ch.hi]), off)
         else:
@@ -274,8 +278,10 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
         t.eagain += int((ret == -EAGAIN).sum())
         t.errors += int(((ret < 0) & (ret != -EAGAIN)).sum())
     if cols.has("flags"):
-        fl = np.nan_to_num(ch.pick(cols.num("flags", ch.lo, ch.hi))).astype(np.int64)
-        t.nowait += int(((fl & RWF_NOWAIT) != 0).sum())
+        fl = ch.pick(cols.raw("flags", ch.lo, ch.hi))
+        if fl.dtype.kind not in "iu":
+            fl = np.nan_to_num(fl.astype(np.float64)).astype(np.int64)
+        t.nowait += int(np.count_nonzero(fl & RWF_NOWAIT))
     longest = np.maximum.reduceat(d, ch.firsts)
     cand = np.flatnonzero(d == longest[ch.batch])
     sp = cand[np.r_[True, ch.batch[cand][1:] != ch.batch[cand][:-1]]]  # the first longest per batch
@@ -323,13 +329,14 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     ev = Evidence.read(events.cols, ch)
     for c, k in ev.nulls.items():
         acc.totals.nulls[c] += k
-    comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch)
+    comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch)
     obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch)
     if obs is not None:
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
     if ev.bio_count is not None and ev.bio_ns is not None:
-        acc.per_bio.append(safe_div(np.clip(ev.bio_ns, 0, None), ev.bio_count)[ev.bio_count > 0])
+        with_bios = ev.bio_count > 0
+        acc.per_bio.append(np.clip(ev.bio_ns[with_bios], 0, None) / ev.bio_count[with_bios])
     if events.cols.has("offcpu_ns"):
         acc.totals.slow_copy += int((comp.copy > SLOW_COPY_NS).sum())
     _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults)

@@ -12,8 +12,12 @@ from engramprof.trace import EVIDENCE_COLUMNS
 
 
 def safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den where den > 0, else 0 (float64)."""
+    num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)
-    return np.where(den > 0, np.asarray(num, dtype=np.float64) / np.where(den > 0, den, 1.0), 0.0)
+    out = np.zeros(np.broadcast_shapes(num.shape, den.shape))
+    np.divide(num, den, out=out, where=den > 0)
+    return out
 
 
 def inflight_weights(s: np.ndarray, e: np.ndarray) -> np.ndarray:
@@ -23,40 +27,42 @@ def inflight_weights(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     A merge of the sorted entries with the sorted exits gives the concurrency k between
     consecutive events; F(t) = integral of 1/k over in-flight time; u_c = F(e_c) - F(s_c).
     At equal times entries sort before exits, so zero-length overlaps never drop k to 0.
+    Everything is read in merged order: the entries come out of the merge in call order (they
+    are sorted and the merge is stable) and the exits in exit order, so no permutation is
+    inverted.
     """
     n = len(s)
     if n == 0:
         return np.empty(0, dtype=np.float64)
     s = np.asarray(s, dtype=np.int64)
     e = np.asarray(e, dtype=np.int64)
-    eo = np.argsort(e, kind="stable")
-    es = e[eo]
+    eo = np.argsort(e, kind="stable")  # exits are nearly sorted: one timsort pass
+    both = np.concatenate([s, e[eo]])
     # merge the two sorted runs (a stable sort of two runs is one timsort merge); stability puts
     # an entry before an exit at the same time
-    order = np.argsort(np.concatenate([s, es]), kind="stable")
-    pos = np.empty(2 * n, dtype=np.int64)
-    pos[order] = np.arange(2 * n)
+    order = np.argsort(both, kind="stable")
+    t = both[order]
+    del both
+    entry = order < n
     del order
-    pos_s, pos_e_sorted = pos[:n], pos[n:]
-    t = np.empty(2 * n, dtype=np.int64)
-    t[pos_s] = s
-    t[pos_e_sorted] = es
-    delta = np.empty(2 * n, dtype=np.int64)
-    delta[pos_s] = 1
-    delta[pos_e_sorted] = -1
-    k = np.cumsum(delta)[:-1]
-    dt = np.diff(t).astype(np.float64)
-    del t, delta
-    w = np.where(k > 0, dt / np.maximum(k, 1), 0.0)
-    del dt, k
+    # k after merged event i: entries minus exits among the first i + 1 = 2 * entries - (i + 1)
+    k = np.cumsum(entry, dtype=np.int64)
+    k *= 2
+    k -= np.arange(1, 2 * n + 1)
+    w = np.diff(t).astype(np.float64)
+    del t
+    kk = k[:-1]
+    np.divide(w, kk, out=w, where=kk > 0)
+    w[kk <= 0] = 0.0
+    del k, kk
     F = np.empty(2 * n, dtype=np.float64)
     F[0] = 0.0
     np.cumsum(w, out=F[1:])
     del w
-    pos_e = np.empty(n, dtype=np.int64)
-    pos_e[eo] = pos_e_sorted
-    return F[pos_e] - F[pos_s]
-
+    u = np.empty(n, dtype=np.float64)
+    u[eo] = F[~entry]  # F at each exit, back in call order
+    u -= F[entry]  # F at each entry (already in call order)
+    return u
 
 
 def distinct_per_batch(b: np.ndarray, nb: int, *cols: np.ndarray) -> np.ndarray:
@@ -98,13 +104,16 @@ class Evidence:
     def read(cls, cols, chunk) -> "Evidence":
         vals, nulls = {}, {}
         for c in EVIDENCE_COLUMNS:
-            v = cols.num(c, chunk.lo, chunk.hi)
-            if v is not None:
-                v = chunk.pick(v)
-                bad = np.isnan(v)
-                nulls[c] = int(bad.sum())
-                if nulls[c]:
-                    v = np.where(bad, 0.0, v)
+            v = None
+            if c in cols.calls.columns:
+                raw = chunk.pick(cols.raw(c, chunk.lo, chunk.hi))
+                v = raw.astype(np.float64)  # a copy: the stages may write to it
+                nulls[c] = 0
+                if raw.dtype.kind == "f":  # an integer column has no missing value
+                    bad = np.isnan(v)
+                    nulls[c] = int(np.count_nonzero(bad))
+                    if nulls[c]:
+                        v[bad] = 0.0
             vals[c] = v
         return cls(nulls=nulls, **vals)
 
@@ -134,10 +143,12 @@ def _bincounter(batch: np.ndarray, n_batches: int):
     return lambda w: np.bincount(batch, weights=w, minlength=n_batches)
 
 
-def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evidence, per_batch=None) -> Components:
+def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evidence, per_batch=None,
+                     any_per_batch=None) -> Components:
     """Split durations ``d`` into :class:`Components`.  Without offcpu_ns the time left after
     reclaim and the run-queue wait is a miss wait in events with misses, unexplained otherwise.
-    ``per_batch(weights)``: per-batch sums (default: a bincount over ``batch``)."""
+    ``per_batch(weights)``: per-batch sums (default: a bincount over ``batch``);
+    ``any_per_batch(flags)``: per batch, whether any flag is set (default: from per_batch)."""
     per_batch = per_batch or _bincounter(batch, n_batches)
     n = len(d)
     recl = np.clip(ev.reclaim_ns, 0, d) if ev.reclaim_ns is not None else np.zeros(n)
@@ -149,7 +160,7 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
     else:
         missed = None
     if missed is not None:
-        batch_missed = per_batch(missed) > 0
+        batch_missed = any_per_batch(missed) if any_per_batch else per_batch(missed) > 0
         in_miss_ctx = missed | batch_missed[batch]
     if ev.offcpu_ns is not None:
         vol = np.clip(ev.offcpu_ns - (ev.runq_ns if ev.runq_ns is not None else 0.0), 0, d - recl - runq)
@@ -192,7 +203,9 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     own = den > 0
     b_den = per_batch(den)
     b_num = per_batch(num)
-    per_batch = np.where(b_den > 0, safe_div(b_num, b_den), np.nan)
-    mine = np.maximum(safe_div(num, den), safe_div(miss_wait, den))
-    other = np.where(miss_wait > 0, miss_wait, per_batch[batch])
-    return np.where(own, mine, other), own
+    batch_mean = np.where(b_den > 0, safe_div(b_num, b_den), np.nan)
+    observed = np.where(miss_wait > 0, miss_wait, batch_mean[batch])
+    mine = np.flatnonzero(own)  # the few events with their own I/O
+    den_own = np.asarray(den[mine], dtype=np.float64)
+    observed[mine] = np.maximum(num[mine] / den_own, miss_wait[mine] / den_own)
+    return observed, own

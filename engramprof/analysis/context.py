@@ -33,6 +33,14 @@ class RefaultSeries:
         j = np.searchsorted(self.at, ts, side="left")
         return j, (j > 0) & (j < len(self.at))
 
+    def interval_of_sorted(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`interval_of` of sorted entry times, in O(len(ts) + len(at)): event i's
+        interval is the number of samples before it, counted from where each sample time
+        falls among the entries (no binary search per event)."""
+        upto = np.searchsorted(ts, self.at, side="right")  # events at or before each sample time
+        j = np.cumsum(np.bincount(upto, minlength=len(ts) + 1)[:len(ts)])
+        return j, (j > 0) & (j < len(self.at))
+
 
 @dataclass
 class SampleContext:

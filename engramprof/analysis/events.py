@@ -25,6 +25,11 @@ REQUIRED_COLUMNS = ("ts_ns", "dur_ns", "tid")
 USED_CONTRACT_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "path", "offset", "ret", "flags")
 
 
+def _is_plain_int(dtype) -> bool:
+    """A NumPy integer or bool dtype (no missing values; not a pandas nullable one)."""
+    return isinstance(dtype, np.dtype) and dtype.kind in "iub"
+
+
 class EventColumns:
     """Per-event columns in entry-time order, read a slice at a time (no DataFrame copy).
 
@@ -36,6 +41,7 @@ class EventColumns:
         self.order = order
         self._has: dict[str, bool] = {}
         self._codes: dict[str, tuple[np.ndarray, pd.Index]] = {}
+        self._arrays: dict[str, np.ndarray] = {}
 
     def has(self, name: str) -> bool:
         """The column exists and holds at least one value (a recorder writes an evidence
@@ -46,6 +52,8 @@ class EventColumns:
             elif name in ("path", "tensor"):
                 codes, uniques = self.codes(name)
                 self._has[name] = bool(len(uniques)) and bool((codes >= 0).any())
+            elif _is_plain_int(self.calls[name].dtype):  # no missing value possible
+                self._has[name] = len(self.calls) > 0
             else:
                 self._has[name] = bool(self.calls[name].notna().any())
         return self._has[name]
@@ -70,14 +78,32 @@ class EventColumns:
         s = self.calls[name]
         return s.iloc[lo:hi] if self.order is None else s.take(self.order[lo:hi])
 
+    def array(self, name: str) -> np.ndarray:
+        """The whole column as one NumPy array in table row order: the DataFrame's own memory
+        for a plain integer, bool or float column (no copy); else float64 with NaN where a
+        value is missing or not a number, converted once."""
+        if name not in self._arrays:
+            s = self.calls[name]
+            if _is_plain_int(s.dtype) or s.dtype == np.float64 or s.dtype == np.float32:
+                a = s.to_numpy()
+            else:
+                if not pd.api.types.is_numeric_dtype(s.dtype):
+                    s = pd.to_numeric(s, errors="coerce")
+                a = s.to_numpy(dtype=np.float64, na_value=np.nan)
+            self._arrays[name] = a
+        return self._arrays[name]
+
+    def raw(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Values of positions lo:hi as stored (see :meth:`array`; a view when in order)."""
+        a = self.array(name)
+        return a[lo:hi] if self.order is None else a[self.order[lo:hi]]
+
     def num(self, name: str, lo: int, hi: int) -> np.ndarray | None:
-        """float64 values of positions lo:hi (NaN where missing); None: no such column."""
+        """float64 values of positions lo:hi (NaN where missing); None: no such column.
+        May be a view of the table's memory: do not write to it."""
         if name not in self.calls.columns:
             return None
-        s = self.series(name, lo, hi)
-        if not pd.api.types.is_numeric_dtype(s.dtype):
-            s = pd.to_numeric(s, errors="coerce")
-        return s.to_numpy(dtype=np.float64, na_value=np.nan)
+        return self.raw(name, lo, hi).astype(np.float64, copy=False)
 
     def ints(self, name: str, lo: int, hi: int) -> np.ndarray:
         """int64 values of positions lo:hi of an integer column without nulls (tid, pid)."""
@@ -245,8 +271,18 @@ class Chunk:
             return np.diff(np.r_[self.firsts, len(self.batch)]).astype(np.float64)
         w = np.asarray(weights)
         if w.dtype == np.bool_:
-            return np.add.reduceat(w.view(np.int8), self.firsts, dtype=np.int64).astype(np.float64)
+            return self.flagged_per_batch(w).astype(np.float64)
         return np.add.reduceat(w.astype(np.float64, copy=False), self.firsts)
+
+    def flagged_per_batch(self, flags: np.ndarray) -> np.ndarray:
+        """Per batch of the chunk, how many of its events have ``flags`` set (int64): the
+        flagged positions counted between the batches' first events (flags are sparse)."""
+        hits = np.flatnonzero(flags)
+        return np.diff(np.searchsorted(hits, np.r_[self.firsts, len(self.batch)]))
+
+    def any_per_batch(self, flags: np.ndarray) -> np.ndarray:
+        """Per batch of the chunk, whether any of its events has ``flags`` set."""
+        return self.flagged_per_batch(flags) > 0
 
 
 def chunk_plan(seg, chunk_calls: int | None = None) -> Iterator[Chunk]:
