@@ -22,6 +22,7 @@ import pandas as pd
 
 from engramprof import attribution
 from engramprof import trace as tracefmt
+from engramprof.analysis import prefetch, readahead
 from engramprof.analysis.events import code_faults
 from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
@@ -247,6 +248,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
                         code=1)
     res = attribution.analyse(bundle, markers_df, slow_ms=slow_ms, markers_bad_lines=bad)
     bt = res.summary
+    bt.update(prefetch.json_keys(bundle))  # readahead, prefetch (analysis/readahead.py, prefetch.py)
     if bt.get("batches", 0) == 0:
         raise UserError("no batches found in the window (markers outside the trace? see `engramprof batch-tail`)", code=1)
     meaningful = bt.get("thresholds", {}).get("meaningful_share", attribution.DEFAULT_MEANINGFUL_SHARE)
@@ -254,6 +256,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     hot = hot_row_residency(bundle.calls)
     ctx = trace_summary.get("context") or {}
     chain = evidence_chain(bt, bundle.calls, ctx, trace_summary.get("device"), hot, trace_summary)
+    chain += pagecache_steps(bt)
     return {
         "verdict": verdict,
         "confidence": conf,
@@ -264,7 +267,11 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "limits": limits(bt, trace_summary, duration, markers is not None),
         "window": {k: v for k, v in recorded_window(trace_summary, duration).items() if k != "text"},
         "read_path": read_path_of(bt),
-        "recommendation": {k: advice_for(verdict, read_path_of(bt), bt)[k] for k in ("fix", "confirm")},
+        "recommendation": readahead_fix(verdict, {k: advice_for(verdict, read_path_of(bt), bt)[k]
+                                                  for k in ("fix", "confirm")}, bt),
+        "readahead": bt.get("readahead"),
+        "prefetch": bt.get("prefetch"),
+        "pagecache_note": bt.get("pagecache_note"),
         "evicted_by": bt.get("evicted_by"),
         "miss_causes": bt.get("miss_causes"),
         "miss_cause_method": bt.get("miss_cause_method"),
@@ -273,6 +280,31 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",
                                                     "eagain_rate", "nowait_share", "latency_us", "device")},
     }
+
+
+def pagecache_steps(bt: dict) -> list[dict]:
+    """Evidence from the page-cache probe: readahead amplification above 4x, prefetch hit rate."""
+    steps = []
+    line = readahead.finding(bt.get("readahead") or [])
+    if line:
+        steps.append({"step": "readahead", "finding": line,
+                      "value": {e["path"]: e["amplification"] for e in bt["readahead"] if e.get("flagged")}})
+    pf = bt.get("prefetch") or {}
+    if pf.get("hints"):
+        rate = pf.get("hit_rate")
+        steps.append({"step": "prefetch hints", "finding": (
+            f"{pf['hints']:,} WILLNEED / readahead hints named {pf['hinted_pages']:,} pages; of the {pf['read_pages']:,} "
+            f"read since, {_pct(rate)} were ready (hit rate) and {pf['late_pages']:,} were not resident or still "
+            "in flight when read (late)"), "value": rate})
+    return steps
+
+
+def readahead_fix(verdict: str, rec: dict, bt: dict) -> dict:
+    """The fix, led by turning readahead off when a file's readahead was flagged and the
+    verdict is about misses."""
+    if verdict in ("residency", "reclaim", "storage") and readahead.finding(bt.get("readahead") or []):
+        rec = {**rec, "fix": f"{readahead.FIX} {rec['fix']}"}
+    return rec
 
 
 BUNDLE_MARKERS = "markers.jsonl"

@@ -51,6 +51,9 @@ def register(app: typer.Typer) -> None:
             mdf, bad = batches.read_markers(markers)
         result = attribution.analyse(tr, mdf, slow_ms=slow_ms, gap_ms=gap_ms, normal_miss_us=normal_miss_us,
                                      meaningful_share=min_share, markers_bad_lines=bad, top=top)
+        from engramprof.analysis import prefetch
+
+        result.summary.update(prefetch.json_keys(trace))  # readahead, prefetch: the page-cache probe's samples
         if plot is not None:
             report.plot(plot, tr.calls, result)
             result.summary["plot"] = str(plot)

@@ -308,11 +308,24 @@ class PagecacheRecorder:
                 "inserted_pages": t.get("inserted_pages", 0), "target_pages": t.get("target_pages", 0),
                 "runs": t.get("runs", 0), "readahead_events": t.get("readahead", 0), "hints": t.get("hints", 0),
                 "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost_intervals,
-                "watched_files": len(self.probe.watched) if self.probe else 0,
+                "watched_files": self._watched_now(),
                 "watched_full": t.get("watched_full", 0)}
+
+    def _watched_now(self) -> int:
+        """Files in the kernel's watched set (user space's and the ones the kernel added)."""
+        if self.probe is None or self.probe.bpf is None:
+            return self._watched
+        try:
+            self._watched = len(self.probe.bpf["watched_files"].keys())
+        except Exception:  # context: keep the last count
+            pass
+        return self._watched
+
+    _watched = 0
 
     def close(self) -> None:
         if self.probe is not None:
+            self._watched_now()
             self.totals()
             self.probe.close()
             self.probe = None
