@@ -135,6 +135,8 @@ def _who(e: dict) -> str:
     cmd = e.get("cmdline") or e.get("comm") or "?"
     if ctx == "kswapd":
         return f"kswapd (global reclaim, {e.get('comm')})"
+    if ctx == "proactive-reclaim":
+        return f"proactive reclaim ({e.get('comm')}: DAMON)"
     if ctx == "memcg-reclaim":
         lim, use = e.get("cgroup_limit_bytes"), e.get("cgroup_usage_bytes")
         extra = ", ".join(x for x in ((f"limit {_gib(lim)}" if lim else ""),
@@ -161,7 +163,7 @@ def miss_story(bt: dict) -> str | None:
     if main == "unknown" or not by:
         return (f"{causes['unknown']:.0%} of the {causes['pages']:,.0f} missed pages could not be matched to an "
                 "eviction (evicted before the trace or while records were lost)")
-    want = (("kswapd", "direct-reclaim", "memcg-reclaim") if main == "reclaim"
+    want = (("kswapd", "direct-reclaim", "memcg-reclaim", "proactive-reclaim") if main == "reclaim"
             else ("fadvise", "drop-caches", "truncate", "madvise"))
     top = next((e for e in by if e.get("context") in want), by[0])
     cause = "reclaim" if main == "reclaim" else "residency"
@@ -183,12 +185,17 @@ def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
                            "reschedule it (a drop_caches cron job, a DONTNEED on the table's file), or exclude the "
                            "table's files from it; then the rows stay resident. Otherwise: " + base["fix"])
     elif verdict == "reclaim" and by:
-        top = next((e for e in by if e.get("context") in ("kswapd", "direct-reclaim", "memcg-reclaim")), None)
+        top = next((e for e in by if e.get("context") in ("kswapd", "direct-reclaim", "memcg-reclaim",
+                                                          "proactive-reclaim")), None)
         if top is not None and top["context"] == "memcg-reclaim":
             base["fix"] = (f"The table's pages were reclaimed by {_who(top)}: raise that cgroup's memory limit "
                            "(memory.max / memory.limit_in_bytes) above the table's working set plus the process's own "
                            "memory, move other page-cache users (streamed checkpoints, logs) out of the group, or "
                            "shrink the working set.")
+        elif top is not None and top["context"] == "proactive-reclaim":
+            base["fix"] = (f"The table's pages were reclaimed by {_who(top)}: DAMON_RECLAIM pages out memory it "
+                           "sees idle for min_age; raise min_age (or its quota) above the table's reuse interval, or "
+                           "turn it off for this host (/sys/module/damon_reclaim/parameters/enabled).")
         elif top is not None:
             base["fix"] = (f"The table's pages were reclaimed by {_who(top)} (system memory pressure): give the host "
                            "memory headroom (fewer or smaller co-located jobs, no large streaming reads through the page "

@@ -137,6 +137,7 @@ struct offcpu_totals {
 #define EVICT_WRITE    5   /* inside a write() of 1-3 bytes starting with a digit: drop_caches */
 #define EVICT_TRUNCATE 6   /* inside truncate, ftruncate, fallocate, unlink, unlinkat */
 #define EVICT_MADVISE  7   /* inside madvise / process_madvise(MADV_PAGEOUT or MADV_REMOVE) */
+#define EVICT_PROACTIVE 8  /* no context, and the task is DAMON's kdamond (proactive reclaim) */
 
 #define EVICT_BY_TARGET 1  /* flags: the removing task is one of the traced processes */
 
@@ -169,6 +170,7 @@ struct eviction_totals {
 	u64 ctx_write;
 	u64 ctx_truncate;
 	u64 ctx_madvise;
+	u64 ctx_proactive;
 	u64 ctx_unknown;
 	u64 no_state;      /* context map full at a reclaim / syscall entry: context not tracked */
 };

@@ -17,7 +17,7 @@
  *     looks like; user space checks the fd's path when the writer still exists),
  *   - sys_enter/exit of truncate, ftruncate, fallocate, unlink, unlinkat,
  *   - sys_enter/exit_madvise and _process_madvise with MADV_PAGEOUT or MADV_REMOVE.
- * No state and the task's comm is "kswapd*": kswapd.  Otherwise: unknown (a kernel thread, or
+ * No state and the task's comm is "kswapd*": kswapd; "kdamond*" (DAMON): proactive reclaim.  Otherwise: unknown (a kernel thread, or
  * another syscall), with the task's pid and comm.
  *
  * Constants filled in before load (-D): RING_PAGES, MAX_FILES, MAX_TASKS, FADV_DONTNEED,
@@ -60,6 +60,9 @@ static __always_inline struct eviction_totals *totals(void)
 /* comm starts with "kswapd" (6 bytes, little endian) */
 #define KSWAPD_PREFIX 0x64706177736bULL
 #define KSWAPD_MASK   0xffffffffffffULL
+/* "kdamond" (7 bytes): DAMON's proactive reclaim thread */
+#define KDAMOND_PREFIX 0x646e6f6d61646bULL
+#define KDAMOND_MASK   0xffffffffffffffULL
 
 TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache)
 {
@@ -85,6 +88,8 @@ TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache)
 	bpf_get_current_comm(&comm, sizeof(comm));
 	if (kind == EVICT_UNKNOWN && (comm[0] & KSWAPD_MASK) == KSWAPD_PREFIX)
 		kind = EVICT_KSWAPD;
+	else if (kind == EVICT_UNKNOWN && (comm[0] & KDAMOND_MASK) == KDAMOND_PREFIX)
+		kind = EVICT_PROACTIVE;
 	struct eviction_totals *t = totals();
 	if (t) {
 		t->evictions++;
@@ -97,6 +102,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache)
 		case EVICT_WRITE: t->ctx_write += pages; break;
 		case EVICT_TRUNCATE: t->ctx_truncate += pages; break;
 		case EVICT_MADVISE: t->ctx_madvise += pages; break;
+		case EVICT_PROACTIVE: t->ctx_proactive += pages; break;
 		default: t->ctx_unknown += pages; break;
 		}
 	}

@@ -109,8 +109,8 @@ def _evicted_before_each_miss(calls: pd.DataFrame, context: str, pid: int) -> pd
 
 
 @pytest.mark.parametrize("context, verdict", [("memcg-reclaim", "reclaim"), ("kswapd", "reclaim"),
-                                              ("direct-reclaim", "reclaim"), ("fadvise", "residency"),
-                                              ("drop-caches", "residency")])
+                                              ("proactive-reclaim", "reclaim"), ("direct-reclaim", "reclaim"),
+                                              ("fadvise", "residency"), ("drop-caches", "residency")])
 def test_the_eviction_context_decides_between_residency_and_reclaim(context, verdict):
     from engramprof.attribution import analyse
 

@@ -95,7 +95,8 @@ def test_bad_arguments():
         Scenario("healthy", steps=3, duration=1)
     with pytest.raises(UserError, match="combined with table"):
         Scenario("healthy", rows=10, table="/nonexistent")
-    assert set(scenarios.SCENARIOS) == {"python-scheduling", "healthy", "residency", "reclaim", "storage"}
+    assert set(scenarios.SCENARIOS) == {"python-scheduling", "healthy", "residency", "reclaim", "storage", "dropper",
+                                        "boot-stream"}
 
 
 # --------------------------------------------------------------------------- scenarios

@@ -7,7 +7,7 @@ kernel does not say which of them were absent; a fault: its page).  Each page is
 the last event on the same (file, page) before it, from the ``evictions`` samples
 (probes/evictions.bpf.c) and the other misses:
 
-* an eviction -> **reclaim** (kswapd, direct or memcg reclaim), **dropped** (fadvise DONTNEED,
+* an eviction -> **reclaim** (kswapd, direct or memcg reclaim, DAMON's proactive reclaim), **dropped** (fadvise DONTNEED,
   drop_caches, truncate / invalidate, madvise PAGEOUT / REMOVE) or **unknown** (its context was not seen), with who
   removed it and how long before the read;
 * an earlier miss of the same page with no eviction between -> **unknown** (an eviction the
@@ -31,7 +31,7 @@ import pandas as pd
 PAGE = 4096
 CAUSES = ("first_touch", "reclaim", "dropped", "unknown")
 FIRST_TOUCH, RECLAIM, DROPPED, UNKNOWN = range(4)
-RECLAIM_CONTEXTS = ("kswapd", "direct-reclaim", "memcg-reclaim")
+RECLAIM_CONTEXTS = ("kswapd", "direct-reclaim", "memcg-reclaim", "proactive-reclaim")
 DROP_CONTEXTS = ("fadvise", "drop-caches", "truncate", "madvise")
 MAX_PAGES_PER_EVENT = 4096  # a read of more than 16 MiB: its first 16 MiB are classified
 METHOD_EVICTIONS = "eviction records (probes/evictions.bpf.c)"

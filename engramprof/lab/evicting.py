@@ -6,9 +6,12 @@
   line (the cron job of the public record, confined to the table's file).
 * ``boot-stream``: the reader and a second process share one memory cgroup whose limit holds
   the reader's own memory, the table and ``memory_mib`` more; the second process streams a
-  sparse file four times the limit through the page cache again and again (a checkpoint
-  loaded at boot), so memcg reclaim in the streamer evicts the table's pages: the misses are
-  reclaim, by the streamer.
+  sparse file four times the limit through the page cache again and again, touching each
+  chunk twice (a checkpoint parsed, then copied, at boot: its pages reach the active list as
+  the table's do), so memcg reclaim in the streamer evicts the table's pages: the misses are
+  reclaim, by the streamer.  How many pages it pushes out varies from run to run (the
+  kernel's LRU keeps the table's often-read pages active): ``diagnose``'s ``evicted_by``
+  names the streamer; the verdict may still be the pool's python-scheduling.
 
 Each is a :class:`~engramprof.lab.faults.Fault` (driven by engramprof.lab.scenarios).
 """
@@ -123,24 +126,6 @@ class DropperFault(Fault):
         return super().teardown(sc)
 
 
-STREAM_CMD = """\
-import os, signal, sys, threading
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-path, parent, passes, buf = sys.argv[1], os.getppid(), 0, bytearray(1 << 20)
-fd = os.open(path, os.O_RDONLY)
-while not stop.is_set() and os.getppid() == parent:
-    off = 0
-    while not stop.is_set():
-        n = os.preadv(fd, [buf], off)
-        if n <= 0:
-            break
-        off += n
-    passes += 1
-print('{"passes": %d}' % passes, flush=True)
-"""
-
-
 class BootStreamFault(ReclaimFault):
     """The warm reader and a streaming process in one memory cgroup sized for the reader and
     its table: the stream's page cache pushes the table out (memcg reclaim in the streamer)."""
@@ -164,7 +149,7 @@ class BootStreamFault(ReclaimFault):
         cg = self.cgroups["memory"]
         table = os.path.getsize(sc.table_path)
         budget = self.memory_mib
-        self.memory_mib = budget + table / 2**20
+        self.memory_mib = round(budget + table / 2**20, 1)
         try:
             super().on_reader_pid(sc)
         finally:
@@ -173,7 +158,7 @@ class BootStreamFault(ReclaimFault):
         size = 4 * int(self.memory_limit or table)
         with open(self.stream_path, "wb") as f:  # sparse: streamed through the page cache, no disk
             f.truncate(size)
-        self.helper = _Helper([sys.executable, "-c", STREAM_CMD, self.stream_path], procs=cg.procs)
+        self.helper = _Helper([sys.executable, "-m", "engramprof.lab.streamer", self.stream_path], procs=cg.procs)
         sc.say(f"streamer pid {self.helper.pid} in {cg.path}: reads {size / 2**20:.0f} MiB again and again")
 
     def stats(self) -> dict:

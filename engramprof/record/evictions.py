@@ -35,8 +35,9 @@ LOST_SAMPLE = "evictions_lost"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 #: EVICT_* codes of probes/engramprof.h -> the context names of the JSON (``evicted_by``)
 CONTEXT_NAMES = {"UNKNOWN": "unknown", "KSWAPD": "kswapd", "DIRECT": "direct-reclaim", "MEMCG": "memcg-reclaim",
-                 "FADVISE": "fadvise", "WRITE": "drop-caches", "TRUNCATE": "truncate", "MADVISE": "madvise"}
-RECLAIM_CONTEXTS = ("kswapd", "direct-reclaim", "memcg-reclaim")
+                 "FADVISE": "fadvise", "WRITE": "drop-caches", "TRUNCATE": "truncate", "MADVISE": "madvise",
+                 "PROACTIVE": "proactive-reclaim"}
+RECLAIM_CONTEXTS = ("kswapd", "direct-reclaim", "memcg-reclaim", "proactive-reclaim")
 DROP_CONTEXTS = ("fadvise", "drop-caches", "truncate", "madvise")
 
 
@@ -339,7 +340,7 @@ class EvictionRecorder:
         by_ctx = {"kswapd": t.get("ctx_kswapd", 0), "direct-reclaim": t.get("ctx_direct", 0),
                   "memcg-reclaim": t.get("ctx_memcg", 0), "fadvise": t.get("ctx_fadvise", 0),
                   "drop-caches": t.get("ctx_write", 0), "truncate": t.get("ctx_truncate", 0),
-                  "madvise": t.get("ctx_madvise", 0),
+                  "madvise": t.get("ctx_madvise", 0), "proactive-reclaim": t.get("ctx_proactive", 0),
                   "unknown": t.get("ctx_unknown", 0)}
         return {"probe": eviction_probe.PROBE_FILE, "evictions": t.get("evictions", 0), "pages": t.get("pages", 0),
                 "recorded": self.decoder.rows, "lost_records": t.get("lost_records", 0),
