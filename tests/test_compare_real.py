@@ -7,8 +7,8 @@ them, so only the fault under test tells them apart.  Every reader writes marker
 lab's shared step counter (step 0, 1, ... of the same row plan), which `compare --ranks`
 aligns on.
 
-Marked slow and bpf: three groups of 3-4 concurrent traced readers and one trace of two readers
-(`--pid A --pid B`, split by pid into ranks), about 120 s in all on the
+Marked slow and bpf: three groups of 3-4 concurrent traced readers, one trace of two readers
+(`--pid A --pid B`, split by pid into ranks) and one of `lab run --workers 4`, about 3 min in all on the
 2-vCPU VM (each tracer compiles its probe first).
 """
 from __future__ import annotations
@@ -190,3 +190,45 @@ def test_one_trace_of_two_processes_is_two_ranks(tables, tmp_path):
     cold = next(r for r in doc["ranks"] if r["pid"] == labs["cold"].pid)
     assert doc["gating_rank"] == cold["rank"], doc["ranks"]
     assert cold["gated_share"] > 0.5 and cold["top_cause"] == "residency", cold
+
+
+def test_lab_workers_one_rank_evicting(tables, tmp_path):
+    """`lab run --workers 4`: four rank processes forked by one lab, one markers file whose lines
+    carry each rank's pid and rank; rank 2 reads its own table, evicted before its first step.
+    One `syscalls --pid` per rank pid records them in one trace; `compare --ranks TRACE` names
+    rank 2 the gating rank for most steps, cause residency.  Serial readers: with four 32-thread
+    pools on two busy cores, pool scheduling noise (tens of ms) hides a cold batch's few ms."""
+    import re
+
+    help_text = subprocess.run(engramprof("lab", "run", "--help"), capture_output=True, text=True).stdout
+    if "--workers" not in help_text:
+        pytest.skip("lab run has no --workers (the rank processes of issue 13) in this tree")
+    m, out = tmp_path / "ranks.jsonl", tmp_path / "trace"
+    lab = Proc(engramprof("lab", "run", "--table", tables[0], "--workers", "4", "--rank-table", f"2:{tables[1]}",
+                          "--rank-cache", "2:cold", "--warm", "--reader", "serial", "--steps", "100", "--gap-ms", "1",
+                          "--markers", m, "--start-delay", "300", "--json"))
+    tracer = None
+    try:
+        lab.wait_line("lab: ready", timeout=300)
+        pids = [int(x.group(1)) for line in lab.lines for x in [re.match(r"lab: rank \d+ pid (\d+)", line)] if x]
+        assert len(pids) == 4, lab.lines
+        tracer = Proc(engramprof("syscalls", *[a for p in pids for a in ("--pid", p)], "--output", out, "--json"))
+        tracer.wait_line("Tracing", timeout=300)
+        os.kill(lab.pid, signal.SIGUSR1)
+        rc, _, err = lab.finish(timeout=300)
+        assert rc == 0, err
+        rc, _, err = tracer.finish(timeout=120)
+        assert rc == 0, err
+    finally:
+        for p in (lab, tracer):
+            if p is not None and p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+    p = compare("--ranks", out, "--markers", m, "--json", "--resamples", "0")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3] and [r["pid"] for r in doc["ranks"]] == pids
+    assert doc["alignment"] == "step-id" and doc["steps"] >= 95, doc
+    assert doc["gating_rank"] == 2, doc["ranks"]
+    r2 = doc["ranks"][2]
+    assert r2["gated_share"] > 0.5 and r2["top_cause"] == "residency", r2
