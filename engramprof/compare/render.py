@@ -29,7 +29,9 @@ def ranks(doc: dict, con: Console | None = None) -> None:
               f"{doc['alignment_error_source']})")
     g = next((r for r in doc["ranks"] if r["rank"] == doc["gating_rank"]), None)
     if g is not None:
-        _say(con, f"gating rank: {g['rank']} ({_short(g['trace'], 40)}) was the slowest in {g['gated_share']:.0%} of "
+        where = _short(g["trace"], 40) + (f", pid {g['pid']}" if g.get("pid") is not None and
+                                           sum(r["trace"] == g["trace"] for r in doc["ranks"]) > 1 else "")
+        _say(con, f"gating rank: {g['rank']} ({where}) was the slowest in {g['gated_share']:.0%} of "
                   f"steps, {fmt_ms(g['excess_ms'])} ms over the median rank, mostly {g['top_cause'] or '-'}",
              style="bold")
     _say(con, f"step time lost to stragglers (sum of slowest minus median rank): "
@@ -37,7 +39,9 @@ def ranks(doc: dict, con: Console | None = None) -> None:
               f"rank p50 {fmt_ms(doc['median_rank_ms']['p50'])} ms")
     cols = [Col("rank"), Col("trace", justify="left", shrink=True), Col("gated"), Col("excess ms"),
             Col("top cause", justify="left"), Col("p50 ms", drop=2), Col("p99 ms", drop=1)]
-    rows = [[str(r["rank"]), r["trace"], f"{r['gated_share']:.0%}", fmt_ms(r["excess_ms"]), r["top_cause"] or "-",
+    shared = {t for t in (r["trace"] for r in doc["ranks"]) if sum(x["trace"] == t for x in doc["ranks"]) > 1}
+    rows = [[str(r["rank"]), r["trace"] + (f" pid {r['pid']}" if r["trace"] in shared and r.get("pid") is not None else ""),
+             f"{r['gated_share']:.0%}", fmt_ms(r["excess_ms"]), r["top_cause"] or "-",
              fmt_ms(r["batch_ms"]["p50"]), fmt_ms(r["batch_ms"]["p99"])] for r in doc["ranks"]]
     con.print(fit_table(con, cols, rows, title="per rank: share of steps gated, time over the median rank"))
     if doc["worst_steps"]:
