@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
         from engramprof.export import options
         from engramprof.export.server import ExportSettings, run
         from engramprof.record.selection import Selection
+        from engramprof.record.target import check_privileges, check_target
 
         where = options.parse_listen(listen, allow_remote)
         labels = options.parse_labels(label)
@@ -50,6 +51,9 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--hook {hook}: expected auto, raw or tracepoint", code=2)
         if window_sample < 1:
             raise UserError(f"--window-sample {window_sample}: must be at least 1", code=2)
+        for p in pid or ():
+            check_target(p)  # a pid that exits later is waited for; one that does not exist now is a typo
+        check_privileges()
         settings = ExportSettings(
             selection=Selection.parse(pids=pid, children=children, cgroups=cgroup, files=file),
             listen=where, window_s=options.check_window(window), labels=labels,
