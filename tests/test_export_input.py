@@ -26,18 +26,73 @@ def _one_line_exit_2(r: subprocess.CompletedProcess, needle: str):
 
 @pytest.mark.parametrize("args,needle", [
     (("--listen", "0.0.0.0:9435"), "--allow-remote"),
-    (("--listen", "10.1.2.3:9435"), "not a loopback address"),
-    (("--listen", "127.0.0.1"), "HOST:PORT"),
-    (("--listen", "127.0.0.1:70000"), "1-65535"),
     (("--label", "rank"), "NAME=VALUE"),
-    (("--label", "2rank=1"), "NAME=VALUE"),
-    (("--label", "__name__=x"), "NAME=VALUE"),
-    (("--label", "file=x"), "exporter's own labels"),
-    (("--label", "rank=1", "--label", "rank=2"), "given twice"),
-    (("--window", "0"), "--window"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     _one_line_exit_2(_run_export("--pid", str(os.getpid()), *args), needle)
+
+
+def test_pid_that_does_not_exist_one_line_exit_2():
+    _one_line_exit_2(_run_export("--pid", "999999999"), "no process with pid 999999999")
+
+
+@pytest.mark.parametrize("text,allow,needle", [
+    ("0.0.0.0:9435", False, "--allow-remote"),
+    ("10.1.2.3:9435", False, "not a loopback address"),
+    ("[::]:9435", False, "not a loopback address"),
+    ("127.0.0.1", False, "HOST:PORT"),
+    ("127.0.0.1:70000", False, "1-65535"),
+    ("127.0.0.1:http", False, "1-65535"),
+    ("example.org:9435", True, "IP address or localhost"),
+])
+def test_listen_checks(text, allow, needle):
+    from engramprof.errors import UserError
+    from engramprof.export.options import parse_listen
+
+    with pytest.raises(UserError) as e:
+        parse_listen(text, allow)
+    assert e.value.code == 2 and needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_listen_accepts_loopback_and_remote_when_allowed():
+    from engramprof.export.options import parse_listen
+
+    assert parse_listen("127.0.0.1:9435", False).url == "http://127.0.0.1:9435/metrics"
+    assert parse_listen("localhost:1", False).host == "127.0.0.1"
+    assert parse_listen("[::1]:9435", False).url == "http://[::1]:9435/metrics"
+    assert parse_listen("0.0.0.0:9435", True).port == 9435
+
+
+@pytest.mark.parametrize("items,needle", [
+    (["rank"], "NAME=VALUE"),
+    (["2rank=1"], "NAME=VALUE"),
+    (["__name__=x"], "NAME=VALUE"),
+    (["rank="], "NAME=VALUE"),
+    (["file=x"], "exporter's own labels"),
+    (["rank=1", "rank=2"], "given twice"),
+])
+def test_label_checks(items, needle):
+    from engramprof.errors import UserError
+    from engramprof.export.options import parse_labels
+
+    with pytest.raises(UserError) as e:
+        parse_labels(items)
+    assert e.value.code == 2 and needle in str(e.value)
+
+
+def test_labels_parsed_in_order():
+    from engramprof.export.options import parse_labels
+
+    assert parse_labels(["rank=2", "host=a=b"]) == {"rank": "2", "host": "a=b"}
+
+
+@pytest.mark.parametrize("w", [0, 0.5, float("nan"), float("inf"), -3])
+def test_window_checks(w):
+    from engramprof.errors import UserError
+    from engramprof.export.options import check_window
+
+    with pytest.raises(UserError):
+        check_window(w)
 
 
 def test_port_in_use_one_line_exit_2():
