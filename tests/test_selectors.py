@@ -282,3 +282,81 @@ def test_cgroup_and_file_combined_are_that_groups_reads_of_that_file(tmp_path, t
                 p.p.kill()
                 p.p.wait()
         _remove_cgroup(cg)
+
+
+@pytest.mark.bpf
+def test_two_rank_scenario_diagnose_children_names_the_faulty_rank_and_its_cause():
+    """lab scenario residency --workers 2 --faulty-rank 1: `diagnose --pid PARENT --children`
+    analyses each rank on its own (markers carry pid and rank): rank 1 residency, rank 0 healthy."""
+    from engramprof.lab.scenarios import Scenario
+
+    with Scenario("residency", workers=2, faulty_rank=1, duration=30, rows=1 << 16, start_delay=120) as sc:
+        assert set(sc.info["ranks"]) == {"0", "1"} and sc.info["faulty_rank"] == 1
+        ranks = {int(r): p for r, p in sc.info["ranks"].items()}
+        tracer = Proc(engramprof("diagnose", "--pid", sc.pid, "--children", "--duration", "8", "--json",
+                                 "--markers", sc.markers_path))
+        try:
+            tracer.wait_line("Tracing", timeout=240)  # BCC compiles three probes: slow on a loaded machine
+            os.kill(sc.pid, signal.SIGUSR1)  # the lab's parent passes it on: the ranks start
+            rc, out, err = tracer.finish()
+        finally:
+            if tracer.p.poll() is None:
+                tracer.p.kill()
+                tracer.p.wait()
+        sc.stop()
+    assert rc == 0, (err, out[-2000:])
+    d = json.loads(out)
+    by_pid = {p["pid"]: p for p in d["batch_tail"]["processes"]}
+    assert set(by_pid) >= set(ranks.values()), (by_pid.keys(), ranks)
+    assert by_pid[ranks[1]]["verdict"] == "residency", by_pid[ranks[1]]
+    assert by_pid[ranks[0]]["verdict"] == "healthy", by_pid[ranks[0]]
+    assert by_pid[ranks[1]]["batch_ms"]["p50"] > by_pid[ranks[0]]["batch_ms"]["p50"]
+    assert d["verdict"] == "residency"  # the slowest process's
+
+
+def test_lab_run_rank_options_bad_input_one_line_exit_2(tmp_path, table):
+    for args, words in ((("--rank-reader", "0:nowait"), "needs --workers"),
+                        (("--workers", "2", "--rank-reader", "2:nowait"), "rank 2 does not exist"),
+                        (("--workers", "2", "--rank-reader", "x"), "RANK:VALUE"),
+                        (("--workers", "2", "--rank-cache", "1:lukewarm"), "warm or cold"),
+                        (("--workers", "2", "--rank-join", f"1:{tmp_path}"), "cgroup.procs"),
+                        (("--workers", "2", "--rank-table", f"1:{tmp_path}/none"), "--rank-table")):
+        r = subprocess.run(engramprof("lab", "run", "--table", table, "--steps", "1", *args),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and words in r.stderr and r.stderr.strip().count("\n") == 0, (args, r.stderr)
+
+
+def test_lab_run_workers_shards_and_markers(tmp_path, table):
+    """--workers 2: two ranks (children of the lab's pid), each reading only its shard of the
+    table, every marker line whole and carrying its rank's pid and rank."""
+    from engramprof import layout
+
+    markers = tmp_path / "m.jsonl"
+    r = subprocess.run(engramprof("lab", "run", "--table", table, "--workers", "2", "--steps", "25", "--reader",
+                                  "serial", "--warm", "--json", "--markers", markers),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    ranks = {x["rank"]: x for x in d["ranks"]}
+    assert d["workers"] == 2 and set(ranks) == {0, 1} and d["steps"] == 50
+    assert d["calls"] == sum(x["calls"] for x in ranks.values())
+    lines = [json.loads(line) for line in markers.read_text().splitlines()]
+    for k, x in ranks.items():
+        mine = [m for m in lines if m["rank"] == k]
+        assert len(mine) == 25 and {m["pid"] for m in mine} == {x["pid"]} and x["pid"] != d["pid"]
+    # shard k of 2: every row read lies in [k * rows / 2, (k + 1) * rows / 2) of its tensor
+    lay = layout.load(table)
+    for k in (0, 1):
+        reads = [rr for b in _planned_shard(table, k) for rr in b]
+        for off, _size in reads:
+            t = next(t for t in lay.tensors if t.start <= off < t.start + t.rows * t.row_bytes)
+            row = (off - t.start) // t.row_bytes
+            assert k * (t.rows // 2) <= row < (k + 1) * (t.rows // 2)
+
+
+def _planned_shard(table: Path, k: int):
+    from engramprof import layout
+    from engramprof.lab import workload
+
+    plan = workload.Plan(layout.load(table), 4, 6, 1.1, 0, shard=(k, 2))
+    return [workload.batch_reads(b) for b in plan.batches(25)]

@@ -37,6 +37,7 @@ RUN_EPILOG = """Examples:
 engramprof lab run --table T --warm --reader pool --steps 500
 engramprof lab run --table T --reader nowait --tokens 4096 --steps 5 --json
 engramprof lab run --table T --duration 30 --gap-ms 20 --markers m.jsonl
+engramprof lab run --table T --workers 2 --markers m.jsonl  # 2 ranks
 
 T is a table made by `lab make-table`. Page: docs/commands/lab.md
 """
@@ -115,6 +116,11 @@ def run_cmd(
     random: bool = typer.Option(True, "--random/--no-random", help="POSIX_FADV_RANDOM / MADV_RANDOM on the table (default); --no-random leaves readahead on"),
     prefetch: Optional[str] = typer.Option(None, "--prefetch", help="willneed: hint each step's rows with WILLNEED --prefetch-lead steps before reading them"),
     prefetch_lead: int = typer.Option(1, "--prefetch-lead", help="steps between a batch's WILLNEED hint and its read (0: just before the read)"),
+    workers: int = typer.Option(0, "--workers", help="fork N rank processes, each reading its own shard of the table (or its --rank-table); markers carry pid and rank"),
+    rank_table: Optional[list[str]] = typer.Option(None, "--rank-table", help="RANK:PATH: that rank reads its own table (whole) instead of its shard; repeatable"),
+    rank_reader: Optional[list[str]] = typer.Option(None, "--rank-reader", help="RANK:READER: that rank's reader; repeatable"),
+    rank_cache: Optional[list[str]] = typer.Option(None, "--rank-cache", help="RANK:warm|cold: that rank's cache preparation; repeatable"),
+    rank_join: Optional[list[str]] = typer.Option(None, "--rank-join", help="RANK:CGROUP_PROCS: that rank joins this cgroup (its cgroup.procs file) before anything else; repeatable"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Read Engram rows like a model server: one batch of 2 jobs per layer per step."""
@@ -143,7 +149,9 @@ def run_cmd(
     from engramprof import layout
 
     layout.load(table_path)  # not a safetensors table: one line, before the pid line
-    print(f"lab: pid {os.getpid()}", file=sys.stderr, flush=True)
+    rank_plans = _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, rank_cache, rank_join)
+    if rank_plans is None:
+        print(f"lab: pid {os.getpid()}", file=sys.stderr, flush=True)
     stop = threading.Event()
     go = threading.Event()  # SIGUSR1: start now (a tracer is attached)
 
@@ -153,14 +161,22 @@ def run_cmd(
 
     restore_signals = install_stop_handlers(on_stop, extra={signal.SIGUSR1: lambda *_: go.set()})
     try:
-        result = workload.run_workload(
-            table_path, reader, steps=steps, duration=duration, tokens=tokens, heads=heads,
-            gap_ms=gap_ms, zipf=zipf, seed=seed, markers=markers,
-            cache=None if cache is None else ("warm" if cache else "cold"),
-            start_delay=start_delay, threads=threads, stop=stop, start_event=go,
-            on_ready=lambda: print("lab: ready", file=sys.stderr, flush=True),
-            random=random, prefetch=prefetch, prefetch_lead=prefetch_lead,
-        )
+        if rank_plans is not None:  # the ranks print the pid and ready lines once set up
+            from engramprof.lab import ranks
+
+            result = ranks.run_ranks(rank_plans, stop, go, dict(
+                steps=steps, duration=duration, tokens=tokens, heads=heads, gap_ms=gap_ms, zipf=zipf, seed=seed,
+                markers=markers, start_delay=start_delay, threads=threads, random=random, prefetch=prefetch,
+                prefetch_lead=prefetch_lead))
+        else:
+            result = workload.run_workload(
+                table_path, reader, steps=steps, duration=duration, tokens=tokens, heads=heads,
+                gap_ms=gap_ms, zipf=zipf, seed=seed, markers=markers,
+                cache=None if cache is None else ("warm" if cache else "cold"),
+                start_delay=start_delay, threads=threads, stop=stop, start_event=go,
+                on_ready=lambda: print("lab: ready", file=sys.stderr, flush=True),
+                random=random, prefetch=prefetch, prefetch_lead=prefetch_lead,
+            )
     except MarkerFileError as exc:
         raise UserError(f"--markers: {exc}") from None
     except OSError as exc:  # e.g. --markers in a directory that does not exist
@@ -173,6 +189,9 @@ def run_cmd(
     from engramprof.render import Col, fit_table
 
     con = Console()
+    if "ranks" in result:
+        _print_ranks(con, result)
+        return
     bm = result["batch_ms"]
     # "rows read": each job's rows de-duplicated, summed; "distinct rows": over the whole run
     cols = [Col("steps"), Col("rows"), Col("rows read", drop=2), Col("distinct rows"), Col("preadv2 calls"),
@@ -183,6 +202,60 @@ def run_cmd(
     con.print(fit_table(con, cols, [row], title=f"lab run: reader {result['reader']}, pid {result['pid']}"))
     if result["nowait_unsupported"]:
         Console(stderr=True).print("lab: RWF_NOWAIT is not supported here; the nowait reader used the pool")
+
+
+def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, rank_cache, rank_join):
+    """--workers N and the per-rank options: the ranks' plans, or None (one process)."""
+    from engramprof.commands import validate
+    from engramprof.lab import ranks, readers
+
+    given = [o for o, v in (("--rank-table", rank_table), ("--rank-reader", rank_reader),
+                            ("--rank-cache", rank_cache), ("--rank-join", rank_join)) if v]
+    if not workers:
+        if given:
+            raise UserError(f"{given[0]} needs --workers")
+        return None
+    validate.at_least("--workers", workers, 1)
+    if workers > ranks.MAX_WORKERS:
+        raise UserError(f"--workers must be at most {ranks.MAX_WORKERS} (got {workers})")
+
+    def check_reader(v):
+        if v not in readers.READERS:
+            raise UserError(f"--rank-reader: the reader must be one of {', '.join(readers.READERS)}, not {v!r}")
+
+    def check_cache(v):
+        if v not in ("warm", "cold"):
+            raise UserError(f"--rank-cache: warm or cold, not {v!r}")
+
+    def check_table(v):
+        validate.existing_file("--rank-table", Path(v))
+        from engramprof import layout
+
+        layout.load(v)
+
+    def check_join(v):
+        if os.path.basename(v) != "cgroup.procs" or not os.path.isfile(v):
+            raise UserError(f"--rank-join: {v} is not a cgroup's cgroup.procs file")
+
+    tables = ranks.parse_rank_options(workers, rank_table, "--rank-table", check_table)
+    rdrs = ranks.parse_rank_options(workers, rank_reader, "--rank-reader", check_reader)
+    caches = ranks.parse_rank_options(workers, rank_cache, "--rank-cache", check_cache)
+    joins: dict[int, list[str]] = {}
+    for v in rank_join or ():
+        for r, procs in ranks.parse_rank_options(workers, [v], "--rank-join", check_join).items():
+            joins.setdefault(r, []).append(procs)
+    return ranks.plans(workers, str(table_path), reader, None if cache is None else ("warm" if cache else "cold"),
+                       tables, rdrs, caches, joins)
+
+
+def _print_ranks(con: Console, result: dict) -> None:
+    from engramprof.render import Col, fit_table
+
+    cols = [Col("rank"), Col("pid"), Col("reader", drop=2), Col("steps"), Col("preadv2 calls"),
+            Col("EAGAIN", drop_if_zero=True, drop=3), Col("batch p50 ms"), Col("p99 ms")]
+    rows = [[str(r["rank"]), str(r["pid"]), r["reader"], f"{r['steps']:,}", f"{r['calls']:,}", f"{r['eagain']:,}",
+             f"{r['batch_ms']['p50']}", f"{r['batch_ms']['p99']}"] for r in result["ranks"]]
+    con.print(fit_table(con, cols, rows, title=f"lab run: {result['workers']} ranks of pid {result['pid']}"))
 
 
 def register(app: typer.Typer) -> None:

@@ -24,6 +24,7 @@ engramprof lab scenario residency --duration 30
 engramprof lab scenario reclaim --json --start-delay 3 > sc.jsonl &
                           # the reader's pid: first JSON line, key pid
 engramprof lab scenario storage --keep-running --iops 200  # to Ctrl-C
+engramprof lab scenario residency --workers 2 --faulty-rank 1
 
 Page: docs/commands/lab-scenario.md
 """
@@ -65,6 +66,8 @@ def scenario_cmd(
     iops: int = typer.Option(sc_mod.DEFAULT_IOPS, "--iops", help="storage: read IOPS limit of the loop device"),
     seed: int = typer.Option(0, "--seed", help="seed of the row plan and the table contents"),
     threads: int = typer.Option(32, "--threads", help="pool threads"),
+    workers: int = typer.Option(0, "--workers", help="N rank processes forked from one reader process (lab run --workers)"),
+    faulty_rank: Optional[int] = typer.Option(None, "--faulty-rank", help="the fault applies to this rank only; the others run the healthy reader on a cached table of their own"),
 ) -> None:
     """Run the lab reader under one real fault, print its pid, remove everything on exit."""
     from engramprof.commands import validate
@@ -96,7 +99,7 @@ def scenario_cmd(
         name, steps=steps, duration=duration, tokens=tokens, gap_ms=gap_ms, rows=rows, table=table,
         markers=markers, keep_markers=True, start_delay=start_delay, keep_running=keep_running,
         reader=reader, threads=threads, seed=seed, evict_ms=evict_ms, memory_mib=memory_mib,
-        iops=iops, log=log)
+        iops=iops, log=log, workers=workers, faulty_rank=faulty_rank)
     try:
         sc.start()  # Ctrl-C / SIGTERM while setting up: clean up and exit
         if as_json:
@@ -131,6 +134,10 @@ def scenario_cmd(
               str(bm["p50"]), str(bm["p99"]), str(bm["max"]))
     out = Console()
     out.print(t)
+    for r in summary.get("ranks") or []:
+        fault = "" if faulty_rank is None else (" (faulty)" if r["rank"] == faulty_rank else " (healthy)")
+        out.print(f"rank {r['rank']}: pid {r['pid']}, reader {r['reader']}{fault}, batch p50 {r['batch_ms']['p50']} ms, "
+                  f"p99 {r['batch_ms']['p99']} ms", highlight=False)
     out.print(f"fault evidence: {_fmt_evidence(evidence)}", highlight=False)
     out.print(f"markers: {sc.markers_path}", highlight=False)
 

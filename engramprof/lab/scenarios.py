@@ -255,10 +255,15 @@ class _Reader:
 
 
 def _check_options(name, steps, duration, keep_running, tokens, gap_ms, rows, table, start_delay,
-                   evict_ms, memory_mib, iops) -> None:
+                   evict_ms, memory_mib, iops, workers=0, faulty_rank=None) -> None:
     """One-line UserErrors naming the parameter (the CLI's flags have the same names)."""
     if name not in SCENARIOS:
         raise UserError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
+    if workers < 0 or workers > 64:
+        raise UserError(f"workers must be between 0 and 64 (got {workers})")
+    if faulty_rank is not None and (workers < 2 or not 0 <= faulty_rank < workers):
+        raise UserError(f"faulty_rank needs workers >= 2 and must be one of its ranks 0-{max(workers, 1) - 1} "
+                        f"(got faulty_rank {faulty_rank}, workers {workers})")
     if keep_running and (steps is not None or duration is not None):
         raise UserError("keep_running runs until stopped: do not combine it with steps or duration")
     if steps is not None and duration is not None:
@@ -317,9 +322,17 @@ class Scenario:
         python: str | None = None,
         log: Callable[[str], None] | None = None,
         ready_timeout: float = READY_TIMEOUT,
+        workers: int = 0,
+        faulty_rank: int | None = None,
     ):
         _check_options(name, steps, duration, keep_running, tokens, gap_ms, rows, table, start_delay,
-                       evict_ms, memory_mib, iops)
+                       evict_ms, memory_mib, iops, workers, faulty_rank)
+        # workers: `lab run --workers N` (N ranks forked from one reader process, pid = that
+        # parent); faulty_rank: the fault applies to that rank only (its table, its cgroups); the
+        # others run the healthy scenario's reader on a table of their own, kept cached
+        self.workers, self.faulty_rank = workers, faulty_rank
+        self.healthy_table: str | None = None
+        self.rank_pids: dict[int, int] = {}
         self.fault: Fault = FAULTS[name](evict_ms=evict_ms, memory_mib=memory_mib, iops=iops)
         self.spec: Spec = self.fault.spec
         self.name = name
@@ -351,6 +364,7 @@ class Scenario:
         self.stats_at_ready: dict = {}
         self.stats_at_end: dict = {}
 
+        self._rank_join: list[str] = []
         self._armed = threading.Event()  # the fault is in place (reclaim: once the limit is set)
         self._child = _Reader(self._relay, self._on_reader_pid, self._armed)
         self._lock = threading.RLock()
@@ -398,6 +412,10 @@ class Scenario:
         self._relay(f"scenario: {text}")
 
     def _relay(self, line: str) -> None:
+        if line.startswith("lab: rank ") and " pid " in line:  # lab run --workers: "lab: rank R pid X"
+            r, _, pid = line[len("lab: rank "):].partition(" pid ")
+            if r.isdigit() and pid.strip().isdigit():
+                self.rank_pids[int(r)] = int(pid)
         self.lines.append(line)
         if self.log:
             self.log(line)
@@ -456,7 +474,11 @@ class Scenario:
         self.fault.place_table(self)
         self.say(f"table {self.table_path} ({os.path.getsize(self.table_path) / 2**20:.1f} MiB)")
         self.say(f"markers {self.markers_path}")
+        if self.faulty_rank is not None:
+            self._make_healthy_table()
         procs = self.fault.setup(self)
+        if self.faulty_rank is not None:  # only the faulty rank joins the fault's groups
+            self._rank_join, procs = procs, []
         if not self.fault.arms_on_reader_pid:
             self._armed.set()
         # die with this process (not with a thread that may end first)
@@ -488,6 +510,20 @@ class Scenario:
         self.table_path = path
         self.say(f"made a {self.rows}-row table in {time.monotonic() - t0:.2f} s")
 
+    def _make_healthy_table(self) -> None:
+        """The healthy ranks' own table (the fault acts on ``table_path``, the faulty rank's)."""
+        from engramprof.lab import table
+
+        path = os.path.join(self.workdir, "healthy.safetensors")
+        rows = self.rows
+        if self.user_table is not None:
+            from engramprof import layout
+
+            rows = min(t.rows for t in layout.load(self.user_table).tensors)
+        table.make_table(path, rows, seed=self.seed + 1)
+        self.healthy_table = path
+        self.say(f"healthy ranks' table {path} ({os.path.getsize(path) / 2**20:.1f} MiB, kept cached)")
+
     def use_table(self, path: str) -> None:
         """Read an existing table at ``path`` (it becomes ``table_path``)."""
         from engramprof import layout
@@ -507,6 +543,16 @@ class Scenario:
             cmd += ["--steps", str(self.steps)]
         else:
             cmd += ["--duration", f"{self.duration if self.duration is not None else KEEP_RUNNING_S:g}"]
+        if self.workers:
+            cmd += ["--workers", str(self.workers)]
+        if self.faulty_rank is not None:
+            healthy = FAULTS["healthy"]().spec
+            for r in range(self.workers):
+                if r != self.faulty_rank:
+                    cmd += ["--rank-table", f"{r}:{self.healthy_table}", "--rank-reader", f"{r}:{healthy.reader}",
+                            "--rank-cache", f"{r}:{healthy.cache}"]
+            for p in self._rank_join:
+                cmd += ["--rank-join", f"{self.faulty_rank}:{p}"]
         return [self.python, "-c", _WRAPPER, str(os.getpid()), str(pdeath), str(len(procs)),
                 *procs, *cmd]
 
@@ -542,6 +588,9 @@ class Scenario:
              "markers": self.markers_path, "table": self.table_path, "workdir": self.workdir,
              "cache": self.spec.cache, "tokens": self.tokens, "gap_ms": self.gap_ms,
              "steps": self.steps, "duration": self.duration, "keep_running": self.keep_running}
+        if self.workers:
+            d.update(workers=self.workers, faulty_rank=self.faulty_rank,
+                     ranks={str(r): p for r, p in sorted(self.rank_pids.items())}, healthy_table=self.healthy_table)
         d.update(self.fault.info())
         return d
 

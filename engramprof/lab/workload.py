@@ -50,7 +50,8 @@ class JobSpec:
 class Plan:
     """Generates the row requests of each step, deterministically from ``seed``."""
 
-    def __init__(self, lay: layout.Layout, tokens: int, heads: int, zipf: float, seed: int):
+    def __init__(self, lay: layout.Layout, tokens: int, heads: int, zipf: float, seed: int,
+                 shard: tuple[int, int] | None = None):
         if tokens < 1 or heads < 1:
             raise UserError("tokens and heads must be at least 1")
         if zipf < 0:
@@ -64,6 +65,10 @@ class Plan:
             if w.rows != s.rows or w.row_bytes <= 0 or s.row_bytes <= 0:
                 raise UserError(f"{lay.path}: {w.name} and {s.name} do not have matching rows")
         self.tokens, self.heads = tokens, heads
+        # shard (i, n): only rows [i * rows / n, (i + 1) * rows / n) of each tensor (a rank's own)
+        self.shard = shard
+        if shard is not None and (not 0 <= shard[0] < shard[1] or min(w.rows for w, _ in self.tensors) < shard[1]):
+            raise UserError(f"{lay.path}: cannot split {min(w.rows for w, _ in self.tensors)} rows into {shard[1]} shards")
         cdf = np.cumsum(1.0 / np.arange(1, VOCAB + 1, dtype=np.float64) ** zipf)
         self._cdf = cdf / cdf[-1]
         self._rng = np.random.default_rng(seed)
@@ -84,7 +89,11 @@ class Plan:
         specs = []
         for (w, s), salt in zip(self.tensors, self._salts):
             keys = _mix(grams ^ ((heads + salt) * _M2)[None, :]).ravel()
-            rows = (keys % np.uint64(w.rows)).astype(np.int64)
+            if self.shard is None:
+                rows = (keys % np.uint64(w.rows)).astype(np.int64)
+            else:
+                per = w.rows // self.shard[1]
+                rows = self.shard[0] * per + (keys % np.uint64(per)).astype(np.int64)
             specs.append(JobSpec(w.name, w.start + rows * w.row_bytes, w.row_bytes))
             specs.append(JobSpec(s.name, s.start + rows * s.row_bytes, s.row_bytes))
         return specs
@@ -170,6 +179,10 @@ def run_workload(
     random: bool = True,
     prefetch: str | None = None,
     prefetch_lead: int = 1,
+    shard: tuple[int, int] | None = None,
+    marker_extra: dict | None = None,
+    marker_flush_s: float = 1.0,
+    keep_batch_ns: bool = False,
 ) -> dict:
     """Run steps until ``steps`` batches, ``duration`` seconds or ``stop`` is set.
 
@@ -179,7 +192,10 @@ def run_workload(
     (offset, size) list of :func:`batch_reads`.  ``random=False``: no POSIX_FADV_RANDOM /
     MADV_RANDOM (readahead on); ``prefetch="willneed"``: before reading step i the reader hints
     the rows of step i + ``prefetch_lead`` with WILLNEED (0: its own rows, just before reading
-    them; steps before the lead are not hinted).
+    them; steps before the lead are not hinted).  ``shard`` (i, n): only the i-th of n equal row
+    ranges of each tensor; ``marker_extra``: keys added to every marker (a rank's ``pid``,
+    ``rank``); ``marker_flush_s`` 0: one write(2) per marker line (several processes appending
+    to one file); ``keep_batch_ns``: also ``batch_ns``, every batch's time (engramprof/lab/ranks.py).
     """
     if steps is None and duration is None:
         steps = 200
@@ -189,13 +205,13 @@ def run_workload(
     if cache not in (None, "warm", "cold"):
         raise ValueError(f"cache must be 'warm', 'cold' or None, not {cache!r}")
     path = os.path.realpath(table_path)
-    plan = Plan(layout.load(path), tokens, heads, zipf, seed)
+    plan = Plan(layout.load(path), tokens, heads, zipf, seed, shard=shard)
     stop = stop or threading.Event()
     try:
         rdr = readers.make_reader(reader, threads, preadv=preadv)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    writer = MarkerWriter(markers) if markers is not None else None
+    writer = MarkerWriter(markers, flush_s=marker_flush_s) if markers is not None else None
     if prefetch not in (None, "willneed") or prefetch_lead < 0:
         raise UserError(f"prefetch must be 'willneed' with a lead >= 0, not {prefetch!r} / {prefetch_lead}")
     rdr.random = random
@@ -214,7 +230,7 @@ def run_workload(
         t0 = time.monotonic()
         tally = _run_steps(plan, rdr, fd, writer, reader, stop, steps,
                            t0 + duration if duration is not None else None, gap_ms, record_reads,
-                           prefetch_lead=prefetch_lead if prefetch else None)
+                           prefetch_lead=prefetch_lead if prefetch else None, marker_extra=marker_extra)
         elapsed = time.monotonic() - t0
     finally:
         os.close(fd)
@@ -228,6 +244,8 @@ def run_workload(
                               "hinted_steps": tally.hinted_steps}
     if record_reads:
         result["reads"] = tally.reads
+    if keep_batch_ns:
+        result["batch_ns"] = tally.batch_ns
     return result
 
 
@@ -251,7 +269,7 @@ class _Ahead:
 
 def _run_steps(plan: Plan, rdr, fd: int, writer: MarkerWriter | None, reader: str, stop: threading.Event,
                steps: int | None, deadline: float | None, gap_ms: float, record_reads: bool,
-               prefetch_lead: int | None = None) -> _Tally:
+               prefetch_lead: int | None = None, marker_extra: dict | None = None) -> _Tally:
     """The step loop: one batch per step, a marker each, ``gap_ms`` between steps; with
     ``prefetch_lead``, the WILLNEED hints of the batch that many steps ahead before each batch."""
     tally = _Tally()
@@ -277,7 +295,7 @@ def _run_steps(plan: Plan, rdr, fd: int, writer: MarkerWriter | None, reader: st
         stats = rdr.read_batch(jobs)
         end = time.monotonic_ns()
         if writer is not None:
-            writer.write(start, end, rows=n, reader=reader, step=len(tally.batch_ns))
+            writer.write(start, end, rows=n, reader=reader, step=len(tally.batch_ns), **(marker_extra or {}))
         tally.batch_ns.append(end - start)
         tally.totals.add(stats)
         tally.rows += n
