@@ -137,18 +137,20 @@ class SyscallTracer:
             self.sink.writer = self.writer
         # evictions first: the target's files are watched before its first recorded read
         self._start_evictions()
+        self._start_pagecache()  # before the call probe too: its compile must not fill the call ring
         try:
             self.probe = loader.LoadedProbe(p)
         except BaseException:
             if self.evictions is not None:
                 self.evictions.close()
+            if self.pagecache is not None:
+                self.pagecache.close()
             if self.writer:  # leave a closed, loadable (empty) bundle that says why
                 self.writer.close(end_reason="probe load failed", end_ns=time.monotonic_ns())
             raise
         if self.evictions is not None:  # while the other probes compile: keep the ring from filling
             self.evictions.drain(self.sink)
         self._start_faults()
-        self._start_pagecache()
         self._start_offcpu()
         self._build_pipeline()
         self.state.started_ns = time.monotonic_ns()
