@@ -304,3 +304,28 @@ def test_reclaim_scenario_is_reclaim_by_that_cgroups_memcg_reclaim():
     assert group.endswith(top["cgroup"]) and top["cgroup_limit_bytes"] == sc.info["memory_limit_bytes"]
     assert "memcg reclaim of " + top["cgroup"] in next(
         e["finding"] for e in d["evidence"] if e["step"] == "why the pages were missing")
+
+
+def test_kernels_without_the_tracepoints_fall_back(tmp_path):
+    """No delete tracepoint: nothing to load (the recorder notes it, the analysis keeps the
+    estimate); a context tracepoint missing: its evictions are recorded as unknown."""
+    from engramprof.bpf import evictions as ev
+    from engramprof.errors import UserError
+
+    def make(*names):
+        for n in names:
+            cat, e = n.split(":")
+            (tmp_path / "events" / cat / e).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "events" / cat / e / "format").write_text("")
+
+    assert not ev.required_available(tmp_path)
+    with pytest.raises(UserError, match="mm_filemap_delete_from_page_cache"):
+        ev.plan(ev.EvictionProbeConfig(), tracefs_root=tmp_path)
+    make(*ev.REQUIRED, *ev.FEATURES["HAVE_FADVISE"], *ev.FEATURES["HAVE_WRITE"])
+    p = ev.plan(ev.EvictionProbeConfig(), tracefs_root=tmp_path)
+    assert ev.required_available(tmp_path) and p.features["HAVE_FADVISE"] and not p.features["HAVE_VMSCAN_MEMCG"]
+    assert {"direct-reclaim", "memcg-reclaim", "truncate", "madvise"} <= set(p.blind_contexts)
+    assert "fadvise" not in p.blind_contexts and "drop-caches" not in p.blind_contexts
+    text = ev.program_text(p)
+    assert "#define HAVE_VMSCAN_MEMCG 0" in text and "#define HAVE_FADVISE 1" in text
+    assert "syscalls:sys_enter_unlink" not in p.missing  # arm64 has no unlink(2): not reported missing
