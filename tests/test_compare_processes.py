@@ -20,7 +20,7 @@ def merged_bundle(tmp_path, cold_rank: int = 2, *, marker_key: str | None = "pid
                   processes_meta: bool = False, keep_markers: bool = True):
     """Four single-process bundles (rank ``cold_rank``'s steps mostly cold), and one bundle of
     the same events with one pid per rank; its markers say whose batch each line is by
-    ``marker_key`` (pid, rank, or None: no markers).  Returns (merged, singles, cold steps)."""
+    ``marker_key`` (pid, rank, tid: only the submitting thread, or None: no markers).  Returns (merged, singles, cold steps)."""
     from engramprof.trace import TraceWriter
 
     rng = np.random.default_rng(11)
@@ -31,6 +31,8 @@ def merged_bundle(tmp_path, cold_rank: int = 2, *, marker_key: str | None = "pid
     for r, (s, pid) in enumerate(zip(singles, PIDS)):
         c = pd.read_parquet(s / "calls")
         c["pid"] = pid
+        if marker_key == "tid":  # threads of their own (tids are unique across processes)
+            c["tid"] += 100 * r
         calls.append(c)
         for line in (s / "markers.jsonl").read_text().splitlines():
             m = json.loads(line)
@@ -38,6 +40,8 @@ def merged_bundle(tmp_path, cold_rank: int = 2, *, marker_key: str | None = "pid
                 m["pid"] = pid
             elif marker_key == "rank":
                 m["rank"] = r
+            elif marker_key == "tid":
+                m["tid"] = 1000 + 100 * r  # the submitting thread: one of its process's readers
             marks.append(m)
     metas = [json.loads((s / "meta.json").read_text()) for s in singles]
     calls = pd.concat(calls, ignore_index=True).sort_values("ts_ns", kind="stable").reset_index(drop=True)
@@ -118,3 +122,19 @@ def test_a_multi_process_bundle_beside_single_process_bundles(tmp_path):
     doc = _doc("--ranks", merged, singles[0])
     assert len(doc["ranks"]) == 5 and doc["ranks"][4]["trace"] == str(singles[0])
     assert doc["gating_rank"] == 2
+
+
+def test_markers_naming_only_their_thread(tmp_path):
+    """Markers with neither pid nor rank: each line's tid (the submitting thread) gives its pid;
+    a line whose thread never appears is left out, with a note."""
+    merged, _, cold = merged_bundle(tmp_path, cold_rank=1, marker_key="tid")
+    mk = merged / "markers.jsonl"
+    lines = mk.read_text().splitlines()
+    stray = json.loads(lines[0])
+    stray.update(tid=999_999, step=10_000)
+    mk.write_text("\n".join(lines + [json.dumps(stray)]) + "\n")
+    doc = _doc("--ranks", merged)
+    assert doc["alignment"] == "step-id" and doc["steps"] == N_STEPS
+    assert doc["gating_rank"] == 1 and doc["ranks"][1]["gated_share"] >= cold.mean() - 0.02
+    assert all(r["batches"] == N_STEPS for r in doc["ranks"]), doc["ranks"]  # not every marker on every pid
+    assert any("each line's pid is its thread's" in n and "1 line(s)" in n for n in doc["notes"]), doc["notes"]

@@ -85,7 +85,7 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
         if len(g) > 1:
             notes.append(f"{b.trace}: {len(g)} processes, one rank each (pids {', '.join(str(x.pid) for x in g)}), "
                          "each analysed on its own as batch-tail does")
-        notes.extend(n for n in b.notes if n.startswith("left out: pid "))
+        notes.extend(f"{b.trace}: {n}" for n in b.notes if n.startswith(("left out: pid ", load.MARKERS_BY_TID)))
     hosts = sorted({str(b.meta.get("host")) for b in bundles if b.meta.get("host")})
     out = {"mode": "ranks", "gating_rank": doc["gating_rank"], "steps": int(len(al.steps)),
            "alignment": al.method, "alignment_error_ms": round(al.error_ms, 6),

@@ -159,11 +159,44 @@ def _analysed(trace: Path, markers: str | Path | None, slow_ms: float):
     mpath = Path(markers) if markers is not None else bundle_markers(trace)
     tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
     mdf, bad = read_markers(mpath) if mpath is not None else (None, 0)
+    if mdf is not None:
+        mdf = _pid_from_tid(mdf, tr)
     try:
         table, summary = analyse(tr, mdf, slow_ms=slow_ms, markers_bad_lines=bad, top=1)
     except UserError as exc:
         raise UserError(f"{trace}: {exc}") from None
     return tr, table, summary, mdf, mpath
+
+
+#: the note of markers whose pid was found from their thread
+MARKERS_BY_TID = "markers name no process"
+
+
+def _pid_from_tid(mdf: pd.DataFrame, tr) -> pd.DataFrame:
+    """In a bundle of several processes, markers naming neither ``pid`` nor ``rank`` would apply to
+    every process; each line's ``tid`` (the submitting thread, which engramprof.markers writes)
+    says whose batch it is: its pid is that thread's, from the events and the threads samples.
+    Lines whose thread was never seen are left out, with a note."""
+    from engramprof.analysis.processes import process_ids
+
+    if {"pid", "rank"} & set(mdf.columns) or "tid" not in mdf.columns or len(process_ids(tr.calls)) < 2:
+        return mdf
+    pairs = [tr.calls[["tid", "pid"]]]
+    threads = tr.samples("threads")
+    if threads is not None and {"tid", "pid"} <= set(threads.columns):
+        pairs.append(threads[["tid", "pid"]])
+    known = pd.concat(pairs, ignore_index=True).apply(pd.to_numeric, errors="coerce").dropna().drop_duplicates()
+    known = known[~known["tid"].duplicated(keep=False)]  # a tid seen under two pids says nothing
+    pid = mdf["tid"].map(pd.Series(known["pid"].to_numpy(), index=known["tid"].to_numpy()))
+    if not pid.notna().any():
+        tr.notes.append(f"{MARKERS_BY_TID} and none of their threads (tid) was seen: every marker applies to every "
+                        "process")
+        return mdf
+    out = mdf.assign(pid=pid)
+    missing = int(pid.isna().sum())
+    tr.notes.append(f"{MARKERS_BY_TID}: each line's pid is its thread's (tid)" +
+                    (f"; {missing:,} line(s) whose thread was never seen are left out" if missing else ""))
+    return out
 
 
 _SUMMARY_KEYS = ("batches", "batch_source", "lost_records", "read_events", "share", "verdict")
