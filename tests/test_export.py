@@ -4,7 +4,8 @@ One shared run (module fixture): a cgroup2 group holding a warm lab pool reader 
 python-scheduling scenario), `engramprof export --cgroup` on it, and a Prometheus server
 started here on 127.0.0.1 (generated config, scrape interval 1 s, data in a temporary
 directory).  The tests then ask Prometheus's HTTP API; the restart test kills the reader and
-starts another one in the same group.  Bad input needs neither BPF nor Prometheus.
+starts another one in the same group.  The --file test runs its own exporter (no Prometheus:
+it parses /metrics).  Bad input (tests/test_export_input.py) needs neither BPF nor Prometheus.
 """
 from __future__ import annotations
 
@@ -159,6 +160,7 @@ def test_read_rate_matches_the_lab_own_rate(scraped):
     got = prom.value('sum(rate(engramprof_read_calls_total{kind="syscall",rank="0"}[15s]))', at)
     want = lab_rate(scraped["markers"], mono - 15, mono)
     assert want > 1000, want
+    print(f"rate[15s]: Prometheus {got:.0f}/s, the lab's own {want:.0f}/s ({(got - want) / want:+.2%})")
     assert abs(got - want) / want <= 0.05, (got, want)
 
 
@@ -215,3 +217,59 @@ def test_target_restart_continues_without_duplicated_series(scraped):
     dup = prom.query("count by (file, kind, rank) (engramprof_read_calls_total) > 1")
     assert dup == [], dup
     assert len(prom.query(sel)) == 1
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of a real /metrics (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(_get(f"http://127.0.0.1:{port}/metrics")):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_file_selector_counts_that_file_only_both_read_paths(tmp_path):
+    """--file A: a pool reader of A (its every call), a cold mmap reader of A (faults with misses),
+    a pool reader of B (nothing): selected in the kernel, counted exactly."""
+    from tests.conftest import require_bpf
+
+    require_bpf()
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    for t in (a, b):
+        subprocess.run(engramprof("lab", "make-table", t, "--rows", "16384"), check=True, capture_output=True)
+    readers = [("--table", a, "--warm", "--reader", "pool", "--steps", "300"),
+               ("--table", b, "--warm", "--reader", "pool", "--steps", "300"),
+               ("--table", a, "--cold", "--reader", "mmap", "--steps", "50")]
+    labs = [Proc(engramprof("lab", "run", *r, "--start-delay", "120", "--json")) for r in readers]
+    port = _free_port()
+    exporter = None
+    try:
+        for lab in labs:
+            lab.wait_line("lab: ready")
+        exporter = Proc(engramprof("export", "--file", a, "--window", "2", "--listen", f"127.0.0.1:{port}"))
+        exporter.wait_line("Exporting", timeout=120)
+        for lab in labs:
+            os.kill(lab.pid, signal.SIGUSR1)
+        results = []
+        for lab in labs:
+            rc, out, err = lab.finish()
+            assert rc == 0, err
+            results.append(json.loads(out))
+        time.sleep(1.5)
+        m = _scrape(port)
+    finally:
+        for lab in labs:
+            _stop(lab)
+        if exporter is not None:
+            _stop(exporter, signal.SIGTERM)
+    files = {dict(k[1]).get("file") for k in m if k[0] == "engramprof_read_calls_total"}
+    assert files == {str(a)}, files
+    calls = m[("engramprof_read_calls_total", (("file", str(a)), ("kind", "syscall")))]
+    assert calls == results[0]["calls"] > 0, (calls, results[0]["calls"])
+    key = (("file", str(a)), ("kind", "fault"))
+    faults, misses = m[("engramprof_read_calls_total", key)], m[("engramprof_read_misses_total", key)]
+    assert 0 < misses <= faults, (misses, faults)
+    assert m[("engramprof_read_pages_inserted_total", key)] >= misses
+    assert m[("engramprof_probe_reads_total", (("kind", "syscall"),))] == calls  # B's reads never counted
