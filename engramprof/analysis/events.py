@@ -121,7 +121,8 @@ class EventColumns:
 
 @dataclass
 class ReadEvents:
-    """The usable events in entry-time order: ``ts``/``dur`` (int64 ns) and their columns."""
+    """The usable events in entry-time order: ``ts`` (int64 ns), ``dur`` (signed integer ns:
+    int32 from a compact load) and their columns."""
 
     ts: np.ndarray
     dur: np.ndarray
@@ -142,8 +143,12 @@ class ReadEvents:
         return [c for c in EVIDENCE_COLUMNS if not self.cols.has(c)]
 
 
-def _exact_int(calls: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _exact_int(calls: pd.DataFrame, name: str, as_stored: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """int64 values of an integer-valued column, and where they are missing (None: nowhere).
+    ``as_stored``: a NumPy signed-integer column is returned as it is (no copy)."""
     c = calls[name]
+    if as_stored and isinstance(c.dtype, np.dtype) and c.dtype.kind == "i":
+        return c.to_numpy(), None
     if pd.api.types.is_integer_dtype(c.dtype) and getattr(c.dtype, "na_value", None) is not pd.NA:
         return c.to_numpy(dtype=np.int64), None
     f = pd.to_numeric(c, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
@@ -161,6 +166,8 @@ def code_faults(calls: pd.DataFrame) -> np.ndarray | None:
     if "kind" not in calls.columns or "path" not in calls.columns or not len(calls):
         return None
     kind = calls["kind"]
+    if isinstance(kind.dtype, pd.CategoricalDtype) and "fault" not in kind.cat.categories:
+        return None
     is_fault = (kind == "fault").to_numpy(dtype=bool, na_value=False)
     if not is_fault.any():
         return None
@@ -192,7 +199,7 @@ def prepare_read_events(calls: pd.DataFrame, notes: list[str], allow_none: bool 
     if n_total == 0:
         raise UserError("the trace has no calls: nothing to analyse (was the target reading while traced?)")
     ts, ts_bad = _exact_int(calls, "ts_ns")
-    dur, dur_bad = _exact_int(calls, "dur_ns")
+    dur, dur_bad = _exact_int(calls, "dur_ns", as_stored=True)  # int32 in a compact load
     good = dur >= 0
     for bad in (ts_bad, dur_bad):
         if bad is not None:

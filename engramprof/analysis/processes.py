@@ -22,8 +22,12 @@ def process_ids(calls: pd.DataFrame) -> np.ndarray:
     """The distinct pids of the events (empty: no pid column)."""
     if "pid" not in calls.columns or not len(calls):
         return np.empty(0, dtype=np.int64)
-    pid = pd.to_numeric(calls["pid"], errors="coerce").dropna().astype(np.int64).to_numpy()
-    return np.unique(pid) if len(pid) and pid.min() != pid.max() else np.unique(pid[:1])
+    col = calls["pid"]
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iu":  # no missing value: no copy
+        pid = col.to_numpy()
+    else:
+        pid = pd.to_numeric(col, errors="coerce").dropna().astype(np.int64).to_numpy()
+    return (np.unique(pid) if len(pid) and pid.min() != pid.max() else np.unique(pid[:1])).astype(np.int64)
 
 
 def markers_of(markers: pd.DataFrame | None, pid: int, rank: int | None) -> pd.DataFrame | None:

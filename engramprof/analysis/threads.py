@@ -41,15 +41,24 @@ class ReadingThreads:
 
 #: integer ids (tid, pid) below this are coded through a lookup table (O(n), no hashing)
 _LOOKUP_MAX = 1 << 24
+_SLICE = 1 << 20
 
 
 def _codes_in_order(events: ReadEvents, name: str) -> tuple[np.ndarray, np.ndarray]:
     values = events.cols.calls[name].to_numpy()
     if np.issubdtype(values.dtype, np.integer) and len(values) and 0 <= values.min() and values.max() < _LOOKUP_MAX:
-        present = np.bincount(values) > 0
+        # counted and coded a slice at a time: NumPy casts indices to intp, a slice's copy is small
+        top = int(values.max())
+        counts = np.zeros(top + 1, dtype=np.int64)
+        for i in range(0, len(values), _SLICE):
+            counts += np.bincount(values[i:i + _SLICE], minlength=top + 1)
+        present = counts > 0
         uniques = np.flatnonzero(present)
         lookup = np.cumsum(present, dtype=np.int32) - 1
-        return events.cols.in_order(lookup[values]), uniques
+        code = np.empty(len(values), dtype=np.int32)
+        for i in range(0, len(values), _SLICE):
+            code[i:i + _SLICE] = lookup[values[i:i + _SLICE]]
+        return events.cols.in_order(code), uniques
     c, uniques = pd.factorize(values, use_na_sentinel=True)
     uniques = np.asarray(uniques)
     if (c < 0).any():  # a missing value is one more "thread" of its own

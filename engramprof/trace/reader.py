@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,12 +53,18 @@ class Trace:
         return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
 
 
-def _read_part(p: Path, columns: list[str] | None) -> pa.Table:
+#: parts decoded at a time, one per thread (Parquet decoding releases the GIL).  A part per
+#: thread: measured here, decoding each part's columns on Arrow's own thread pool took 1.5x the
+#: CPU time of decoding whole parts side by side (benchmarks/RESULTS.md, "Analysis speed")
+READ_THREADS = max(1, min(2, os.cpu_count() or 1))
+
+
+def _read_part(p: Path, columns: list[str] | None, use_threads: bool = True) -> pa.Table:
     try:
         if columns is None:
-            return pq.read_table(p)
+            return pq.read_table(p, use_threads=use_threads)
         have = set(pq.read_schema(p).names)
-        return pq.read_table(p, columns=[c for c in columns if c in have])
+        return pq.read_table(p, columns=[c for c in columns if c in have], use_threads=use_threads)
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{p}: corrupt trace part ({exc})") from None
 
@@ -137,12 +144,100 @@ def _int32_columns(heads: list, columns: list[str]) -> set[str]:
     return fits
 
 
+def _column_plan(heads: list, present: list[str], narrow_to_32: set[str]) -> dict | None:
+    """Each column's array type, decided from the parts' footers before any part is decoded:
+    None for text; float64 where a part lacks the column, holds floats or (by its statistics)
+    nulls; else the parts' integer / bool type (int32 where ``narrow_to_32``).  None when the
+    footers cannot tell (no null counts, parts of different types): read part after part."""
+    plan: dict = {}
+    for c in present:
+        types = [h.schema_arrow.field(c).type if c in h.schema_arrow.names else None for h in heads]
+        if any(t is not None and _is_text(t) for t in types):
+            plan[c] = None
+            continue
+        known = {t for t in types if t is not None}
+        if any(pa.types.is_floating(t) for t in known) or None in types:
+            plan[c] = np.dtype(np.float64)
+            continue
+        if len(known) != 1 or not (pa.types.is_integer(next(iter(known))) or pa.types.is_boolean(next(iter(known)))):
+            return None
+        nulls = _null_count(heads, c)
+        if nulls is None:
+            return None
+        plan[c] = (np.dtype(np.float64) if nulls else np.dtype(np.int32) if c in narrow_to_32
+                   else np.dtype(next(iter(known)).to_pandas_dtype()))
+    return plan
+
+
+def _null_count(heads: list, c: str) -> int | None:
+    """Nulls of column ``c`` over every part, from the row groups' statistics (None: unknown)."""
+    total = 0
+    for h in heads:
+        md = h.metadata
+        j = md.schema.names.index(c) if c in md.schema.names else None
+        if j is None:
+            return None
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(j).statistics
+            if st is None or not st.has_null_count:
+                return None
+            total += st.null_count
+    return total
+
+
+def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str], plan: dict) -> pd.DataFrame:
+    """Every part decoded on a thread of its own (READ_THREADS at a time, Arrow's own threads
+    off) straight into its rows of one preallocated array per numeric column; text columns as
+    one categorical each.  Peak memory is the result plus READ_THREADS parts."""
+    rows = [h.metadata.num_rows for h in heads]
+    starts = np.r_[0, np.cumsum(rows)].astype(np.int64)
+    out = {c: np.empty(int(starts[-1]), dtype=t) for c, t in plan.items() if t is not None}
+
+    def read(i: int) -> dict:
+        tab = _read_part(parts[i], present, use_threads=False)
+        lo, m = int(starts[i]), tab.num_rows
+        if m != rows[i]:
+            raise UserError(f"{parts[i]}: corrupt trace part ({m} rows, its footer says {rows[i]})")
+        text: dict = {}
+        for c in present:
+            col = tab.column(c) if c in tab.column_names else None
+            if plan[c] is None:
+                text[c] = col.chunks if col is not None else [pa.nulls(m, pa.string())]
+            elif col is None:
+                out[c][lo:lo + m] = np.nan
+            else:
+                out[c][lo:lo + m] = col.to_numpy()
+        del tab
+        return text
+
+    if len(parts) > 1 and READ_THREADS > 1:
+        with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="engramprof-read") as pool:
+            texts = list(pool.map(read, range(len(parts))))
+    else:
+        texts = [read(i) for i in range(len(parts))]
+    pa.default_memory_pool().release_unused()  # the last parts' decode buffers
+    for c in present:
+        if plan[c] is None:
+            out[c] = _categorical([ch for t in texts for ch in t[c]])
+    return pd.DataFrame({c: out[c] for c in present}, copy=False)
+
+
+def _categorical(chunks: list) -> pd.api.extensions.ExtensionArray:
+    """Text chunks (dictionary or plain) as one pandas categorical with one dictionary."""
+    as_dict = pa.dictionary(pa.int32(), pa.string())
+    arr = pa.chunked_array([(ch if pa.types.is_dictionary(ch.type) else ch.cast(pa.string()).dictionary_encode())
+                            .cast(as_dict) for ch in chunks], type=as_dict)
+    return arr.unify_dictionaries().to_pandas().array
+
+
 def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool = False,
                             heads: list | None = None) -> pd.DataFrame:
-    """Read part after part into one preallocated array per numeric column (a part's decode
-    buffers are freed, and reused, before the next part is read), text columns as one
-    categorical each.  Peak memory is the result plus one part, not twice the result.
-    ``narrow``: int64 columns whose statistics fit int32 are stored as int32."""
+    """Read the parts into one preallocated array per numeric column, text columns as one
+    categorical each: side by side when the parts' footers tell each column's type
+    (:func:`_read_parts_side_by_side`), else part after part (a part's decode buffers are
+    freed, and reused, before the next part is read).  Peak memory is the result plus a part
+    or two, not twice the result.  ``narrow``: int64 columns whose statistics fit int32 are
+    stored as int32."""
     if heads is None:
         heads = []
         for p in parts:
@@ -150,9 +245,12 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool 
                 heads.append(pq.ParquetFile(p))
             except (pa.ArrowException, OSError) as exc:
                 raise UserError(f"{p}: corrupt trace part ({exc})") from None
-    n = sum(h.metadata.num_rows for h in heads)
     present = [c for c in columns if any(c in h.schema_arrow.names for h in heads)]
     narrow_to_32 = _int32_columns(heads, [c for c in present if c != "ts_ns"]) if narrow else set()
+    plan = _column_plan(heads, present, narrow_to_32)
+    if plan is not None:
+        return _read_parts_side_by_side(parts, heads, present, plan)
+    n = sum(h.metadata.num_rows for h in heads)
     out: dict[str, np.ndarray] = {}
     text: dict[str, list] = {}
     lo = 0
@@ -182,10 +280,7 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool 
         del tab
     pa.default_memory_pool().release_unused()  # the last part's decode buffers
     for c, chunks in text.items():
-        as_dict = pa.dictionary(pa.int32(), pa.string())
-        arr = pa.chunked_array([(ch if pa.types.is_dictionary(ch.type) else ch.cast(pa.string()).dictionary_encode())
-                                .cast(as_dict) for ch in chunks], type=as_dict)
-        out[c] = arr.unify_dictionaries().to_pandas().array
+        out[c] = _categorical(chunks)
     return pd.DataFrame({c: out[c] for c in present}, copy=False)
 
 
