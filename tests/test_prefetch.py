@@ -171,3 +171,52 @@ def test_long_lead_hits_lead_zero_is_late_and_both_agree_with_mincore(two_files)
     # and the bundle-level keys count both files' hints
     keys = prefetch.json_keys(out)["prefetch"]
     assert keys["hints"] == 2 * len(pages) and keys["hinted_pages"] == 2 * len(pages)
+
+
+def test_an_madvise_range_is_cut_into_file_pages_at_the_mappings(tmp_path):
+    """The decoder's address -> file page step on this process's own mappings (no root)."""
+    import mmap
+
+    from engramprof.record.pagecache import ProcessFiles
+
+    p = tmp_path / "m.bin"
+    p.write_bytes(bytes(16 * PAGE))
+    with open(p, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 8 * PAGE, prot=mmap.PROT_READ, offset=4 * PAGE)  # file pages 4..11
+        try:
+            base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+            pf = ProcessFiles(os.getpid())
+            (seg,) = [s for s in pf.segments(base + 2 * PAGE + 10, 3 * PAGE) if s[2] == str(p)]
+            assert seg[3:] == (6, 4)  # from file page 4 + 2, the 3 pages and the partial one
+            assert pf.covers(base) and not pf.covers(PAGE) and not pf.segments(PAGE, PAGE)  # page 1 is never mapped
+        finally:
+            mm.close()
+
+
+@pytest.mark.bpf
+def test_lab_mmap_prefetch_hints_are_recorded_as_the_planned_file_pages(tmp_path):
+    """lab run --reader mmap --prefetch willneed: every madvise(WILLNEED) the lab made is a hint
+    row whose file pages are the planned rows' page runs (address -> file page through the
+    mapping), and the summary counts them."""
+    from engramprof import layout
+    from engramprof.lab import readers, table, workload
+    from tests.tracing import traced_lab
+
+    if fs_type(tmp_path) in ("tmpfs", "ramfs"):
+        pytest.skip("tmp is on tmpfs: no droppable page cache to prefetch into")
+    t = tmp_path / "t.safetensors"
+    table.make_table(t, rows=1 << 14, seed=8)
+    steps, lead = 6, 2
+    run = traced_lab(tmp_path, t, "--reader", "mmap", "--cold", "--steps", str(steps), "--gap-ms", "20",
+                     "--prefetch", "willneed", "--prefetch-lead", str(lead))
+    assert run.tracer_rc == 0, run.tracer_err
+    plan = workload.Plan(layout.load(t), 4, 6, 1.1, 0)
+    batches = [plan.next_batch() for _ in range(steps)]
+    want = sorted((first, n) for b in batches[lead:] for s in b for first, n in readers.page_runs(s.offsets, s.row_bytes))
+    h = pd.read_parquet(run.trace / "samples" / "pagecache_hints")
+    h = h[(h["call"] == "madvise") & (h["advice"] == "WILLNEED")]
+    assert run.lab["prefetch"]["hints"] == len(want) == len(h)
+    assert set(h["path"]) == {str(t)} and (h["ret"] == 0).all()
+    assert sorted(zip(h["first_page"].tolist(), h["pages"].tolist())) == want
+    s = prefetch.json_keys(run.trace)["prefetch"]
+    assert s["hints"] == len(want) and s["hinted_pages"] == sum(n for _, n in want)
