@@ -138,6 +138,7 @@ def _rate_of(inp: PagecacheInputs, path: str) -> dict:
 
 
 @pytest.mark.bpf
+@pytest.mark.slow  # a traced child: the probes' compile takes most of it (seconds on a busy host)
 def test_long_lead_hits_lead_zero_is_late_and_both_agree_with_mincore(two_files):
     from engramprof.analysis import readahead
 
@@ -194,6 +195,7 @@ def test_an_madvise_range_is_cut_into_file_pages_at_the_mappings(tmp_path):
 
 
 @pytest.mark.bpf
+@pytest.mark.slow  # a traced child: the probes' compile takes most of it (seconds on a busy host)
 def test_lab_mmap_prefetch_hints_are_recorded_as_the_planned_file_pages(tmp_path):
     """lab run --reader mmap --prefetch willneed: every madvise(WILLNEED) the lab made is a hint
     row whose file pages are the planned rows' page runs (address -> file page through the

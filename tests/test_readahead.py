@@ -148,6 +148,7 @@ def two_tables(tmp_path_factory):
 
 
 @pytest.mark.bpf
+@pytest.mark.slow  # a traced child: the probes' compile takes most of it (seconds on a busy host)
 def test_readahead_on_and_off_with_the_mmap_reader_on_the_same_rows(two_tables):
     from engramprof.analysis import prefetch
     from engramprof.cachestat import cachestat
