@@ -133,6 +133,7 @@ def _who(e: dict) -> str:
     """One evictor in words: `pid 4242 (`sh -c ...`)`, memcg reclaim of /group (limit ...)."""
     ctx = e.get("context")
     cmd = e.get("cmdline") or e.get("comm") or "?"
+    cmd = cmd if len(cmd) <= 100 else cmd[:97] + "..."  # the JSON keeps it whole
     if ctx == "kswapd":
         return f"kswapd (global reclaim, {e.get('comm')})"
     if ctx == "proactive-reclaim":
@@ -141,13 +142,16 @@ def _who(e: dict) -> str:
         lim, use = e.get("cgroup_limit_bytes"), e.get("cgroup_usage_bytes")
         extra = ", ".join(x for x in ((f"limit {_gib(lim)}" if lim else ""),
                                       (f"usage {_gib(use)} when first seen" if use else "")) if x)
+        who = "the traced process itself" if e.get("target") else f"`{cmd}`"
         return (f"memcg reclaim of {e.get('cgroup') or '?'}" + (f" ({extra})" if extra else "")
-                + f" in pid {e['pid']} (`{cmd}`)")
+                + f" in pid {e['pid']} ({who})")
     if ctx == "direct-reclaim":
-        return f"direct reclaim in pid {e['pid']} (`{cmd}`)"
+        who = "the traced process itself" if e.get("target") else f"`{cmd}`"
+        return f"direct reclaim in pid {e['pid']} ({who})"
     how = {"fadvise": "POSIX_FADV_DONTNEED", "drop-caches": "a drop_caches write", "truncate": "truncation",
            "madvise": "MADV_PAGEOUT / MADV_REMOVE"}.get(ctx)
-    return f"pid {e['pid']} (`{cmd}`)" + (f" with {how}" if how else " (context not seen)")
+    who = "the traced process itself" if e.get("target") else f"`{cmd}`"
+    return f"pid {e['pid']} ({who})" + (f" with {how}" if how else " (context not seen)")
 
 
 def miss_story(bt: dict) -> str | None:

@@ -281,7 +281,7 @@ def test_dropper_scenario_is_residency_naming_the_dropper():
     assert d["miss_cause_method"] == misses.METHOD_EVICTIONS
     assert d["miss_causes"]["dropped"] > 0.8, d["miss_causes"]
     top = d["evicted_by"][0]
-    assert top["pid"] == dropper and top["context"] == "fadvise" and top["share"] > 0.8
+    assert top["pid"] == dropper and top["context"] == "fadvise" and top["share"] > 0.8 and not top["target"]
     assert top["cmdline"] == cmdline and "engramprof.lab.dropper" in top["cmdline"]
     story = next(e["finding"] for e in d["evidence"] if e["step"] == "why the pages were missing")
     assert f"pid {dropper}" in story and "before they were read" in story
@@ -300,9 +300,9 @@ def test_reclaim_scenario_is_reclaim_by_that_cgroups_memcg_reclaim():
     assert d["verdict"] == "reclaim", (d["batch_tail"]["share"], d["miss_causes"])
     assert d["miss_causes"]["reclaim"] > 0.5, d["miss_causes"]
     top = d["evicted_by"][0]
-    assert top["context"] == "memcg-reclaim" and top["pid"] == reader
+    assert top["context"] == "memcg-reclaim" and top["pid"] == reader and top["target"]
     assert group.endswith(top["cgroup"]) and top["cgroup_limit_bytes"] == sc.info["memory_limit_bytes"]
-    assert "memcg reclaim of " + top["cgroup"] in next(
+    assert f"memcg reclaim of {top['cgroup']}" in next(
         e["finding"] for e in d["evidence"] if e["step"] == "why the pages were missing")
 
 

@@ -175,6 +175,8 @@ def evicted_by(mp: MissPages, evictors: pd.DataFrame | None = None, top: int = 1
     df = pd.DataFrame({"pid": _col(ev, "pid").astype(np.int64)[rows],
                        "context": ev["context"].astype(str).to_numpy()[rows],
                        "comm": ev["comm"].astype(str).to_numpy()[rows] if "comm" in ev.columns else "",
+                       "target": ev["by_target"].fillna(False).astype(bool).to_numpy()[rows]
+                       if "by_target" in ev.columns else False,
                        "w": mp.weight[sel], "age": mp.age_ns[sel] / 1e9})
     facts = _evictor_facts(evictors)
     out = []
@@ -184,7 +186,7 @@ def evicted_by(mp: MissPages, evictors: pd.DataFrame | None = None, top: int = 1
         limit = f.get("cgroup_limit_bytes", -1)
         usage = f.get("cgroup_usage_bytes", -1)
         out.append({"pid": int(pid), "comm": str(g["comm"].iloc[0]), "cmdline": f.get("cmdline") or "",
-                    "context": context, "cgroup": f.get("cgroup") or "",
+                    "context": context, "target": bool(g["target"].any()), "cgroup": f.get("cgroup") or "",
                     "cgroup_limit_bytes": int(limit) if limit is not None and limit >= 0 else None,
                     "cgroup_usage_bytes": int(usage) if usage is not None and usage >= 0 else None,
                     "pages": round(float(g["w"].sum()), 1), "share": round(float(g["w"].sum()) / total, 4),
