@@ -97,20 +97,28 @@ class DropperFault(Fault):
         super().__init__()
         self.evict_ms = evict_ms
         self.helper: _Helper | None = None
+        self.count_file: str | None = None
 
     @property
     def table_must_be_droppable(self) -> bool:
         return True
 
     def setup(self, sc: "Scenario") -> list[str]:
+        self.count_file = os.path.join(sc.workdir, "dropper.count")
         self.helper = _Helper([sys.executable, "-m", "engramprof.lab.dropper", "--every-ms", f"{self.evict_ms:g}",
-                               sc.table_path])
+                               "--count-file", self.count_file, sc.table_path])
         sc.say(f"dropper pid {self.helper.pid}: drops the table every {self.evict_ms:g} ms (POSIX_FADV_DONTNEED)")
         return []
 
     def stats(self) -> dict:
         h = self.helper
-        return {"drops": h.result.get("drops", 0)} if h is not None and h.result else {}
+        if h is not None and h.result:
+            return {"drops": h.result.get("drops", 0)}
+        try:
+            with open(self.count_file) as f:
+                return {"drops": int(f.read().strip() or 0)}
+        except (OSError, ValueError, TypeError):
+            return {"drops": 0} if h is not None else {}
 
     def info(self) -> dict:
         h = self.helper
@@ -139,6 +147,7 @@ class BootStreamFault(ReclaimFault):
         super().__init__(memory_mib=memory_mib, **options)
         self.helper: _Helper | None = None
         self.stream_path: str | None = None
+        self.count_file: str | None = None
 
     @property
     def table_must_be_droppable(self) -> bool:
@@ -158,13 +167,21 @@ class BootStreamFault(ReclaimFault):
         size = 4 * int(self.memory_limit or table)
         with open(self.stream_path, "wb") as f:  # sparse: streamed through the page cache, no disk
             f.truncate(size)
-        self.helper = _Helper([sys.executable, "-m", "engramprof.lab.streamer", self.stream_path], procs=cg.procs)
+        self.count_file = os.path.join(sc.workdir, "streamer.count")
+        self.helper = _Helper([sys.executable, "-m", "engramprof.lab.streamer", self.stream_path, self.count_file],
+                              procs=cg.procs)
         sc.say(f"streamer pid {self.helper.pid} in {cg.path}: reads {size / 2**20:.0f} MiB again and again")
 
     def stats(self) -> dict:
         d = super().stats()
         if self.helper is not None and self.helper.result:
             d["passes"] = self.helper.result.get("passes", 0)
+        elif self.helper is not None:
+            try:
+                with open(self.count_file) as f:
+                    d["passes"] = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                d["passes"] = 0
         return d
 
     def info(self) -> dict:
