@@ -13,11 +13,15 @@
  * read that finds pages; a call that finds none (an RWF_NOWAIT miss returns EAGAIN before it)
  * takes the inode its (process, fd) had at its last read (`inode_by_fd`), else inode 0.
  *
- * Page faults (kind fault): mm_filemap_fault of a target thread counts one fault on its file
- * (a fault that reached the file's page cache: a page not mapped yet); pages the thread inserts
- * outside a syscall read after it (its readahead) count as that fault's insertions, and a fault
- * that inserted any is a miss.  There is no fault-exit tracepoint: faults get no latency here
- * (probes/faults.bpf.c closes fault spans for the recorder; its state machine is not repeated).
+ * Page faults (kind fault).  There is no fault-exit tracepoint.  With FAULT_SPANS (x86's
+ * exceptions:page_fault_user and the raw_syscalls hook) a fault is a span, as in faults.bpf.c
+ * but simpler: entry = page_fault_user (or the first filemap event when none opened it); it is
+ * file-backed once mm_filemap_fault or mm_filemap_map_pages of a target file fires in it; every
+ * in-fault event (those, a page insertion, the switch back in after sleeping in it) moves its
+ * end; it is closed, and counted with its latency (entry -> last in-fault event), at the thread's
+ * next fault, next syscall, or a preemption.  Without FAULT_SPANS each mm_filemap_fault counts
+ * one fault with no latency.  Pages the thread inserts inside the fault (outside a syscall) are
+ * its insertions; a fault that inserted any is a miss.
  *
  * The batch analysis of each export window needs per-read records: at syscall exit a record
  * (struct call_record, engramprof.h) goes into `sample_records` while `sample_budget` > 0 and
@@ -32,7 +36,7 @@
  *   MATCH_FILES and the OFF_* offsets: --file, matched in the kernel (targets.h: is_target_fd at
  *                 syscall entry, is_target_file for a fault's device + inode)
  *   USE_RAW_SYSCALLS  1: raw_syscalls sys_enter/sys_exit (x86_64); 0: per-syscall tracepoints
- *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_GET_PAGES, HAVE_FAULT, HAVE_BIO,
+ *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_GET_PAGES, HAVE_FAULT, HAVE_MAP_PAGES, HAVE_PFU, HAVE_BIO,
  *   HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_SCHED  feature-probed tracepoints
  */
 #include <linux/fs.h>
@@ -45,6 +49,7 @@
 #define EAGAIN_RET (-11)
 #define READ_KIND_SYSCALL 0
 #define READ_KIND_FAULT   1
+#define FAULT_SPANS (HAVE_PFU && USE_RAW_SYSCALLS && HAVE_FAULT)
 
 /* ---- what user space reads ---- */
 
@@ -95,14 +100,19 @@ struct inflight {
 	u32 bio_count;
 	u16 syscall;
 	u8 switched;
-	u8 fault_open;    /* a filemap fault seen since the last syscall: its key is fault_key */
+	u8 fault_open;    /* the thread's last fault is file-backed: its file is fault_key */
 	u8 fault_missed;  /* that fault already counted as a miss */
-	u8 __pad0[7];
+	u8 fault_slept;   /* FAULT_SPANS: switched out asleep inside the open fault */
+	u8 __pad0[6];
 	struct read_key fault_key;
+	u64 pf_ts;        /* FAULT_SPANS: the open fault's entry; 0 = none */
+	u64 pf_end;       /* its last in-fault event */
+	u64 pf_pages;     /* pages it inserted */
 };
 
 struct offcpu_state {
 	u64 out_ts;
+	u64 in_ts;        /* last switch back in */
 	u64 wake_ts;
 	u64 offcpu_ns;
 	u64 runq_ns;
@@ -197,6 +207,73 @@ static __always_inline struct inflight *current_call(void)
 		return s;
 	return 0;
 }
+
+static __always_inline void add_latency(struct read_stats *st, u64 dur)
+{
+	st->sum_ns += dur;
+	u32 slot = bpf_log2l(dur);
+	if (slot >= LAT_SLOTS)
+		slot = LAT_SLOTS - 1;
+	st->latency_log2[slot]++;
+}
+
+#if FAULT_SPANS
+/* Count the thread's open fault (if file-backed) and forget it; runs in the thread itself. */
+static __always_inline void fault_close(struct inflight *s, u32 tid)
+{
+	if (!s->pf_ts)
+		return;
+	u64 end = s->pf_end, off = 0, rq = 0;
+	if (s->fault_slept) {
+		struct offcpu_state *o = offcpu_by_tid.lookup(&tid);
+		if (o) {
+			if (o->in_ts > end)
+				end = o->in_ts;
+			off = o->offcpu_ns;
+			rq = o->runq_ns;
+			offcpu_by_tid.delete(&tid);
+		}
+	}
+	if (s->fault_open) {
+		struct export_totals *t = totals();
+		if (t)
+			t->faults++;
+		struct read_stats *st = stats_of(&s->fault_key);
+		if (st) {
+			st->reads++;
+			if (s->pf_pages) {
+				st->misses++;
+				st->pages_added += s->pf_pages;
+			}
+			st->offcpu_ns += off;
+			st->runq_ns += rq;
+			add_latency(st, end > s->pf_ts ? end - s->pf_ts : 0);
+		}
+	}
+	s->pf_ts = 0;
+	s->pf_pages = 0;
+	s->fault_open = 0;
+	s->fault_slept = 0;
+}
+
+/* A filemap event of a target file in the current thread's fault (opens one if none is open). */
+static __always_inline void fault_file_event(u32 dev, u64 ino)
+{
+	struct inflight *s = task_state(1);
+	if (!s || s->ts)
+		return;      /* a kernel-mode fault inside a syscall read: the call's time */
+	u64 now = bpf_ktime_get_ns();
+	if (!s->pf_ts) {
+		s->pf_ts = now;
+		s->pf_pages = 0;
+		s->fault_slept = 0;
+	}
+	struct read_key k = {.ino = ino, .dev = dev, .kind = READ_KIND_FAULT};
+	s->fault_key = k;
+	s->fault_open = 1;
+	s->pf_end = now;
+}
+#endif
 
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
@@ -342,11 +419,7 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 		st->reclaim_ns += s->reclaim_ns;
 		st->offcpu_ns += offcpu;
 		st->runq_ns += runq;
-		st->sum_ns += dur;
-		u32 slot = bpf_log2l(dur);
-		if (slot >= LAT_SLOTS)
-			slot = LAT_SLOTS - 1;
-		st->latency_log2[slot]++;
+		add_latency(st, dur);
 	}
 	sample(s, pid_tgid, dur, ret, offcpu, runq, bio_ns, t);
 	s->ts = 0;
@@ -359,10 +432,22 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 RAW_TRACEPOINT_PROBE(sys_enter)
 {
 	u64 id = ctx->args[1];
+#if FAULT_SPANS
+	/* any syscall ends the thread's open fault (it returned to user space before it) */
+	u64 pt = bpf_get_current_pid_tgid();
+	if (!is_target(pt))
+		return 0;
+	struct inflight *fs = task_state(0);
+	if (fs && fs->pf_ts)
+		fault_close(fs, (u32)pt);
+	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
+		return 0;
+#else
 	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
 		return 0;
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
+#endif
 	struct pt_regs regs = {};
 	bpf_probe_read_kernel(&regs, sizeof(regs), (void *)ctx->args[0]);
 	u64 a0 = regs.di, a1 = regs.si, a2 = regs.dx, a3 = regs.r10;
@@ -458,7 +543,38 @@ TRACEPOINT_PROBE(filemap, mm_filemap_get_pages)
 }
 #endif
 
-#if HAVE_FAULT
+#if FAULT_SPANS
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+	u64 pt = bpf_get_current_pid_tgid();
+	if (!is_target(pt))
+		return 0;
+	struct inflight *s = task_state(1);
+	if (!s)
+		return 0;
+	fault_close(s, (u32)pt);
+	s->pf_ts = bpf_ktime_get_ns();
+	s->pf_end = s->pf_ts;
+	return 0;
+}
+
+TRACEPOINT_PROBE(filemap, mm_filemap_fault)
+{
+	if (is_target(bpf_get_current_pid_tgid()) && is_target_file(args->s_dev, args->i_ino))
+		fault_file_event(args->s_dev, args->i_ino);
+	return 0;
+}
+
+#if HAVE_MAP_PAGES
+/* fault-around: a fault served from cached pages fires only this */
+TRACEPOINT_PROBE(filemap, mm_filemap_map_pages)
+{
+	if (is_target(bpf_get_current_pid_tgid()) && is_target_file(args->s_dev, args->i_ino))
+		fault_file_event(args->s_dev, args->i_ino);
+	return 0;
+}
+#endif
+#elif HAVE_FAULT
 TRACEPOINT_PROBE(filemap, mm_filemap_fault)
 {
 	if (!is_target(bpf_get_current_pid_tgid()) || !is_target_file(args->s_dev, args->i_ino))
@@ -493,6 +609,13 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 		s->pages_added += n;
 		return 0;
 	}
+#if FAULT_SPANS
+	if (s->pf_ts && s->fault_open) {
+		s->pf_pages += n;
+		s->pf_end = bpf_ktime_get_ns();
+	}
+	return 0;
+#endif
 	if (!s->fault_open)
 		return 0;
 	struct read_stats *st = stats_of(&s->fault_key);
@@ -609,13 +732,35 @@ TRACEPOINT_PROBE(sched, sched_switch)
 			o->runq_ns += now - o->wake_ts;
 		o->out_ts = 0;
 		o->wake_ts = 0;
+		o->in_ts = now;
 	}
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
+	u32 prev = (u32)bpf_get_current_pid_tgid();
+	u32 preempted = (args->prev_state & 0x7f) == 0;
+#if FAULT_SPANS
+	struct inflight *f = task_state(0);
+	if (f && !f->ts && f->pf_ts) {
+		if (preempted) {      /* runnable: back in user space (or about to be): the fault is over */
+			fault_close(f, prev);
+			return 0;
+		}
+		struct offcpu_state fresh = {};
+		if (!f->fault_slept)
+			offcpu_by_tid.update(&prev, &fresh);
+		struct offcpu_state *fo = offcpu_by_tid.lookup(&prev);
+		if (!fo)
+			return 0;
+		f->fault_slept = 1;
+		fo->out_ts = now;
+		fo->wake_ts = 0;
+		fo->preempted = 0;
+		return 0;
+	}
+#endif
 	struct inflight *s = current_call();
 	if (!s)
 		return 0;
-	u32 prev = (u32)bpf_get_current_pid_tgid();
 	struct offcpu_state init = {};
 	if (!s->switched)
 		offcpu_by_tid.update(&prev, &init);
@@ -625,7 +770,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	s->switched = 1;
 	o->out_ts = now;
 	o->wake_ts = 0;
-	o->preempted = (args->prev_state & 0x7f) == 0;
+	o->preempted = preempted;
 	return 0;
 }
 

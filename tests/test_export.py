@@ -230,25 +230,26 @@ def _scrape(port: int) -> dict[tuple[str, tuple], float]:
     return out
 
 
-def test_file_selector_counts_that_file_only_both_read_paths(tmp_path):
-    """--file A: a pool reader of A (its every call), a cold mmap reader of A (faults with misses),
-    a pool reader of B (nothing): selected in the kernel, counted exactly."""
+def test_file_selector_counts_those_files_only_both_read_paths(tmp_path):
+    """--file A --file C: a pool reader of A (its every call), a cold mmap reader of C (faults with
+    misses), a pool reader of B (nothing): selected in the kernel, counted exactly."""
     from tests.conftest import require_bpf
 
     require_bpf()
-    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
-    for t in (a, b):
+    a, b, c = (tmp_path / f"{n}.safetensors" for n in "abc")
+    for t in (a, b, c):
         subprocess.run(engramprof("lab", "make-table", t, "--rows", "16384"), check=True, capture_output=True)
     readers = [("--table", a, "--warm", "--reader", "pool", "--steps", "300"),
                ("--table", b, "--warm", "--reader", "pool", "--steps", "300"),
-               ("--table", a, "--cold", "--reader", "mmap", "--steps", "50")]
+               ("--table", c, "--cold", "--reader", "mmap", "--steps", "50")]
     labs = [Proc(engramprof("lab", "run", *r, "--start-delay", "120", "--json")) for r in readers]
     port = _free_port()
     exporter = None
     try:
         for lab in labs:
             lab.wait_line("lab: ready")
-        exporter = Proc(engramprof("export", "--file", a, "--window", "2", "--listen", f"127.0.0.1:{port}"))
+        exporter = Proc(engramprof("export", "--file", a, "--file", c, "--window", "2",
+                                   "--listen", f"127.0.0.1:{port}"))
         exporter.wait_line("Exporting", timeout=120)
         for lab in labs:
             os.kill(lab.pid, signal.SIGUSR1)
@@ -264,12 +265,15 @@ def test_file_selector_counts_that_file_only_both_read_paths(tmp_path):
             _stop(lab)
         if exporter is not None:
             _stop(exporter, signal.SIGTERM)
-    files = {dict(k[1]).get("file") for k in m if k[0] == "engramprof_read_calls_total"}
-    assert files == {str(a)}, files
+    files = {(dict(k[1]).get("file"), dict(k[1]).get("kind")) for k in m if k[0] == "engramprof_read_calls_total"}
+    assert files == {(str(a), "syscall"), (str(c), "fault")}, files
     calls = m[("engramprof_read_calls_total", (("file", str(a)), ("kind", "syscall")))]
     assert calls == results[0]["calls"] > 0, (calls, results[0]["calls"])
-    key = (("file", str(a)), ("kind", "fault"))
+    key = (("file", str(c)), ("kind", "fault"))
     faults, misses = m[("engramprof_read_calls_total", key)], m[("engramprof_read_misses_total", key)]
     assert 0 < misses <= faults, (misses, faults)
     assert m[("engramprof_read_pages_inserted_total", key)] >= misses
+    if ("engramprof_read_latency_seconds_count", key) in m:  # fault spans (x86 page_fault_user)
+        assert m[("engramprof_read_latency_seconds_count", key)] == faults
+        assert m[("engramprof_read_latency_seconds_sum", key)] > 0
     assert m[("engramprof_probe_reads_total", (("kind", "syscall"),))] == calls  # B's reads never counted

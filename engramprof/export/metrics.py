@@ -18,7 +18,7 @@ FIRST_BUCKET_LOG2, LAST_BUCKET_LOG2 = 10, 35
 #: (field of the probe's read_stats, metric name, help, scale)
 READ_COUNTERS = (
     ("reads", "engramprof_read_calls_total", "Reads: syscall reads (preadv2/preadv/pread64) or file-backed page "
-     "faults that reached the page cache (mm_filemap_fault), per file and kind", 1),
+     "faults, per file and kind", 1),
     ("bytes", "engramprof_read_bytes_total", "Bytes returned by syscall reads", 1),
     ("eagain", "engramprof_read_eagain_total", "Syscall reads that returned EAGAIN (RWF_NOWAIT misses)", 1),
     ("misses", "engramprof_read_misses_total", "Reads that inserted at least one page into the page cache", 1),
@@ -27,10 +27,10 @@ READ_COUNTERS = (
     ("bio_count", "engramprof_read_bios_total", "Block I/Os (bios) queued by the reading thread during syscall reads", 1),
     ("bio_ns", "engramprof_read_bio_seconds_total", "Queue -> complete time of the bios a syscall read waited for", NS),
     ("reclaim_ns", "engramprof_read_reclaim_seconds_total", "Direct and memcg reclaim time inside syscall reads", NS),
-    ("offcpu_ns", "engramprof_read_offcpu_seconds_total", "Time the reading thread was switched out inside syscall "
-     "reads (includes run-queue time)", NS),
-    ("runq_ns", "engramprof_read_runqueue_seconds_total", "Of the off-CPU time inside syscall reads, the time spent "
-     "runnable, waiting for a CPU", NS),
+    ("offcpu_ns", "engramprof_read_offcpu_seconds_total", "Time the reading thread was switched out inside its reads "
+     "(includes run-queue time)", NS),
+    ("runq_ns", "engramprof_read_runqueue_seconds_total", "Of the off-CPU time inside reads, the time spent runnable, "
+     "waiting for a CPU", NS),
 )
 
 
@@ -65,14 +65,15 @@ class ExporterCollector:
         stats = snap["stats"]
         fams = {name: self._f(CounterMetricFamily, name, doc, ("file", "kind")) for _, name, doc, _ in READ_COUNTERS}
         lat = self._f(HistogramMetricFamily, "engramprof_read_latency_seconds",
-                      "Latency of syscall reads, entry to exit (log2 buckets kept in the kernel)", ("file", "kind"))
+                      "Latency of reads: a syscall's entry to exit; a page fault's entry to its last in-fault event "
+                      "(log2 buckets kept in the kernel)", ("file", "kind"))
         for (dev, ino, kind), row in sorted(stats.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
             if not s.wanted_file(dev, ino):
                 continue
             labels = lv + [s.file_name(dev, ino), kind]
             for field, name, _doc, scale in READ_COUNTERS:
                 fams[name].add_metric(labels, row[field] * scale, timestamp=at)
-            if kind == "syscall":
+            if kind == "syscall" or s.fault_latency:
                 buckets, total = log2_histogram(row["latency_log2"], row["sum_ns"] * NS)
                 lat.add_metric(labels, buckets, total, timestamp=at)
         yield from fams.values()

@@ -29,6 +29,8 @@ FEATURES = {
     "HAVE_FILEMAP": ["filemap:mm_filemap_add_to_page_cache"],
     "HAVE_GET_PAGES": ["filemap:mm_filemap_get_pages"],
     "HAVE_FAULT": ["filemap:mm_filemap_fault"],
+    "HAVE_MAP_PAGES": ["filemap:mm_filemap_map_pages"],
+    "HAVE_PFU": ["exceptions:page_fault_user"],
     "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete"],
     "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
     "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],

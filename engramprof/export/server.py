@@ -100,6 +100,12 @@ class ExportState:
         self._live = None if not (sel.pids or sel.cgroups_v2 or sel.cgroups_v1) else len(self.target_pids())
 
     # ---- what the collector asks -----------------------------------------------------------
+    @property
+    def fault_latency(self) -> bool:
+        """Faults are spans with a latency (probes/export.bpf.c FAULT_SPANS)."""
+        f = self.probe.plan.features
+        return bool(self.probe.plan.raw_syscalls and f.get("HAVE_PFU") and f.get("HAVE_FAULT"))
+
     def live_targets(self):
         return self._live
 
