@@ -72,7 +72,8 @@ class FileNames:
         if ino == 0:
             return UNKNOWN
         key = (dev, ino)
-        if key not in self.paths and (key not in self._tried or time.monotonic() - self._last_scan >= self.min_rescan_s):
+        stale = time.monotonic() - self._last_scan >= self.min_rescan_s
+        if key not in self.paths and (key not in self._tried or stale):
             self._tried.add(key)  # a key seen for the first time: scan now, while its reader has it open
             self.rescan()
         return self.paths.get(key) or f"dev:{dev >> 20}:{dev & 0xFFFFF}:ino:{ino}"

@@ -24,7 +24,8 @@ READ_COUNTERS = (
     ("misses", "engramprof_read_misses_total", "Reads that inserted at least one page into the page cache", 1),
     ("pages_added", "engramprof_read_pages_inserted_total", "Pages inserted into the page cache by the reading "
      "thread during its reads", 1),
-    ("bio_count", "engramprof_read_bios_total", "Block I/Os (bios) queued by the reading thread during syscall reads", 1),
+    ("bio_count", "engramprof_read_bios_total", "Block I/Os (bios) queued by the reading thread during syscall reads",
+     1),
     ("bio_ns", "engramprof_read_bio_seconds_total", "Queue -> complete time of the bios a syscall read waited for", NS),
     ("reclaim_ns", "engramprof_read_reclaim_seconds_total", "Direct and memcg reclaim time inside syscall reads", NS),
     ("offcpu_ns", "engramprof_read_offcpu_seconds_total", "Time the reading thread was switched out inside its reads "
@@ -37,7 +38,7 @@ READ_COUNTERS = (
 def log2_histogram(counts, sum_seconds: float):
     """Cumulative (le, count) buckets of log2(ns) slots (slot i: [2^i, 2^(i+1)) ns)."""
     cum = counts.cumsum()
-    buckets = [(f"{2.0 ** (i + 1) * NS:.9g}", int(cum[i])) for i in range(FIRST_BUCKET_LOG2 - 1, LAST_BUCKET_LOG2)]
+    buckets = [(f"{(1 << (i + 1)) / 1e9:.12g}", int(cum[i])) for i in range(FIRST_BUCKET_LOG2 - 1, LAST_BUCKET_LOG2)]
     buckets.append(("+Inf", int(cum[-1])))
     return buckets, sum_seconds
 

@@ -1,0 +1,83 @@
+"""engramprof.export's pure parts, without BPF: the markers tail, the window's marker
+selection, the log2 -> Prometheus bucket mapping, the file names."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from engramprof.export.files import UNKNOWN, FileNames
+from engramprof.export.metrics import FIRST_BUCKET_LOG2, LAST_BUCKET_LOG2, log2_histogram
+from engramprof.export.window import MarkerTail, WindowAnalyser
+from engramprof.record.selection import Selection, kernel_dev
+
+
+def _line(s, e, **kw):
+    return json.dumps({"start_ns": s, "end_ns": e, **kw}) + "\n"
+
+
+def test_marker_tail_reads_only_new_whole_lines(tmp_path):
+    p = tmp_path / "m.jsonl"
+    t = MarkerTail(str(p))
+    assert t.new_batches() == []  # not there yet: waited for
+    p.write_text(_line(1, 2) + _line(3, 4) + '{"start_ns": 5, "end')
+    assert t.new_batches() == [(1, 2), (3, 4)]
+    with open(p, "a") as f:
+        f.write('_ns": 6}\n' + "not json\n" + _line(9, 8))
+    assert t.new_batches() == [(5, 6)]  # the partial line, completed; end < start is bad
+    assert t.bad_lines == 2
+    assert t.new_batches() == []
+
+
+def test_marker_tail_rereads_a_replaced_file(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text(_line(1, 2) + _line(3, 4))
+    t = MarkerTail(str(p))
+    assert len(t.new_batches()) == 2
+    tmp = tmp_path / "new"
+    tmp.write_text(_line(10, 20))
+    os.replace(tmp, p)  # a new inode (a rotated file)
+    assert t.new_batches() == [(10, 20)]
+
+
+def test_window_takes_the_marked_batches_inside_it(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text(_line(50, 90) + _line(100, 150) + _line(190, 210) + _line(250, 260))
+    w = WindowAnalyser(str(p))
+    got = w._markers_for(100, 200)
+    assert list(map(tuple, got[["start_ns", "end_ns"]].to_numpy())) == [(100, 150)]
+    # the one ending after the window waits; it began in this window, so the next one drops it
+    got = w._markers_for(200, 300)
+    assert list(map(tuple, got[["start_ns", "end_ns"]].to_numpy())) == [(250, 260)]
+
+
+def test_log2_slots_become_cumulative_buckets_in_seconds():
+    counts = np.zeros(40, dtype=np.int64)
+    counts[3] = 2      # 8-15 ns: under the first bound
+    counts[FIRST_BUCKET_LOG2 - 1] = 5   # 512-1023 ns: le 1.024 µs
+    counts[FIRST_BUCKET_LOG2] = 7       # 1024-2047 ns: le 2.048 µs
+    counts[39] = 1     # beyond the last bound: only +Inf
+    buckets, total = log2_histogram(counts, 1.5)
+    le = [float(b[0]) for b in buckets[:-1]]
+    assert math.isclose(le[0], (1 << FIRST_BUCKET_LOG2) / 1e9, rel_tol=1e-12)
+    assert math.isclose(le[-1], (1 << LAST_BUCKET_LOG2) / 1e9, rel_tol=1e-12)
+    assert le == sorted(le)
+    assert buckets[0][1] == 7 and buckets[1][1] == 14
+    assert buckets[-2][1] == 14 and buckets[-1] == ("+Inf", 15)
+    assert total == 1.5
+
+
+def test_file_names_from_open_fds_and_fallbacks(tmp_path):
+    f = tmp_path / "t.bin"
+    f.write_bytes(b"x" * 4096)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        names = FileNames(Selection(pids=[os.getpid()]), lambda: {os.getpid()})
+        assert names.name(kernel_dev(st.st_dev), st.st_ino) == str(f)
+    finally:
+        os.close(fd)
+    assert names.name(5, 0) == UNKNOWN
+    assert names.name((259 << 20) | 3, 99999999) == "dev:259:3:ino:99999999"
