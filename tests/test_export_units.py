@@ -1,10 +1,11 @@
 """engramprof.export's pure parts, without BPF: the markers tail, the window's marker
-selection, the log2 -> Prometheus bucket mapping, the file names."""
+selection, the log2 -> Prometheus bucket mapping, the file names, the systemd unit."""
 from __future__ import annotations
 
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -81,3 +82,26 @@ def test_file_names_from_open_fds_and_fallbacks(tmp_path):
         os.close(fd)
     assert names.name(5, 0) == UNKNOWN
     assert names.name((259 << 20) | 3, 99999999) == "dev:259:3:ino:99999999"
+
+
+def test_systemd_unit_verifies_and_keeps_its_privileges_small(tmp_path):
+    import shutil
+    import subprocess
+
+    import pytest
+
+    unit = (Path(__file__).resolve().parent.parent / "deploy" / "engramprof-export.service").read_text()
+    caps = {ln.split("=", 1)[0]: set(ln.split("=", 1)[1].split()) for ln in unit.splitlines()
+            if ln.startswith(("CapabilityBoundingSet=", "AmbientCapabilities="))}
+    allowed = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_RESOURCE", "CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"}
+    assert caps and all(v <= allowed for v in caps.values()), caps
+    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ReadOnlyPaths=/"):
+        assert line in unit.splitlines(), line
+    assert "--listen 127.0.0.1:" in unit
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed: the unit's syntax is not checked here")
+    copy = tmp_path / "engramprof-export.service"  # the venv path does not exist here
+    copy.write_text("\n".join("ExecStart=/bin/true" if ln.startswith("ExecStart=") else ln
+                              for ln in unit.splitlines()) + "\n")
+    r = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
