@@ -273,7 +273,7 @@ def _diagnose(pid: int, markers: str, seconds: int = 6) -> dict:
 def test_dropper_scenario_is_residency_naming_the_dropper():
     from engramprof.lab.scenarios import Scenario
 
-    with Scenario("dropper", duration=240, rows=1 << 15, evict_ms=300) as sc:
+    with Scenario("dropper", duration=240, rows=1 << 15, evict_ms=50) as sc:
         d = _diagnose(sc.pid, sc.markers_path)
         dropper, cmdline = sc.info["dropper_pid"], sc.info["dropper_cmdline"]
         sc.stop()
