@@ -148,7 +148,7 @@ def test_long_lead_hits_lead_zero_is_late_and_both_agree_with_mincore(two_files)
     out = d / "trace"
     try:
         child.wait_line("ready")
-        tracer = Proc(engramprof("syscalls", "--pid", child.pid, "--output", out, "--json"))
+        tracer = Proc(engramprof("syscalls", "--pid", child.pid, "--output", out, "--json", "--no-offcpu"))
         tracer.wait_line("Tracing", timeout=180)
         os.kill(child.pid, signal.SIGUSR1)
         rc, child_out, err = child.finish()
@@ -210,7 +210,7 @@ def test_lab_mmap_prefetch_hints_are_recorded_as_the_planned_file_pages(tmp_path
     table.make_table(t, rows=1 << 14, seed=8)
     steps, lead = 6, 2
     run = traced_lab(tmp_path, t, "--reader", "mmap", "--cold", "--steps", str(steps), "--gap-ms", "20",
-                     "--prefetch", "willneed", "--prefetch-lead", str(lead))
+                     "--prefetch", "willneed", "--prefetch-lead", str(lead), tracer_args=("--no-offcpu",))
     assert run.tracer_rc == 0, run.tracer_err
     plan = workload.Plan(layout.load(t), 4, 6, 1.1, 0)
     batches = [plan.next_batch() for _ in range(steps)]

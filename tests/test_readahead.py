@@ -161,7 +161,7 @@ def test_readahead_on_and_off_with_the_mmap_reader_on_the_same_rows(two_tables):
     out = d / "trace"
     try:
         child.wait_line("ready")
-        tracer = Proc(engramprof("syscalls", "--pid", child.pid, "--output", out, "--json"))
+        tracer = Proc(engramprof("syscalls", "--pid", child.pid, "--output", out, "--json", "--no-offcpu"))
         tracer.wait_line("Tracing", timeout=180)
         os.kill(child.pid, signal.SIGUSR1)
         rc, _, err = child.finish()
