@@ -191,3 +191,23 @@ def test_readahead_on_and_off_with_the_mmap_reader_on_the_same_rows(two_tables):
         assert abs(seen - cached[str(p)]) <= 0.1 * cached[str(p)], (p, seen, cached[str(p)])
     # and the pages owned by the gather's faults are nearly all of them
     assert on["inserted_pages"] >= 0.9 * cached[str(ahead)]
+
+
+def test_diagnose_flags_amplification_above_4x_and_leads_the_fix_with_turning_readahead_off():
+    from engramprof import diagnose
+
+    e = {"path": "/d/t.bin", "amplification": 1228.0, "inserted_pages": 6140, "touched_pages": 5,
+         "used_pages": 379, "flagged": True}
+    bt = {"readahead": [e], "prefetch": {"hints": 0}}
+    (step,) = diagnose.pagecache_steps(bt)
+    assert step["step"] == "readahead" and "1228x on t.bin" in step["finding"] and step["value"] == {"/d/t.bin": 1228.0}
+    rec = {"fix": "Keep the hot rows resident.", "confirm": "c"}
+    fixed = diagnose.readahead_fix("residency", rec, bt)["fix"]
+    assert fixed.startswith(readahead.FIX) and "MADV_RANDOM" in fixed and "read_ahead_kb" in fixed
+    assert diagnose.readahead_fix("python-scheduling", rec, bt) == rec  # not about misses: left alone
+    quiet = {"readahead": [{**e, "amplification": 3.9, "flagged": False}], "prefetch": {"hints": 0}}
+    assert diagnose.pagecache_steps(quiet) == [] and diagnose.readahead_fix("residency", rec, quiet) == rec
+    hinted = {"readahead": [], "prefetch": {"hints": 12, "hinted_pages": 40, "read_pages": 30, "hit_rate": 0.1,
+                                            "late_pages": 27}}
+    (step,) = diagnose.pagecache_steps(hinted)
+    assert step["step"] == "prefetch hints" and "27 were not resident" in step["finding"] and step["value"] == 0.1

@@ -68,9 +68,17 @@ def load_inputs(trace) -> PagecacheInputs:
     ev = tr.samples("evictions")
     recorded = ev is not None or isinstance(tr.meta.get("evictions"), dict)
     calls = tr.calls
-    if (pc is not None or hints is not None) and not isinstance(trace, Trace):
+    if _worth_reading(pc, hints) and not isinstance(trace, Trace):  # else: nothing to match reads to
         calls = load_bundle(trace, columns=CALL_COLUMNS).calls
     return PagecacheInputs(calls, pc, hints, ev, recorded, list(tr.notes))
+
+
+def _worth_reading(pc: pd.DataFrame | None, hints: pd.DataFrame | None) -> bool:
+    """The target inserted pages outside hints, or made a prefetch hint: the read events matter."""
+    if pc is not None and len(insertion_runs(pc)):
+        return True
+    return hints is not None and bool(((hints["advice"].isin(("WILLNEED", "POPULATE_READ")))
+                                      | (hints["call"] == "readahead")).any())
 
 
 def read_pages(calls: pd.DataFrame) -> pd.DataFrame:
