@@ -37,6 +37,8 @@ RUN_EPILOG = """Examples:
 engramprof lab run --table T --warm --reader pool --steps 500
 engramprof lab run --table T --reader nowait --tokens 4096 --steps 5 --json
 engramprof lab run --table T --duration 30 --gap-ms 20 --markers m.jsonl
+engramprof lab run --table T --reader mmap --cold --no-random --steps 20
+engramprof lab run --table T --reader mmap --prefetch willneed --gap-ms 20
 engramprof lab run --table T --workers 2 --markers m.jsonl  # 2 ranks
 
 T is a table made by `lab make-table`. Page: docs/commands/lab.md
