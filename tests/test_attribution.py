@@ -342,6 +342,21 @@ def test_inflight_weights_match_brute_force(iv):
     assert np.allclose(u, _brute_weights(s, e))
 
 
+@pytest.mark.parametrize("base", [0, 2**53 + 1, 2**62 - 40, 2**63 - 100, -(2**62) - 7])
+def test_inflight_weights_exact_for_any_clock_value(base):
+    # CLOCK_MONOTONIC passes 2**53 ns after 104 days of uptime (float64 no longer holds every
+    # ns); beyond +-2**62 the merge key (time * 2 + exit) would overflow and another path runs:
+    # the weights must be those of the same intervals near 0, exactly
+    rng = np.random.default_rng(base % 1000)
+    for _ in range(20):
+        n = int(rng.integers(1, 40))
+        s = np.sort(rng.integers(0, 50, n))
+        e = s + rng.integers(0, 20, n) * (rng.random(n) < 0.8)
+        near_zero = inflight_weights(s, e)
+        assert np.allclose(near_zero, _brute_weights(s, e))
+        np.testing.assert_array_equal(inflight_weights(s + base, e + base), near_zero)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10**6), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), min_size=1, max_size=60))
 def test_distinct_per_batch_matches_pandas(seed, pairs):

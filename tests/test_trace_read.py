@@ -64,3 +64,33 @@ def test_nulls_in_one_part_and_a_column_missing_from_another(tmp_path):
     assert got["bio_ns"].dtype == np.float64 and got["bio_ns"].isna().sum() == 30
     assert got["reclaim_ns"].isna().sum() == 30 and got["reclaim_ns"].iloc[:50].eq(0).all()
     assert got["dur_ns"].dtype == np.int32
+
+
+def test_parts_read_side_by_side_equal_parts_read_one_after_another(tmp_path, monkeypatch):
+    # the column types are planned from the parts' footers and the parts decoded on threads;
+    # where a footer has no statistics (another writer) the parts are read one after another:
+    # both give the frame of a full load, part boundaries and dictionaries included
+    from engramprof.trace import reader
+
+    rng = np.random.default_rng(2)
+    for stats in (True, False):
+        d = tmp_path / f"stats-{stats}"
+        w = trace.TraceWriter(d)
+        w.close()
+        for i, paths in enumerate((["/a"], ["/b", "/a"], ["/c"], ["/a", "/d"])):
+            tab = pa.Table.from_pandas(_part(300 + 50 * i, 10**9 + i * 10**6, paths, rng), preserve_index=False)
+            pq.write_table(tab, d / "calls" / f"part-{i:06d}.parquet", write_statistics=stats)
+        full = trace.load(d)
+        planned = []
+        monkeypatch.setattr(reader, "_read_parts_side_by_side",
+                            lambda *a, _f=reader._read_parts_side_by_side: planned.append(1) or _f(*a))
+        got = trace.load_bundle(d, columns=trace.EVENT_READ_COLUMNS, compact=True).calls
+        monkeypatch.undo()
+        assert bool(planned) is stats  # without statistics: nulls and int32 fits cannot be told
+        assert len(got) == len(full) == 300 + 350 + 400 + 450
+        for c in got.columns:
+            if c in ("path", "tensor", "kind"):
+                assert got[c].astype(object).tolist() == full[c].astype(object).tolist(), c
+            else:
+                np.testing.assert_array_equal(got[c].to_numpy(), full[c].to_numpy(), err_msg=c)
+        assert (got["dur_ns"].dtype == np.int32) is stats  # narrowed only where statistics show it fits

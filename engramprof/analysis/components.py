@@ -27,8 +27,8 @@ def inflight_weights(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     A merge of the sorted entries with the sorted exits gives the concurrency k between
     consecutive events; F(t) = integral of 1/k over in-flight time; u_c = F(e_c) - F(s_c).
     At equal times entries sort before exits, so zero-length overlaps never drop k to 0.
-    Everything is read in merged order: the entries come out of the merge in call order (they
-    are sorted and the merge is stable) and the exits in exit order, so no permutation is
+    The merge is one sort of values, time * 2 (+ 1 for an exit): entries come out in call order
+    and exits in exit order (events at equal times have equal F), so no permutation is
     inverted.
     """
     n = len(s)
@@ -37,31 +37,52 @@ def inflight_weights(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     s = np.asarray(s, dtype=np.int64)
     e = np.asarray(e, dtype=np.int64)
     eo = np.argsort(e, kind="stable")  # exits are nearly sorted: one timsort pass
-    both = np.concatenate([s, e[eo]])
-    # merge the two sorted runs (a stable sort of two runs is one timsort merge); stability puts
-    # an entry before an exit at the same time
-    order = np.argsort(both, kind="stable")
-    t = both[order]
-    del both
-    entry = order < n
-    del order
-    # k after merged event i: entries minus exits among the first i + 1 = 2 * entries - (i + 1)
-    k = np.cumsum(entry, dtype=np.int64)
-    k *= 2
-    k -= np.arange(1, 2 * n + 1)
-    w = np.diff(t).astype(np.float64)
-    del t
-    kk = k[:-1]
-    np.divide(w, kk, out=w, where=kk > 0)
-    w[kk <= 0] = 0.0
-    del k, kk
+    if min(s[0], e[eo[0]]) < -_KEY_LIMIT or max(s[-1], e[eo[-1]]) >= _KEY_LIMIT:  # time * 2 would overflow
+        return _inflight_weights_by_argsort(s, e, eo)
+    key = np.empty(2 * n, dtype=np.int64)
+    np.multiply(s, 2, out=key[:n])
+    np.multiply(e[eo], 2, out=key[n:])
+    key[n:] += 1
+    key.sort(kind="stable")  # two sorted runs: one merge
+    is_exit = (key & 1).astype(bool)
+    key >>= 1  # the merged times
+    k = np.where(is_exit, -1.0, 1.0)  # concurrency after each merged event (exact small integers)
+    np.cumsum(k, out=k)
+    w = np.diff(key).astype(np.float64)  # integer differences first: times beyond 2**53 ns stay exact
+    del key
+    k = k[:-1]
+    k[k == 0] = np.inf  # nothing in flight: no share (dt / inf = 0)
+    w /= k
+    del k
     F = np.empty(2 * n, dtype=np.float64)
     F[0] = 0.0
     np.cumsum(w, out=F[1:])
     del w
     u = np.empty(n, dtype=np.float64)
-    u[eo] = F[~entry]  # F at each exit, back in call order
-    u -= F[entry]  # F at each entry (already in call order)
+    u[eo] = F[is_exit]  # F at each exit, back in call order
+    u -= F[~is_exit]  # F at each entry (already in call order)
+    return u
+
+
+_KEY_LIMIT = 1 << 62
+
+
+def _inflight_weights_by_argsort(s: np.ndarray, e: np.ndarray, eo: np.ndarray) -> np.ndarray:
+    """:func:`inflight_weights` for times beyond +-2**62 ns: the merge as a stable argsort."""
+    n = len(s)
+    both = np.concatenate([s, e[eo]])
+    order = np.argsort(both, kind="stable")
+    t = both[order]
+    is_entry = order < n
+    k = np.cumsum(is_entry, dtype=np.int64) * 2 - np.arange(1, 2 * n + 1)
+    dt = np.diff(t).astype(np.float64)
+    w = np.where(k[:-1] > 0, dt / np.maximum(k[:-1], 1), 0.0)
+    F = np.empty(2 * n, dtype=np.float64)
+    F[0] = 0.0
+    np.cumsum(w, out=F[1:])
+    u = np.empty(n, dtype=np.float64)
+    u[eo] = F[~is_entry]
+    u -= F[is_entry]
     return u
 
 
