@@ -23,7 +23,7 @@ def table(tmp_path_factory) -> Path:
 def start_reader(table: Path, *args: str) -> Proc:
     lab = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "120", "--reader", "serial",
                           "--steps", "8", "--tokens", "4", "--warm", *args))
-    lab.wait_line("lab: ready")
+    lab.wait_line("lab: ready", timeout=240)
     return lab
 
 
@@ -36,7 +36,7 @@ def finish_reader(lab: Proc) -> dict:
 def trace_of(tmp: Path, name: str, *selector: str, sample_hz: str = "0") -> tuple[Proc, Path]:
     out = tmp / name
     tracer = Proc(engramprof("syscalls", *selector, "--output", out, "--json", "--sample-hz", sample_hz, "--no-offcpu"))
-    tracer.wait_line("Tracing")
+    tracer.wait_line("Tracing", timeout=240)  # BCC compiles the probes: minutes on a loaded 2-core machine
     return tracer, out
 
 
@@ -200,7 +200,7 @@ signal.sigwait({signal.SIGUSR1})  # alive until the trace is closed: its fds can
 
 def two_file_reader(a: Path, b: Path, na: int, nb: int, *mmap: str) -> Proc:
     p = Proc([engramprof()[0], "-c", TWO_FILES, str(a), str(b), str(na), str(nb), *mmap])
-    p.wait_line("two: ready")
+    p.wait_line("two: ready", timeout=240)
     return p
 
 
@@ -360,3 +360,31 @@ def _planned_shard(table: Path, k: int):
 
     plan = workload.Plan(layout.load(table), 4, 6, 1.1, 0, shard=(k, 2))
     return [workload.batch_reads(b) for b in plan.batches(25)]
+
+
+@pytest.mark.bpf
+def test_children_alive_at_start_lab_workers_every_rank_seen_whole(tmp_path, table):
+    """`lab run --workers 2` forks its ranks before tracing begins: `--pid LAB --children` puts
+    them into every probe's map at start (a fork hook only sees later forks); each rank's
+    preadv2 count equals its own."""
+    lab = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "120", "--reader", "serial",
+                          "--steps", "8", "--tokens", "4", "--warm", "--workers", "2"))
+    try:
+        lab.wait_line("lab: ready", timeout=240)
+        ranks = [int(line.split()[-1]) for line in lab.lines if line.startswith("lab: rank ")]
+        tracer, out = trace_of(tmp_path, "ranks", "--pid", str(lab.pid), "--children", sample_hz="20")
+        os.kill(lab.pid, signal.SIGUSR1)
+        d = finish_reader(lab)
+        rc, _, err = tracer.finish()  # ends by itself: every target has exited
+        assert rc == 0, err
+    finally:
+        for p in (lab,):
+            if p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+    assert sorted(x["pid"] for x in d["ranks"]) == sorted(ranks)
+    df = syscall_events(tracefmt.load(out))
+    for x in d["ranks"]:
+        assert len(df[(df["pid"] == x["pid"]) & (df["syscall"] == "preadv2")]) == x["calls"], x["pid"]
+    threads = tracefmt.load_bundle(out).samples("threads")
+    assert set(ranks) <= set(threads["pid"])  # the samplers follow the ranks too

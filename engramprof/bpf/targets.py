@@ -62,15 +62,15 @@ class TargetMaps:
                 self.files[k] = ctypes.c_uint8(1)
         self.tgids_put: set[int] = set()
         self.cgroups_put: set[int] = set()
-        self.sync()
+        self.sync(initial=True)
 
-    def sync(self) -> None:
+    def sync(self, initial: bool = False) -> None:
         s = self.selection
         if s is None:
             return
         one = ctypes.c_uint8(1)
         if self.tgids is not None:
-            want = s.tgids_now()
+            want = s.tgids_now(initial)
             for t in want - self.tgids_put:
                 self.tgids[ctypes.c_uint32(t)] = one
             for t in s.tgids_left(self.tgids_put, want):

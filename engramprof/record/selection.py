@@ -153,7 +153,6 @@ class Selection:
     files: list[tuple[int, int, str]] = field(default_factory=list)  # (kernel dev, inode, path)
     file_args: list[str] = field(default_factory=list)
     _v1_members: set[int] = field(default_factory=set)
-    _descendants_walked: bool = False
     _file_keys: set | None = None
 
     @classmethod
@@ -235,11 +234,13 @@ class Selection:
                     continue
         return out
 
-    def tgids_now(self) -> set[int]:
+    def tgids_now(self, initial: bool = False) -> set[int]:
+        """The tgids to put in a probe's map now; `initial`: its first fill, when --children's
+        descendants alive at start are walked (each probe's own map needs them; later forks:
+        the kernel's fork hook)."""
         want = {p for p in self.pids if _alive(p)}
-        if self.children and not self._descendants_walked:
-            want |= descendants(want)  # later forks: the kernel's fork hook
-            self._descendants_walked = True
+        if self.children and initial:
+            want |= descendants(want)
         if self.cgroups_v1:
             self._v1_members = self.v1_members()
             want |= self._v1_members
