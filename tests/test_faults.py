@@ -203,3 +203,46 @@ def test_maps_enricher_flags_deleted_and_replaced_files(tmp_path):
     assert any(m[4] == st_keep.st_ino for m in read_maps(os.getpid()))
     for m in maps:
         m.close()
+
+
+@pytest.mark.bpf
+def test_short_recording_of_a_running_mmap_reader_keeps_its_first_batches(tmp_path, tbl):
+    """The probes are compiled one after the other (seconds each on a busy machine) but armed
+    together, and the window (meta start_ns) begins when every one is armed: no read event or
+    off-CPU span precedes it, and every batch that began inside the window is analysed, the
+    first ones included (they used to straddle a window that began after the fault probe)."""
+    markers = tmp_path / "m.jsonl"
+    lab = subprocess.Popen(engramprof("lab", "run", "--table", tbl, "--reader", "mmap", "--cold", "--duration", 90,
+                                      "--gap-ms", 20, "--markers", markers),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (not markers.exists() or markers.stat().st_size == 0) and time.monotonic() < deadline:
+            assert lab.poll() is None, lab.stderr.read()
+            time.sleep(0.05)
+        out = tmp_path / "t"
+        r = subprocess.run(engramprof("syscalls", "--pid", lab.pid, "--duration", 2, "--output", out,
+                                      "--sample-hz", 0), capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr
+    finally:
+        lab.terminate()
+        lab.wait(30)
+    meta = json.loads((out / "meta.json").read_text())
+    t0, t1 = meta["start_ns"], meta["end_ns"]
+    assert meta["end_reason"] == "duration"
+    bundle = trace.load_bundle(out)
+    ev = bundle.calls
+    assert (ev["ts_ns"] >= t0).all()  # (a cold table may be all mapped by now: no fault at all)
+    spans = bundle.samples("offcpu")
+    assert spans is not None and len(spans) and (spans["start_ns"] >= t0).all()
+    steps = [json.loads(line) for line in markers.read_text().splitlines() if line.strip()]
+    inside = [s for s in steps if s["start_ns"] >= t0 and s["end_ns"] <= t1]
+    assert len(inside) >= 20, (len(inside), (t1 - t0) / 1e9)
+    bt = subprocess.run(engramprof("batch-tail", out, "--markers", markers, "--json"), capture_output=True, text=True,
+                        timeout=120)
+    assert bt.returncode == 0, bt.stderr
+    d = json.loads(bt.stdout)
+    assert d["batches"] == len(inside), (d["batches"], len(inside), d.get("notes"))
+    # the first batch of the window is analysed: it begins within one step (+ the 20 ms gap) of t0
+    first = min(s["start_ns"] for s in inside)
+    assert first - t0 < 0.5e9

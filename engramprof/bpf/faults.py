@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
 from engramprof.bpf.loader import _quiet_stderr, import_bcc
+from engramprof.bpf.sched import attach_all, deferred_bpf
 from engramprof.errors import UserError
 
 PROBE_FILE = "faults.bpf.c"
@@ -105,7 +106,7 @@ def program_text(p: FaultProbePlan) -> str:
 class LoadedFaultProbe:
     """The compiled, attached fault probe: its ring reader and totals."""
 
-    def __init__(self, p: FaultProbePlan):
+    def __init__(self, p: FaultProbePlan, arm: bool = True):
         from engramprof.bpf.ringbuf import RingBufferReader
 
         BPF = import_bcc()
@@ -115,15 +116,28 @@ class LoadedFaultProbe:
         self.totals_dtype = layout.struct_dtype("fault_totals")
         try:
             with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
+                self.bpf = deferred_bpf(BPF)(text=self.text.encode(),
+                                             cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
         except Exception as exc:  # BCC raises bare Exception on compile/load failure
             raise UserError(f"cannot load the page-fault probe ({exc}); run `engramprof doctor`", code=1) from None
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
-        self.armed_ns = time.monotonic_ns()
+        self.armed_ns: int | None = None
         layout.check_against_compiled(self.record_dtype, self.bpf["fault_record_layout"].Leaf)
         layout.check_against_compiled(self.totals_dtype, self.bpf["fault_totals_layout"].Leaf)
         page = os.sysconf("SC_PAGE_SIZE")
         self.ring = RingBufferReader(self.bpf["fault_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
+        if arm:
+            self.arm()
+
+    def arm(self) -> int:
+        """Attach the programs (compiled already: ``arm=False``); returns when they were attached."""
+        if self.armed_ns is None:
+            try:
+                attach_all(self.bpf)
+            except Exception as exc:
+                raise UserError(f"cannot attach the page-fault probe ({exc}); run `engramprof doctor`", code=1) from None
+            self.armed_ns = time.monotonic_ns()
+        return self.armed_ns
 
     def totals(self) -> dict[str, int]:
         per_cpu = self.bpf["fault_totals"][0]

@@ -99,10 +99,27 @@ def program_text(p: SchedPlan) -> str:
     return head + src
 
 
+def deferred_bpf(BPF):
+    """BCC's BPF class, but compiling only: the TRACEPOINT_PROBE / RAW_TRACEPOINT_PROBE
+    functions are loaded and attached by :func:`attach_all` (BCC's own auto-attach, later), so
+    that several probes compiled one after the other (seconds each on a loaded machine) can be
+    armed together, at the instant the recording's window begins."""
+    cls = getattr(BPF, "_engramprof_deferred", None)
+    if cls is None:
+        cls = type("DeferredBPF", (BPF,), {"_trace_autoload": lambda self: None})
+        BPF._engramprof_deferred = cls
+    return cls
+
+
+def attach_all(bpf) -> None:
+    """Load and attach every probe function of a :func:`deferred_bpf` object (BCC's auto-attach)."""
+    super(type(bpf), bpf)._trace_autoload()
+
+
 class LoadedSchedProbe:
     """The compiled, attached sched probe: its ring reader and totals."""
 
-    def __init__(self, p: SchedPlan):
+    def __init__(self, p: SchedPlan, arm: bool = True):
         from engramprof.bpf.ringbuf import RingBufferReader
 
         BPF = import_bcc()
@@ -112,18 +129,31 @@ class LoadedSchedProbe:
         self.totals_dtype = layout.struct_dtype("offcpu_totals")
         try:
             with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
+                self.bpf = deferred_bpf(BPF)(text=self.text.encode(),
+                                             cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
         except Exception as exc:  # BCC raises bare Exception on compile/load failure
             raise UserError(f"cannot load the sched (off-CPU) probe ({exc}); run `engramprof doctor`, "
                             f"or record without it: --no-offcpu", code=1) from None
-        # spans that opened before this instant may have missed their start: none is recorded
-        # (a span is opened only by a switch-out seen by the probe), so this is informational
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
-        self.armed_ns = time.monotonic_ns()
+        self.armed_ns: int | None = None
         layout.check_against_compiled(self.record_dtype, self.bpf["offcpu_record_layout"].Leaf)
         layout.check_against_compiled(self.totals_dtype, self.bpf["offcpu_totals_layout"].Leaf)
         page = os.sysconf("SC_PAGE_SIZE")
         self.ring = RingBufferReader(self.bpf["offcpu_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
+        if arm:
+            self.arm()
+
+    def arm(self) -> int:
+        """Attach the programs (compiled already); returns when they were attached.  A span is
+        opened only by a switch-out the probe saw, so no span starts before this instant."""
+        if self.armed_ns is None:
+            try:
+                attach_all(self.bpf)
+            except Exception as exc:
+                raise UserError(f"cannot attach the sched (off-CPU) probe ({exc}); run `engramprof doctor`, "
+                                f"or record without it: --no-offcpu", code=1) from None
+            self.armed_ns = time.monotonic_ns()
+        return self.armed_ns
 
     def totals(self) -> dict[str, int]:
         per_cpu = self.bpf["offcpu_totals"][0]

@@ -69,9 +69,10 @@ class FaultDecoder:
 
     kind = "fault"
 
-    def __init__(self, record: np.dtype, armed_ns: int, has_address: bool):
+    def __init__(self, record: np.dtype, armed_ns: int | None, has_address: bool):
         self.record = record
-        self.armed_ns = armed_ns
+        #: the recording window's start: faults that began before it are dropped and counted
+        self.armed_ns = armed_ns or 0
         self.has_address = has_address
         self.partial_at_start = 0
         self.bits = layout.header_defines("FAULT_")
@@ -176,13 +177,13 @@ class FaultRecorder:
     """The fault probe, its decoder, enrichers and table builder, for one target."""
 
     def __init__(self, pid: int, tid: int, paths: Interner, tensors: Interner, use_pfu: bool = True,
-                 selection=None):
+                 selection=None, arm: bool = True):
         from engramprof.record.enrich import PerPid
 
         self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=pid, tid=tid, use_pfu=use_pfu,
                                                                   selection=selection))
         self.pid = pid
-        self.probe = fault_probe.LoadedFaultProbe(self.plan)
+        self.probe = fault_probe.LoadedFaultProbe(self.plan, arm=arm)
         self.decoder = FaultDecoder(self.probe.record_dtype, self.probe.armed_ns, self.plan.has_address)
         # one process's mappings per traced process (several with --pid repeated, --children, ...)
         self.mappings = PerPid(lambda p: MappingPathEnricher(p, paths))
@@ -192,6 +193,18 @@ class FaultRecorder:
         self.tables = EventTableBuilder(pa.array(syscall_names(), type=pa.string()), paths, tensors, missing=missing)
         self.recorded = 0
         self.major = 0
+
+    def arm(self) -> int:
+        """Attach the probe (compiled with ``arm=False``); returns when it was attached."""
+        return self.probe.arm()
+
+    def begin(self, window_start_ns: int) -> None:
+        """Faults that began before the recording's window (``window_start_ns``) are not kept."""
+        self.decoder.armed_ns = max(self.decoder.armed_ns, window_start_ns)
+
+    @property
+    def partial_at_start(self) -> int:
+        return self.decoder.partial_at_start
 
     def drain(self) -> pa.Table | None:
         batch = self.decoder.decode(self.probe.ring.drain())
@@ -214,6 +227,7 @@ class FaultRecorder:
         return {"faults": t.get("faults", 0), "major": t.get("major", 0),
                 "minor": t.get("faults", 0) - t.get("major", 0), "retried": t.get("retried", 0),
                 "lost_records": t.get("lost_records", 0), "recorded": self.recorded,
+                "partial_at_start": self.decoder.partial_at_start,
                 "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
                 "other_faults": t.get("other_faults") if self.plan.has_address else None,
                 "address": self.plan.has_address, "missing_tracepoints": self.plan.missing}

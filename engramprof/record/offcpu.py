@@ -28,10 +28,19 @@ class OffcpuDecoder:
     def __init__(self):
         self.schema = trace.sample_schema(SAMPLE)
         self.spans = 0
+        #: the recording window's start: spans that began before it are dropped and counted
+        self.window_start_ns = 0
+        self.partial_at_start = 0
 
     def decode(self, recs: np.ndarray) -> pa.Table | None:
         if len(recs) == 0:
             return None
+        early = recs["start_ns"] < self.window_start_ns
+        if early.any():
+            self.partial_at_start += int(early.sum())
+            recs = recs[~early]
+            if len(recs) == 0:
+                return None
         self.spans += len(recs)
         return pa.Table.from_arrays([
             pa.array(recs["tid"].astype(np.int32)),
@@ -63,10 +72,21 @@ class OffcpuRecorder:
         self.end_ns: int | None = None
         self._totals: dict[str, int] = {}
 
-    def start(self) -> None:
+    def start(self, arm: bool = True) -> None:
+        """Compile the sched probe, and attach it unless ``arm`` is False (then :meth:`arm`)."""
         self.plan = sched.plan(self.config)
-        self.probe = sched.LoadedSchedProbe(self.plan)
-        self.lost_checked_ns = self.probe.armed_ns
+        self.probe = sched.LoadedSchedProbe(self.plan, arm=arm)
+        if arm:
+            self.arm()
+
+    def arm(self) -> int:
+        """Attach the probe; returns when it was attached."""
+        self.lost_checked_ns = self.probe.arm()
+        return self.lost_checked_ns
+
+    def begin(self, window_start_ns: int) -> None:
+        """Spans that began before the recording's window (``window_start_ns``) are not kept."""
+        self.decoder.window_start_ns = max(self.decoder.window_start_ns, window_start_ns)
 
     def meta(self) -> dict:
         p = self.plan
@@ -104,6 +124,7 @@ class OffcpuRecorder:
         """What meta.json and the summary say about the spans (``offcpu``)."""
         t = self.totals()
         return {**self.meta(), "spans": t.get("spans", 0), "recorded": self.decoder.spans,
+                "partial_at_start": self.decoder.partial_at_start,
                 "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost_intervals,
                 "preempted": t.get("preempted", 0), "woken": t.get("woken", 0),
                 "untracked": t.get("no_state", 0), "offcpu_s": round(t.get("sum_ns", 0) / 1e9, 6)}
