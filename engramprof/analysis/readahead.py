@@ -95,7 +95,10 @@ def read_pages(calls: pd.DataFrame) -> pd.DataFrame:
     event = np.repeat(np.arange(len(calls)), n)
     start = np.repeat(np.cumsum(n) - n, n)
     page = np.repeat(first, n) + (np.arange(int(n.sum())) - start)
-    return pd.DataFrame({"event": event, "path": calls["path"].astype(object).to_numpy()[event], "page": page})
+    path = calls["path"]
+    cat = path.array if isinstance(path.dtype, pd.CategoricalDtype) else pd.Categorical(path)
+    return pd.DataFrame({"event": event, "path": pd.Categorical.from_codes(cat.codes[event], cat.categories),
+                         "page": page})
 
 
 def insertion_runs(pc: pd.DataFrame | None) -> pd.DataFrame:
@@ -144,10 +147,11 @@ def _first_after(pages: pd.DataFrame, later: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def touched(calls: pd.DataFrame) -> pd.DataFrame:
+def touched(calls: pd.DataFrame, rp: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every page the target's reads asked for, with when: (path, page, ts_ns).  A lower bound for
-    a mapped reader: a page mapped by a fault's fault-around and read later makes no event."""
-    rp = read_pages(calls)
+    a mapped reader: a page mapped by a fault's fault-around and read later makes no event.
+    ``rp``: :func:`read_pages` of calls, when the caller has it."""
+    rp = read_pages(calls) if rp is None else rp
     ts = calls["ts_ns"].to_numpy(np.int64)
     return pd.DataFrame({"path": rp["path"], "page": rp["page"], "ts_ns": ts[rp["event"].to_numpy()]})
 
@@ -163,7 +167,7 @@ def per_file(inp: PagecacheInputs) -> list[dict]:
     if not len(runs):
         return []
     rp = read_pages(calls)
-    touch = touched(calls)
+    touch = touched(calls, rp)
     ra = inp.pagecache[inp.pagecache["event"].isin(RA_EVENTS) & inp.pagecache["target"].astype(bool)] \
         if inp.pagecache is not None else None
     out = []
