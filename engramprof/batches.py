@@ -538,8 +538,69 @@ def _valley(tall: "_TallGaps", counts: np.ndarray, sm: np.ndarray, up: int, info
     return float(thr), info
 
 
-def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None) -> Batches:
-    """Segment calls (sorted by ``ts``; ``end`` = ts + dur) into batches at long union gaps."""
+@dataclass
+class RunnableSpans:
+    """Merged intervals (ns, sorted, disjoint) in which at least one of the target's threads was
+    runnable but not running: switched out by preemption, waiting for a CPU (the ``offcpu``
+    spans with ``preempted``).  Time in them is not idle time of the reader."""
+
+    start: np.ndarray
+    end: np.ndarray
+    spans: int  # preempted spans merged into these intervals
+
+    @classmethod
+    def of(cls, offcpu: pd.DataFrame | None, tids: np.ndarray | None = None) -> "RunnableSpans | None":
+        """From a trace's ``offcpu`` table (None when it has none); ``tids``: only these threads."""
+        if offcpu is None or not len(offcpu) or "preempted" not in offcpu.columns:
+            return None
+        pre = offcpu["preempted"].to_numpy().astype(bool)
+        if tids is not None and "tid" in offcpu.columns:
+            pre &= np.isin(offcpu["tid"].to_numpy(), tids)
+        s = offcpu["start_ns"].to_numpy(np.int64)[pre]
+        e = offcpu["end_ns"].to_numpy(np.int64)[pre]
+        o = np.argsort(s, kind="stable")
+        s, e = s[o], e[o]
+        if not len(s):
+            return cls(start=s, end=e, spans=0)
+        reach = np.maximum.accumulate(e)
+        first = np.r_[True, s[1:] > reach[:-1]]
+        starts = s[first]
+        ends = np.maximum.reduceat(e, np.flatnonzero(first))
+        return cls(start=starts, end=ends, spans=int(len(s)))
+
+    def covered(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Length (ns) of [a, b) covered by the intervals, element-wise (0 where b <= a)."""
+        before = np.r_[0, np.cumsum(self.end - self.start)]
+
+        def upto(x):  # runnable time before x
+            k = np.searchsorted(self.start, x, side="right") - 1
+            kc = np.clip(k, 0, None)
+            part = np.clip(x - self.start[kc], 0, (self.end - self.start)[kc]) if len(self.start) else 0
+            return np.where(k >= 0, before[kc] + part, 0)
+
+        return np.clip(upto(b) - upto(a), 0, None)
+
+
+def idle_gaps(ts: np.ndarray, gaps: np.ndarray, runnable: "RunnableSpans | None") -> tuple[np.ndarray, int]:
+    """Union gaps less the time a target thread waited for a CPU inside them (in place); only gaps
+    that could split (>= MIN_SPLIT_GAP_NS) are examined.  On a busy host the pool's in-batch
+    stalls are mostly preempted workers, while a forward pass is every thread asleep: this keeps
+    the first from looking like the second.  Returns the gaps and how many were shortened."""
+    if runnable is None or not len(runnable.start) or not len(gaps):
+        return gaps, 0
+    pos = np.flatnonzero(gaps >= MIN_SPLIT_GAP_NS)
+    b = ts[1:][pos]
+    busy = runnable.covered(b - gaps[pos], b)
+    gaps[pos] -= busy.astype(gaps.dtype)
+    return gaps, int(np.count_nonzero(busy))
+
+
+def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None,
+          runnable: "RunnableSpans | None" = None) -> Batches:
+    """Segment calls (sorted by ``ts``; ``end`` = ts + dur) into batches at long union gaps.
+
+    ``runnable``: when the trace has the threads' off-CPU spans, an inferred threshold is chosen
+    and applied on idle gaps (:func:`idle_gaps`); ``--gap-ms`` applies to the plain gaps."""
     n = len(ts)
     gaps = union_gaps(ts, end)
     notes = [
@@ -551,7 +612,14 @@ def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None) -> Batch
         src = "user"
         info: dict = {"method": "--gap-ms"}
     else:
+        gaps, shortened = idle_gaps(ts, gaps, runnable)
         thr, info = choose_gap_threshold(gaps)
+        if runnable is not None:
+            info["runnable_spans"] = runnable.spans
+            info["gaps_shortened"] = shortened
+            if shortened:
+                notes.append(f"time the target's threads waited for a CPU inside a read-stream gap is not idle: "
+                             f"taken out of {shortened:,} gaps before splitting (preempted off-CPU spans)")
         src = "inferred" if thr is not None else "none"
         if thr is not None and info.get("confident") is False:
             notes.append(

@@ -132,7 +132,11 @@ def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
             raise UserError("no trace call falls inside a marker interval (markers from another run?)")
     else:
         # as batch-tail does: inferred batches the recording's start/end may have cut are left out
-        b = seg.drop_truncated(seg.infer(ts, end_ns, gap_ms), getattr(trace, "meta", None))
+        offcpu = trace.samples("offcpu") if hasattr(trace, "samples") else None
+        tids = (np.unique(df["tid"].to_numpy()) if {"tid", "pid"} <= set(df.columns) and df["pid"].nunique() > 1
+                else None)
+        b = seg.drop_truncated(seg.infer(ts, end_ns, gap_ms, seg.RunnableSpans.of(offcpu, tids)),
+                               getattr(trace, "meta", None))
         df["batch"] = b.call_batch
         notes.extend(b.notes)
         df = df[df["batch"] >= 0]

@@ -83,7 +83,8 @@ def _source_line(s: dict) -> str:
     if s.get("gap_ms") is None:
         return "one inferred batch (no gap structure found)"
     how = "--gap-ms" if s.get("gap_source") == "user" else "chosen from the trace's gap distribution"
-    return f"batches inferred: split where no read was in flight for > {fmt_time(s['gap_ms'])} ({how})"
+    idle = " and no thread waited for a CPU" if s.get("gap_excludes_runnable") else ""
+    return f"batches inferred: split where no read was in flight{idle} for > {fmt_time(s['gap_ms'])} ({how})"
 
 
 def _cause_evidence(s: dict) -> dict[str, str]:

@@ -263,3 +263,54 @@ def test_back_to_back_reads_for_seconds_say_the_stream_shows_no_steps():
     seg = B.infer(ts, ts + dur)
     text = " ".join(seg.notes)
     assert ("one batch" in text or "do not show the steps" in text) and "--markers" in text
+
+
+def test_runnable_spans_merge_and_cover():
+    off = pd.DataFrame({"tid": [1, 2, 3, 1, 4], "start_ns": [100, 150, 400, 1000, 0],
+                        "end_ns": [200, 300, 500, 1100, 5000], "preempted": [1, 1, 1, 1, 0]})
+    r = B.RunnableSpans.of(off)
+    assert r.start.tolist() == [100, 400, 1000] and r.end.tolist() == [300, 500, 1100]  # the sleep is not runnable
+    got = r.covered(np.array([0, 250, 450, 600, 2000, 300]), np.array([1200, 450, 1050, 900, 3000, 100]))
+    assert got.tolist() == [200 + 100 + 100, 50 + 50, 50 + 50, 0, 0, 0]
+    only = B.RunnableSpans.of(off, tids=np.array([3]))
+    assert only.start.tolist() == [400] and only.spans == 1
+    assert B.RunnableSpans.of(None) is None and B.RunnableSpans.of(off.iloc[:0]) is None
+
+
+def _busy_prefill(seed: int, steps: int = 8, calls: int = 20_000, pass_ms: float = 200.0):
+    """A prefill read stream on an oversubscribed host: in-batch stalls up to 1.2 s (workers
+    preempted, runnable), forward passes of pass_ms (every thread asleep, a little preemption of
+    the main thread after the pass)."""
+    rng = np.random.default_rng(seed)
+    ts, spans, t = [], [], 1_000_000_000
+    for _ in range(steps):
+        g = rng.lognormal(np.log(1500), 0.6, calls)
+        stall = rng.choice(calls, 60, replace=False)
+        g[stall] = np.exp(rng.uniform(np.log(3e5), np.log(1.2e9), 60))
+        g[0] = 0
+        starts = t + np.cumsum(g + 2000).astype(np.int64)
+        for i in stall:  # the stall is a worker preempted for most of it
+            a = int(starts[i] - g[i]) + 1000
+            left = min(rng.lognormal(np.log(2e6), 1.0), 40e6, g[i] / 2)  # idle: ms, as measured
+            spans.append((a, a + int(g[i] - left), 1))
+        ts.append(starts)
+        t = int(starts[-1]) + 3000 + int(pass_ms * 1e6)
+        spans.append((t - int(5e6), t, 1))  # the main thread preempted as the pass ends
+    ts = np.concatenate(ts)
+    off = pd.DataFrame(spans, columns=["start_ns", "end_ns", "preempted"])
+    off["tid"] = 5
+    return ts, ts + 2000, off
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_preempted_time_in_a_gap_is_not_idle(seed):
+    ts, end, off = _busy_prefill(seed)
+    plain = B.infer(ts, end)
+    idle = B.infer(ts, end, runnable=B.RunnableSpans.of(off))
+    assert idle.n == 8, idle.info
+    assert np.all(np.abs(idle.counts - 20_000) <= 1)
+    assert plain.n != 8  # without the off-CPU spans the stalls look like forward passes
+    assert idle.info["gaps_shortened"] >= 8 * 60 and any("waited for a CPU" in n for n in idle.notes)
+    # --gap-ms is applied to the plain gaps
+    user = B.infer(ts, end, gap_ms=150, runnable=B.RunnableSpans.of(off))
+    assert user.n == plain.n or user.n > 8

@@ -370,7 +370,7 @@ def lab_reader(lab_inputs):
     """A lab reader running for the bpf tests, with its markers; killed at the end."""
     m = lab_inputs["dir"] / "reader-markers.jsonl"
     p = subprocess.Popen([PY, "-m", "engramprof", "lab", "run", "--table", str(lab_inputs["table"]),
-                          "--warm", "--duration", "60", "--gap-ms", "2", "--threads", "8", "--markers", str(m)],
+                          "--warm", "--duration", "900", "--gap-ms", "2", "--threads", "8", "--markers", str(m)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
     deadline = time.monotonic() + 60
     for line in p.stderr:

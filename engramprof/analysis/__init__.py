@@ -77,18 +77,38 @@ def check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_u
 
 
 def segment_batches(events: ReadEvents, markers_df: pd.DataFrame | None, gap_ms: float | None, meta: dict,
-                    markers_bad_lines: int, notes: list[str], keep_unread: bool = False):
+                    markers_bad_lines: int, notes: list[str], keep_unread: bool = False,
+                    runnable: "_batches.RunnableSpans | None" = None):
     """Stage 2: batches from markers, else inferred (cut batches at the recording's edges left out).
-    ``keep_unread``: marked batches without a read event are kept (a memory-mapped reader)."""
+    ``keep_unread``: marked batches without a read event are kept (a memory-mapped reader).
+    ``runnable``: the threads' preempted spans (inferred splits judge idle gaps)."""
     end = events.end
     if markers_df is not None:
         if gap_ms is not None:
             notes.append("--gap-ms is ignored when --markers are given")
         seg = _batches.from_markers(events.ts, end, markers_df, meta, markers_bad_lines, keep_empty=keep_unread)
     else:
-        seg = _batches.drop_truncated(_batches.infer(events.ts, end, gap_ms), meta)
+        seg = _batches.drop_truncated(_batches.infer(events.ts, end, gap_ms, runnable), meta)
     notes.extend(seg.notes)
     return seg
+
+
+def _process_tids(calls: pd.DataFrame, threads: pd.DataFrame | None) -> np.ndarray | None:
+    """The threads of the process these calls came from, to pick its off-CPU spans; None: take
+    every span (the trace holds one process).  From the threads table's pid column, else the
+    calls' own tids (a trace without a threads table)."""
+    if threads is not None and {"tid", "pid"} <= set(threads.columns):
+        tpid = threads["pid"].to_numpy()
+        if len(tpid) and (tpid == tpid[0]).all():
+            return None
+        pids = process_ids(calls)
+        return threads.loc[tpid == pids[0], "tid"].to_numpy() if len(pids) == 1 else None
+    if "pid" not in calls.columns or "tid" not in calls.columns:
+        return None
+    pid = calls["pid"].to_numpy()
+    if not len(pid) or (pid == pid[0]).all():
+        return None
+    return np.unique(calls["tid"].to_numpy())
 
 
 def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
@@ -176,9 +196,11 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     # a memory-mapped reader's marked batch may hold no read event (its rows mapped, resident)
     keep_unread = markers_df is not None and fault_read_path(calls, meta)
     events = prepare_read_events(calls, notes, allow_none=keep_unread)
-    seg = segment_batches(events, markers_df, gap_ms, meta, markers_bad_lines, notes, keep_unread)
-    seg, lost = exclude_blind_batches(seg, read_holes(getter, meta), _window(events, meta), notes)
     context: SampleContext = load_context(getter, notes)
+    runnable = (None if context.offcpu is None or markers_df is not None or gap_ms is not None
+                else _batches.RunnableSpans.of(context.offcpu, _process_tids(calls, context.threads)))
+    seg = segment_batches(events, markers_df, gap_ms, meta, markers_bad_lines, notes, keep_unread, runnable)
+    seg, lost = exclude_blind_batches(seg, read_holes(getter, meta), _window(events, meta), notes)
     read = ~seg.empty
     seg_read = seg if read.all() else seg.subset(read)
     threads = find_reading_threads(events, seg_read)

@@ -170,6 +170,8 @@ def summarize(acc, seg, events: ReadEvents, threads: ReadingThreads, context: Sa
         "batch_source": seg.source,
         "gap_ms": None if seg.gap_ns is None else seg.gap_ns / 1e6,
         "gap_source": seg.gap_source,
+        "gap_excludes_runnable": (None if seg.source != "inferred" or seg.gap_source == "user"
+                                  else bool((seg.info or {}).get("runnable_spans"))),
         "slow_ms": float(settings.slow_ms),
         "frac_batches_with_slow_call": float((acc.slow_calls > 0).mean()) if nb else 0.0,
         "calls": int(events.n_total),
