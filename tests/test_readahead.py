@@ -4,10 +4,13 @@ Without root: the maths on hand-made insertion runs and read events.  With real 
 traced child gathers the same random rows through two memory maps of two cold copies of a
 table, one with MADV_RANDOM and one without (the lab's mmap reader, ``lab run`` with and
 without ``--no-random``): the amplification is ~1x and > 4x, and the pages the trace says were
-inserted match what cachestat(2) shows cached afterwards (both files were evicted first).
+inserted match what cachestat(2) shows cached afterwards (both files were evicted first); then
+the child unmaps and drops the second file, and the read-ahead pages no read had touched are
+counted wasted from the eviction probe's records.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -126,7 +129,14 @@ CHILD = textwrap.dedent("""
         view = m.mm[: (m.size // 256) * 256].reshape(-1, 256)
         for k in range(0, len(rows), 64):
             total += int(view[rows[k:k + 64]].sum())
-    print(json.dumps({"sum": total}))
+    from engramprof.cachestat import cachestat
+    cached = [cachestat(fd).nr_cache for fd in fds]
+    # then unmap and drop the read-ahead file: every page goes, the read-ahead pages no read
+    # had touched among them (the waste)
+    del view
+    maps[1].close()
+    os.posix_fadvise(fds[1], 0, 0, os.POSIX_FADV_DONTNEED)
+    print(json.dumps({"sum": total, "cached": cached, "after_drop": cachestat(fds[1]).nr_cache}))
 """)
 
 
@@ -151,11 +161,9 @@ def two_tables(tmp_path_factory):
 @pytest.mark.slow  # a traced child: the probes' compile takes most of it (seconds on a busy host)
 def test_readahead_on_and_off_with_the_mmap_reader_on_the_same_rows(two_tables):
     from engramprof.analysis import prefetch
-    from engramprof.cachestat import cachestat
 
     d, (rand, ahead) = two_tables
     rows = np.random.default_rng(5).choice((24 << 20) // 256, size=1500, replace=False).tolist()
-    import json
 
     child = Proc([PY, "-c", CHILD, str(rand), str(ahead), json.dumps(rows)])
     out = d / "trace"
@@ -164,20 +172,15 @@ def test_readahead_on_and_off_with_the_mmap_reader_on_the_same_rows(two_tables):
         tracer = Proc(engramprof("syscalls", "--pid", child.pid, "--output", out, "--json", "--no-offcpu"))
         tracer.wait_line("Tracing", timeout=180)
         os.kill(child.pid, signal.SIGUSR1)
-        rc, _, err = child.finish()
+        rc, child_out, err = child.finish()
         assert rc == 0, err
         trc, _, terr = tracer.finish()
         assert trc == 0, terr
     finally:
         if child.p.poll() is None:
             child.p.kill()
-    cached = {}
-    for p in (rand, ahead):
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            cached[str(p)] = cachestat(fd).nr_cache
-        finally:
-            os.close(fd)
+    counts = json.loads(child_out)
+    cached = dict(zip((str(rand), str(ahead)), counts["cached"]))  # cachestat, right after the gathers
     keys = prefetch.json_keys(out)
     by_path = {e["path"]: e for e in keys["readahead"]}
     off, on = by_path[str(rand)], by_path[str(ahead)]
@@ -191,6 +194,16 @@ def test_readahead_on_and_off_with_the_mmap_reader_on_the_same_rows(two_tables):
         assert abs(seen - cached[str(p)]) <= 0.1 * cached[str(p)], (p, seen, cached[str(p)])
     # and the pages owned by the gather's faults are nearly all of them
     assert on["inserted_pages"] >= 0.9 * cached[str(ahead)]
+    # waste: the drop removed every page (cachestat); of the read-ahead pages, those no read had
+    # touched are wasted -- the eviction probe's records of them (samples/evictions) say so
+    dropped = cached[str(ahead)] - counts["after_drop"]
+    if keys["pagecache_note"] and "evictions were not recorded" in keys["pagecache_note"]:
+        pytest.fail(f"the eviction probe did not run: {keys['pagecache_note']}")
+    assert dropped >= 0.95 * cached[str(ahead)], (dropped, cached)
+    ahead_used = on["used_pages"] - (on["inserted_pages"] - on["readahead_pages"])
+    assert on["wasted_pages"] > 0.5 * on["readahead_pages"], on
+    assert abs(on["wasted_pages"] - (on["readahead_pages"] - ahead_used)) <= 0.05 * on["readahead_pages"], on
+    assert off["wasted_pages"] == 0
 
 
 def test_diagnose_flags_amplification_above_4x_and_leads_the_fix_with_turning_readahead_off():
