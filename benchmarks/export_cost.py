@@ -18,6 +18,7 @@ and what its probe adds to each read.
 Targets (issue 16): anon RSS <= 150 MiB after start-up and flat; CPU <= 2% of a core beyond
 the probe cost.  Needs root.  Usage:
   benchmarks/export_cost.py [--seconds 600] [--rounds 5] [--calls 300000] [--recorder]
+                            [--skip-probe-cost] [--window-sample N]
 """
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ def probe_cost(tmp: str, rounds: int, calls: int) -> dict:
             "counted": counted, "expected": rounds * calls, "missed": missed}
 
 
-def footprint(tmp: str, seconds: float, recorder: bool) -> dict:
+def footprint(tmp: str, seconds: float, recorder: bool, window_sample: int | None = None) -> dict:
     table = os.path.join(tmp, "table.safetensors")
     subprocess.run(engramprof("lab", "make-table", table, "--rows", "65536"), check=True, capture_output=True)
     lab = subprocess.Popen(engramprof("lab", "run", "--table", table, "--warm", "--reader", "pool", "--duration",
@@ -176,7 +177,8 @@ def footprint(tmp: str, seconds: float, recorder: bool) -> dict:
             stop(rec, signal.SIGINT)
         port = free_port()
         t_start = time.monotonic()
-        exp = start_exporter(["--pid", lab.pid, "--window", "10"], port, os.path.join(tmp, "footprint.log"))
+        extra = ["--window-sample", window_sample] if window_sample else []
+        exp = start_exporter(["--pid", lab.pid, "--window", "10", *extra], port, os.path.join(tmp, "footprint.log"))
         out["startup_s"] = time.monotonic() - t_start
         scrapes = {"n": 0, "bad": 0}
         done = threading.Event()
@@ -228,6 +230,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=300_000)
     ap.add_argument("--recorder", action="store_true", help="also the recorder's (syscalls) start-up RSS")
     ap.add_argument("--skip-probe-cost", action="store_true")
+    ap.add_argument("--window-sample", type=int, default=None, help="the exporter's --window-sample (default: its own)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (loads eBPF programs)", file=sys.stderr)
@@ -241,7 +244,7 @@ def main() -> int:
                   f"adds {pc['added_ns']:.0f} ns ({pc['ratio']:.2f}x); counted {pc['counted']:.0f} of "
                   f"{pc['expected']} calls; {pc['missed']} reads found evicted and read back")
             print("  rounds (ns/call):", json.dumps({k: [round(x) for x in v] for k, v in pc["rounds"].items()}))
-        fp = footprint(tmp, a.seconds, a.recorder)
+        fp = footprint(tmp, a.seconds, a.recorder, a.window_sample)
         s = fp["samples"]
         anon = [x[1] / 1024 for x in s]
         filed = [x[2] / 1024 for x in s]
@@ -253,6 +256,7 @@ def main() -> int:
         rate = fp["reads"] / max(1.0, fp["wall_s"] + 5)
         print(f"exporter CPU: {fp['cpu_s']:.2f} s over {fp['wall_s']:.0f} s = {100 * fp['cpu_s'] / fp['wall_s']:.2f}% "
               f"of a core at ~{rate:,.0f} reads/s (lab pool reader, warm), window 10 s, "
+              f"window sample {a.window_sample or 'default'}, "
               f"{fp['scrapes']['n']} scrapes at 1 s ({fp['scrapes']['bad']} failed)")
         if "recorder_kib" in fp:
             r = fp["recorder_kib"]
