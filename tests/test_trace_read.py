@@ -94,3 +94,27 @@ def test_parts_read_side_by_side_equal_parts_read_one_after_another(tmp_path, mo
             else:
                 np.testing.assert_array_equal(got[c].to_numpy(), full[c].to_numpy(), err_msg=c)
         assert (got["dur_ns"].dtype == np.int32) is stats  # narrowed only where statistics show it fits
+
+
+def test_columns_of_one_value_are_filled_from_the_statistics_not_decoded(tmp_path, monkeypatch):
+    # a column with one value in every part (min = max in every footer) is filled, not read;
+    # a column constant within each part but not across them is read
+    from engramprof.trace import reader
+
+    rng = np.random.default_rng(3)
+    w = trace.TraceWriter(tmp_path / "t")
+    for i in range(3):
+        df = _part(200, 10**9 + i * 10**6, ["/a"], rng)
+        df["pid"], df["ret"], df["flags"] = 4242, 4096 + i, 8
+        w.append_calls(df)
+    w.close()
+    asked: list = []
+    monkeypatch.setattr(reader, "_read_part", lambda p, cols, use_threads=True, _f=reader._read_part:
+                        asked.append(list(cols)) or _f(p, cols, use_threads))
+    got = trace.load_bundle(tmp_path / "t", columns=trace.EVENT_READ_COLUMNS, compact=True).calls
+    monkeypatch.undo()
+    full = trace.load(tmp_path / "t")
+    assert asked and all("pid" not in a and "flags" not in a and "ret" in a and "ts_ns" in a for a in asked)
+    for c in ("pid", "ret", "flags", "ts_ns", "offset"):
+        np.testing.assert_array_equal(got[c].to_numpy(), full[c].to_numpy(), err_msg=c)
+    assert (got["pid"] == 4242).all() and got["flags"].dtype == np.int32

@@ -169,6 +169,32 @@ def _column_plan(heads: list, present: list[str], narrow_to_32: set[str]) -> dic
     return plan
 
 
+def _constant_columns(heads: list, plan: dict) -> dict:
+    """The integer columns that hold one value in every row of every part, by the parts'
+    statistics (min = max everywhere, no null): filled with it, not decoded.  A trace of one
+    process has one pid; reads of whole rows return one size; most calls have no flags."""
+    const: dict = {}
+    for c, t in plan.items():
+        if t is None or t.kind not in "iu":
+            continue
+        value = None
+        for h in heads:
+            md = h.metadata
+            j = md.schema.names.index(c)
+            for g in range(md.num_row_groups):
+                st = md.row_group(g).column(j).statistics
+                if st is None or not st.has_min_max or st.min != st.max or (value is not None and st.min != value):
+                    value = None
+                    break
+                value = st.min
+            else:
+                continue
+            break
+        if value is not None and not isinstance(value, bool):
+            const[c] = int(value)
+    return const
+
+
 def _null_count(heads: list, c: str) -> int | None:
     """Nulls of column ``c`` over every part, from the row groups' statistics (None: unknown)."""
     total = 0
@@ -191,15 +217,21 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
     one categorical each.  Peak memory is the result plus READ_THREADS parts."""
     rows = [h.metadata.num_rows for h in heads]
     starts = np.r_[0, np.cumsum(rows)].astype(np.int64)
+    const = _constant_columns(heads, plan)
     out = {c: np.empty(int(starts[-1]), dtype=t) for c, t in plan.items() if t is not None}
+    for c, v in const.items():
+        out[c].fill(v)
+    decode = [c for c in present if c not in const]
 
     def read(i: int) -> dict:
-        tab = _read_part(parts[i], present, use_threads=False)
+        if not decode:
+            return {}
+        tab = _read_part(parts[i], decode, use_threads=False)
         lo, m = int(starts[i]), tab.num_rows
         if m != rows[i]:
             raise UserError(f"{parts[i]}: corrupt trace part ({m} rows, its footer says {rows[i]})")
         text: dict = {}
-        for c in present:
+        for c in decode:
             col = tab.column(c) if c in tab.column_names else None
             if plan[c] is None:
                 text[c] = col.chunks if col is not None else [pa.nulls(m, pa.string())]
