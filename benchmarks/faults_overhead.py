@@ -13,18 +13,28 @@ around cannot serve the next one):
 Arms, interleaved round by round in one run so the shared machine's noise hits them alike:
 
   untraced     nothing attached
-  engramprof   `engramprof syscalls --pid T --output TRACE` (every probe: preadv, off-CPU, faults)
+  engramprof   `engramprof syscalls --pid T --output TRACE` (every probe, the collector's decode,
+               enrichment and Parquet)
+  probes       the preadv, off-CPU and fault probes loaded in this process and drained into the
+               void every 50 ms: the kernel side of the engramprof arm without its user space
+  fault-probe  the fault probe alone, drained into the void: without the other probes
   bpftrace     a bpftrace one-liner keeping a histogram of the same faults of T:
-               page_fault_user -> mm_filemap_fault time per fault, in a hist()
+               page_fault_user -> (mm_filemap_fault | mm_filemap_map_pages) time, in a hist()
+               (a cached fault fires only map_pages)
   floor        bpftrace programs that only test `pid == T` on every tracepoint engramprof
                attaches (the empty-program floor for any other process)
 
 The target T is worker 1; worker 2 is the untraced, fault-heavy other process, timed in every
-arm.  Prints ns per fault (median over rounds), the ns each tracer adds to T's faults and
-their ratio (target: engramprof <= 0.7x bpftrace), and the ns added to the other process's
-faults under engramprof and under the floor (target: within the floor).
+arm.  Per fault, median over rounds: the gather's wall time and the faulting process's CPU
+time (user + system: what the programs cost in its own context, without the time it waited
+for a CPU the collector or anyone else held), what each arm adds, and the ratios to bpftrace
+(target: engramprof <= 0.7x); the ns added to the other process's faults (target: within the
+floor).  With kernel.bpf_stats_enabled=1 (set for the run): the run time of every BPF program
+each tracer holds during the target's gather (from /proc/PID/fdinfo: no bpftool), per program
+for the in-process arms; and the engramprof collector's own CPU per fault.
 
-Needs root.  Usage: benchmarks/faults_overhead.py [--rounds 3] [--pages 1500] [--cached-repeat 20]
+Needs root and bpftrace.  Usage: benchmarks/faults_overhead.py [--rounds 3] [--pages 1500]
+[--cached-repeat 20] [--arms untraced,engramprof,probes,fault-probe,bpftrace,floor]
 """
 from __future__ import annotations
 
@@ -36,10 +46,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from syscalls_overhead import prog_run_ns, start_tracer, stop_tracer  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from syscalls_overhead import start_tracer, stop_tracer  # noqa: E402
 
 PY = sys.executable
 WORKER = r"""
@@ -59,7 +71,9 @@ for line in sys.stdin:
     mode, k, rep = cmd[0], int(cmd[1]), int(cmd[2])
     idx = rng.choice(windows, min(k, windows), replace=False) * 16 * PS
     total = 0
+    cpu = 0
     faults = 0
+    ru_all = resource.getrusage(resource.RUSAGE_SELF)
     for r in range(rep):
         raw.madvise(mmap.MADV_DONTNEED)  # unmap: the next touch faults
         if mode == "cold":
@@ -67,26 +81,113 @@ for line in sys.stdin:
         else:
             int(mm[idx].sum()); raw.madvise(mmap.MADV_DONTNEED)  # cached, not mapped
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        c = time.process_time_ns()
         t = time.perf_counter_ns()
         s = int(mm[idx].sum())
         total += time.perf_counter_ns() - t
+        cpu += time.process_time_ns() - c
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         faults += (ru1.ru_majflt - ru0.ru_majflt) + (ru1.ru_minflt - ru0.ru_minflt)
-    print(f"{total} {faults}", flush=True)
+    ru_end = resource.getrusage(resource.RUSAGE_SELF)
+    every = (ru_end.ru_majflt - ru_all.ru_majflt) + (ru_end.ru_minflt - ru_all.ru_minflt)
+    print(f"{total} {cpu} {faults} {every}", flush=True)
 """
 
 BPFTRACE = ("tracepoint:exceptions:page_fault_user /pid == {pid}/ {{ @s[tid] = nsecs; }} "
             "tracepoint:filemap:mm_filemap_fault /pid == {pid} && @s[tid]/ "
+            "{{ @us = hist((nsecs - @s[tid]) / 1000); delete(@s[tid]); }} "
+            "tracepoint:filemap:mm_filemap_map_pages /pid == {pid} && @s[tid]/ "
             "{{ @us = hist((nsecs - @s[tid]) / 1000); delete(@s[tid]); }}")
 #: every tracepoint an engramprof recording attaches that a faulting process can fire
 FLOOR_TPS = ["exceptions:page_fault_user", "filemap:mm_filemap_fault", "filemap:mm_filemap_map_pages",
              "filemap:mm_filemap_add_to_page_cache", "raw_syscalls:sys_enter", "raw_syscalls:sys_exit",
              "sched:sched_switch", "sched:sched_wakeup", "sched:sched_waking", "block:block_bio_queue",
              "block:block_rq_complete", "vmscan:mm_vmscan_direct_reclaim_begin"]
+ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor"]
 
 
 def floor_prog(pid: int) -> str:
     return " ".join(f"tracepoint:{tp} /pid == {pid}/ {{ @c{i} = count(); }}" for i, tp in enumerate(FLOOR_TPS))
+
+
+def prog_fd_stats(pid: int) -> dict[int, tuple[int, int]]:
+    """prog_id -> (run_time_ns, run_cnt) of every BPF program fd process ``pid`` holds
+    (kernel.bpf_stats_enabled=1; /proc/PID/fdinfo, no bpftool needed)."""
+    out = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            if "bpf-prog" not in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                continue
+            kv = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/fdinfo/{fd}").read().splitlines()
+                      if ":\t" in line)
+            out[int(kv["prog_id"])] = (int(kv["run_time_ns"]), int(kv["run_cnt"]))
+        except (OSError, KeyError, ValueError):
+            continue
+    return out
+
+
+def cpu_ns(pid: int) -> int:
+    """utime + stime of every thread of process ``pid`` so far (ns)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def prog_total_ns(pid: int) -> int:
+    return sum(v[0] for v in prog_fd_stats(pid).values())
+
+
+class InProcessProbes:
+    """The engramprof probes loaded in this process, drained into the void every 50 ms (the
+    recorder's own cadence) with no decode, enrichment or Parquet: the kernel side alone."""
+
+    def __init__(self, pid: int, which: tuple[str, ...]):
+        from engramprof.bpf import faults as fp
+        from engramprof.bpf import loader, sched
+
+        self.probes = {}
+        if "preadv" in which:
+            self.probes["preadv"] = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid)))
+        if "sched" in which:
+            self.probes["sched"] = sched.LoadedSchedProbe(sched.plan(sched.SchedConfig(tgid=pid)))
+        if "faults" in which:
+            self.probes["faults"] = fp.LoadedFaultProbe(fp.plan(fp.FaultProbeConfig(tgid=pid)))
+        self.records = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._drain_loop, daemon=True)
+        self._t.start()
+
+    def _drain_loop(self):
+        while not self._stop.wait(0.05):
+            self.drain()
+
+    def drain(self):
+        for p in self.probes.values():
+            self.records += len(p.ring.drain())
+            if hasattr(p, "vm_ring"):
+                p.vm_ring.drain()
+
+    def prog_stats(self) -> dict[str, tuple[int, int]]:
+        """'probe:function' -> (run_time_ns, run_cnt)."""
+        out = {}
+        for name, p in self.probes.items():
+            for fn, f in p.bpf.funcs.items():
+                kv = dict(line.split(":\t", 1) for line in open(f"/proc/self/fdinfo/{f.fd}").read().splitlines()
+                          if ":\t" in line)
+                short = fn.decode().replace("raw_tracepoint__", "raw:").replace("tracepoint__", "").replace("__", ":")
+                out[f"{name} {short}"] = (int(kv["run_time_ns"]), int(kv["run_cnt"]))
+        return out
+
+    def close(self):
+        self._stop.set()
+        self._t.join()
+        for p in self.probes.values():
+            p.detach() if hasattr(p, "detach") else None
+            p.close()
 
 
 class Worker:
@@ -94,17 +195,23 @@ class Worker:
         self.p = subprocess.Popen([PY, "-c", WORKER, path, str(seed)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
         self.pid = self.p.pid
+        self.last_faults = 0
 
-    def run(self, mode: str, k: int, rep: int) -> float:
-        """ns per fault of one gather batch."""
+    def run(self, mode: str, k: int, rep: int) -> tuple[float, float]:
+        """(wall ns, CPU ns) per fault of one gather batch."""
         self.p.stdin.write(f"{mode} {k} {rep}\n")
         self.p.stdin.flush()
-        ns, faults = map(int, self.p.stdout.readline().split())
-        return ns / max(faults, 1)
+        ns, cpu, faults, every = map(int, self.p.stdout.readline().split())
+        self.last_faults = every  # every fault of the command (the untimed set-up's too)
+        return ns / max(faults, 1), cpu / max(faults, 1)
 
     def close(self):
         self.p.stdin.close()
         self.p.wait()
+
+
+def _med(v):
+    return statistics.median(v) if v else float("nan")
 
 
 def main() -> int:
@@ -113,6 +220,7 @@ def main() -> int:
     ap.add_argument("--pages", type=int, default=1500, help="faults per gather (pages 16 apart)")
     ap.add_argument("--cached-repeat", type=int, default=20, help="cached gathers per measurement")
     ap.add_argument("--dir", default="/var/tmp", help="where the tables go (a disk, not tmpfs: cold faults)")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
@@ -120,6 +228,9 @@ def main() -> int:
     if not shutil.which("bpftrace"):
         print("needs bpftrace (scripts/setup.sh installs it)", file=sys.stderr)
         return 1
+    arms = [x for x in ARMS if x in a.arms.split(",")]
+    if "untraced" not in arms:
+        arms.insert(0, "untraced")
     tmp = tempfile.mkdtemp(prefix="engramprof-faults-bench-", dir=a.dir)
     size = a.pages * 16 * 4096 + (1 << 20)
     paths = []
@@ -131,36 +242,60 @@ def main() -> int:
         paths.append(p)
     t, o = Worker(paths[0], 1), Worker(paths[1], 2)
     modes = [("cold", 1), ("cached", a.cached_repeat)]
-    arms = ["untraced", "engramprof", "bpftrace", "floor"]
     res = {(arm, who, m): [] for arm in arms for who in ("target", "other") for m, _ in modes}
-    prog = {arm: [] for arm in ("engramprof", "bpftrace")}
+    cpu = {(arm, who, m): [] for arm in arms for who in ("target", "other") for m, _ in modes}
+    prog = {(arm, m): [] for arm in arms for m, _ in modes}  # BPF program ns per target fault (all programs)
+    per_prog = {(arm, m): {} for arm in ("probes", "fault-probe") for m, _ in modes}
+    collector = {m: [] for m, _ in modes}  # engramprof's own CPU (drain, decode, Parquet) per target fault
     stats = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
     lost = []
+    load0 = os.getloadavg()
     try:
         for w in (t, o):  # warm up: numpy import, first mapping
             for m, r in modes:
                 w.run(m, a.pages, 1)
         for rnd in range(a.rounds):
             for arm in arms:
-                p, out = None, None
+                p, out, inproc = None, None, None
                 if arm == "engramprof":
                     out = os.path.join(tmp, f"trace{rnd}")
                     p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(t.pid), "--output", out,
                                       "--sample-hz", "0"], "Tracing")
+                elif arm == "probes":
+                    inproc = InProcessProbes(t.pid, ("preadv", "sched", "faults"))
+                elif arm == "fault-probe":
+                    inproc = InProcessProbes(t.pid, ("faults",))
                 elif arm == "bpftrace":
                     p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=t.pid)], "Attaching", stream="stdout")
                 elif arm == "floor":
                     p = start_tracer(["bpftrace", "-e", floor_prog(t.pid)], "Attaching", stream="stdout")
-                if p is not None:
+                if p is not None or inproc is not None:
                     time.sleep(0.5)
                 for m, r in modes:
-                    before = prog_run_ns() if stats and arm in prog and m == "cached" else None
-                    res[(arm, "target", m)].append(t.run(m, a.pages, r))
+                    holder = p.pid if p is not None else os.getpid()
+                    before = prog_total_ns(holder) if stats and arm != "untraced" else None
+                    pp0 = inproc.prog_stats() if stats and inproc is not None else None
+                    c0 = cpu_ns(p.pid) if arm == "engramprof" else None
+                    wall_ns, cpu_ns_ = t.run(m, a.pages, r)
+                    if c0 is not None:
+                        time.sleep(0.2)  # the drains (every 50 ms) of the gather's records
+                        collector[m].append((cpu_ns(p.pid) - c0) / max(t.last_faults, 1))
+                    res[(arm, "target", m)].append(wall_ns)
+                    cpu[(arm, "target", m)].append(cpu_ns_)
+                    nf = max(t.last_faults, 1)  # BPF time is over the whole command: per fault of it
                     if before is not None:
-                        after = prog_run_ns()
-                        if after is not None:
-                            prog[arm].append((after - before) / (a.pages * r))
-                    res[(arm, "other", m)].append(o.run(m, a.pages, r))
+                        prog[(arm, m)].append((prog_total_ns(holder) - before) / nf)
+                    if pp0 is not None:
+                        pp1 = inproc.prog_stats()
+                        for k, (ns, cnt) in pp1.items():
+                            d = per_prog[(arm, m)].setdefault(k, [[], []])
+                            d[0].append((ns - pp0[k][0]) / nf)
+                            d[1].append((cnt - pp0[k][1]) / nf)
+                    wall_ns, cpu_ns_ = o.run(m, a.pages, r)
+                    res[(arm, "other", m)].append(wall_ns)
+                    cpu[(arm, "other", m)].append(cpu_ns_)
+                if inproc is not None:
+                    inproc.close()
                 if p is not None:
                     stop_tracer(p)
                 if out:
@@ -175,30 +310,58 @@ def main() -> int:
         if stats:
             subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
         shutil.rmtree(tmp, ignore_errors=True)
+    load1 = os.getloadavg()
 
-    med = {k: statistics.median(v) for k, v in res.items()}
+    med = {k: _med(v) for k, v in res.items()}
+    mcpu = {k: _med(v) for k, v in cpu.items()}
     print(f"memmap gathers of {a.pages:,} pages 16 apart (one fault each), {a.rounds} rounds interleaved; "
-          f"cached: {a.cached_repeat} gathers per measurement. Median ns per fault:")
+          f"cached: {a.cached_repeat} gathers per measurement; load average {load0[0]:.2f} at start, "
+          f"{load1[0]:.2f} at end (1 min).")
+    print("Median ns per fault, wall [CPU time of the faulting process] (added over untraced):")
     for m, _ in modes:
         for who in ("target", "other"):
-            base = med[("untraced", who, m)]
-            cells = [f"untraced {base:,.0f}"] + [
-                f"{arm} {med[(arm, who, m)]:,.0f} ({med[(arm, who, m)] - base:+,.0f})" for arm in arms[1:]]
+            base, cbase = med[("untraced", who, m)], mcpu[("untraced", who, m)]
+            cells = [f"untraced {base:,.0f} [{cbase:,.0f}]"] + [
+                f"{arm} {med[(arm, who, m)]:,.0f} ({med[(arm, who, m)] - base:+,.0f}) "
+                f"[{mcpu[(arm, who, m)]:,.0f} ({mcpu[(arm, who, m)] - cbase:+,.0f})]" for arm in arms[1:]]
             print(f"  {m:6s} {who:6s}  " + "   ".join(cells))
     for m, _ in modes:
-        ea = med[("engramprof", "target", m)] - med[("untraced", "target", m)]
-        ba = med[("bpftrace", "target", m)] - med[("untraced", "target", m)]
-        eo = med[("engramprof", "other", m)] - med[("untraced", "other", m)]
-        fo = med[("floor", "other", m)] - med[("untraced", "other", m)]
-        ratio = f"{ea / ba:.2f}" if ba > 0 else "n/a (bpftrace added nothing measurable)"
-        print(f"{m}: target fault: engramprof adds {ea:+,.0f} ns, bpftrace one-liner {ba:+,.0f} ns: ratio {ratio} "
-              "(target <= 0.70)")
-        print(f"{m}: other process's fault: engramprof adds {eo:+,.0f} ns, the empty-program floor {fo:+,.0f} ns "
-              f"(target: within the floor)")
-    if prog["engramprof"] and prog["bpftrace"]:
-        pe, pb = statistics.median(prog["engramprof"]), statistics.median(prog["bpftrace"])
-        print(f"BPF program time per cached traced fault (bpf_stats, every program incl. sched/syscall hooks): "
-              f"engramprof {pe:,.0f} ns, bpftrace {pb:,.0f} ns, ratio {pe / pb:.2f}")
+        base, cbase = med[("untraced", "target", m)], mcpu[("untraced", "target", m)]
+        if "bpftrace" in arms:
+            ba, bc = med[("bpftrace", "target", m)] - base, mcpu[("bpftrace", "target", m)] - cbase
+            for arm in ("engramprof", "probes", "fault-probe"):
+                if arm not in arms:
+                    continue
+                ea, ec = med[(arm, "target", m)] - base, mcpu[(arm, "target", m)] - cbase
+                r = f"{ea / ba:.2f}" if ba > 0 else "n/a (bpftrace added nothing measurable)"
+                rc = f"{ec / bc:.2f}" if bc > 0 else "n/a"
+                print(f"{m}: target fault: {arm} adds {ea:+,.0f} ns wall [{ec:+,.0f} CPU], bpftrace one-liner "
+                      f"{ba:+,.0f} [{bc:+,.0f}]: ratio {r} wall, {rc} CPU (target <= 0.70)")
+        if "floor" in arms:
+            fo = med[("floor", "other", m)] - med[("untraced", "other", m)]
+            for arm in ("engramprof", "probes", "fault-probe"):
+                if arm in arms:
+                    eo = med[(arm, "other", m)] - med[("untraced", "other", m)]
+                    print(f"{m}: other process's fault: {arm} adds {eo:+,.0f} ns, the empty-program floor "
+                          f"{fo:+,.0f} ns (target: within the floor)")
+    if stats:
+        print("BPF program time per target fault (bpf_stats: run_time_ns of every program the tracer holds, "
+              "during the target's gather; includes every other process's events those programs saw):")
+        for m, _ in modes:
+            print(f"  {m:6s} " + "   ".join(f"{arm} {_med(prog[(arm, m)]):,.0f} ns" for arm in arms[1:]
+                                            if prog[(arm, m)]))
+        for (arm, m), d in per_prog.items():
+            if not d:
+                continue
+            rows = sorted(d.items(), key=lambda kv: -_med(kv[1][0]))
+            print(f"  {arm} {m}: per program, ns per target fault (runs per target fault):")
+            for k, (ns, cnt) in rows:
+                if _med(cnt) > 0.001:
+                    print(f"      {k:55s} {_med(ns):8,.0f} ns  ({_med(cnt):.2f} runs, "
+                          f"{_med(ns) / max(_med(cnt), 1e-9):,.0f} ns a run)")
+    if any(collector.values()):
+        print("engramprof collector CPU (user + system, all its threads: drain, decode, enrich, Parquet) per target "
+              "fault, over the gather + 0.2 s: " + ", ".join(f"{m} {_med(v):,.0f} ns" for m, v in collector.items() if v))
     print(f"engramprof fault totals per run (faults, major, lost records): {lost}")
     return 0
 

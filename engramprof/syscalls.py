@@ -153,7 +153,9 @@ class SyscallTracer:
         self._start_faults()
         self._start_offcpu()
         self._build_pipeline()
+        self._arm_deferred()
         self.state.started_ns = time.monotonic_ns()
+        self._begin_window(self.state.started_ns)
         self.lost_checked_ns = self.probe.armed_ns
         if self.writer:
             self.writer.update_meta(start_ns=self.state.started_ns)
@@ -181,7 +183,7 @@ class SyscallTracer:
                               "exceptions:page_fault_user not hooked)")
         try:
             self.faults = FaultRecorder(self.pid, self.tid, self.paths, self.tensors, use_pfu=use_pfu,
-                                        selection=self.selection)
+                                        selection=self.selection, arm=False)  # armed by _arm_deferred
         except Exception as exc:
             self.notes.append(f"page faults not traced: {exc}")
             return
@@ -214,12 +216,39 @@ class SyscallTracer:
         if self.writer:
             self.writer.update_meta(pagecache_probe=pagecache_probe.PROBE_FILE)
 
+    def _arm_deferred(self) -> None:
+        """Attach the fault and off-CPU probes, compiled one after the other (seconds each on a
+        busy machine), together now: the recording's window begins once every probe is armed."""
+        if self.faults is not None:
+            try:
+                self.faults.arm()
+            except Exception as exc:
+                self.faults.close()
+                self.faults = None
+                self.notes.append(f"page faults not traced: {exc}")
+        if self.offcpu is not None:
+            try:
+                self.offcpu.arm()
+            except Exception as exc:
+                self.offcpu.close()
+                self.offcpu = None
+                self.notes.append(f"off-CPU spans not recorded: {exc}")
+
+    def _begin_window(self, start_ns: int) -> None:
+        """Every record kind keeps what began at or after ``start_ns`` (the window's start, when
+        every probe is armed); what began before is counted (``partial_at_start``), not kept."""
+        self.calls.window.begin(start_ns)
+        if self.faults is not None:
+            self.faults.begin(start_ns)
+        if self.offcpu is not None:
+            self.offcpu.begin(start_ns)
+
     def _start_offcpu(self) -> None:
         """The sched probe is context: if it cannot load, record without it and say so."""
         if self.offcpu is None:
             return
         try:
-            self.offcpu.start()
+            self.offcpu.start(arm=False)  # armed by _arm_deferred
         except Exception as exc:
             self.offcpu.close()
             self.offcpu = None

@@ -16,9 +16,9 @@
  * rseq_update) moves its end.  It is closed and written to the ring when the thread:
  *   - enters another fault (a new page_fault_user; without it a filemap event that is not the
  *     fault's own continuation), or a syscall (raw_syscalls:sys_enter),
- *   - returns to user space after a sleep in it (rseq:rseq_update; end = that instant),
- *   - is preempted (a user-mode preemption after the fault's end looks the same; the fault
- *     ends at its last event before it).
+ *   - returns to user space after a sleep in it (rseq:rseq_update; end = that instant).
+ * A preemption does not close it: inside the fault (before its retry pass) the fault goes on
+ * after it; in user mode after the fault the fault keeps its end (its last in-fault event).
  * Continuation without page_fault_user: a filemap_fault whose index is in the window of the
  * map_pages that opened the fault; after a filemap_fault, one map_pages whose window holds its
  * page (the retry pass, which follows every cold fault here, slept or not); after a sleep, a
@@ -27,7 +27,7 @@
  * Constants filled in before load (-D):
  *   TARGET_TGID, TARGET_TID, RING_PAGES, HAVE_MAP_PAGES, HAVE_PFU (x86 exceptions:page_fault_user; 0 forces the
  *   generic path), HAVE_RSEQ, HAVE_FILEMAP_ADD, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
- *   HAVE_SCHED.
+ *   HAVE_SCHED, TID_WORDS (u64 words of the switched-out-in-a-fault bitmap: tids < 64 * TID_WORDS).
  */
 #include <linux/ptrace.h>
 #include "engramprof.h"
@@ -73,6 +73,12 @@ struct bio_start {
 };
 
 BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
+#if HAVE_SCHED
+/* bit (tid & 63) of word (tid >> 6): that target thread is switched out inside an open fault.
+ * sched_switch (next) and sched_wakeup fire for every task of the machine: they test this bit
+ * (an inlined array lookup) before any hash lookup. */
+BPF_ARRAY(fault_out_bits, u64, TID_WORDS);
+#endif
 BPF_TABLE("lru_hash", struct bio_key, struct bio_start, fault_bio_by_sector, 16384);
 BPF_RINGBUF_OUTPUT(fault_records, RING_PAGES);
 BPF_PERCPU_ARRAY(fault_totals, struct fault_totals, 1);
@@ -407,42 +413,63 @@ TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0;
 #endif
 
 #if HAVE_SCHED
+static __always_inline u64 *out_word(u32 tid)
+{
+	u32 w = tid >> 6;
+	return fault_out_bits.lookup(&w);  /* array: inlined, bounds-checked */
+}
+
 /* runs in the context of the task switched out (prev = current) */
 TRACEPOINT_PROBE(sched, sched_switch)
 {
-	u64 now = bpf_ktime_get_ns();
+	u64 now = 0;
 	u32 next = args->next_pid;
-	struct fault_state *o = fault_by_tid.lookup(&next);
-	if (o && o->ts && o->out_ts) {
-		u64 gap = now - o->out_ts;
-		o->offcpu_ns += gap;
-		if (o->wake_ts)
-			o->runq_ns += now - o->wake_ts;
-		o->out_ts = 0;
-		o->wake_ts = 0;
-		o->end = now;
+	u64 *w = out_word(next);
+	if (w && (*w & (1ULL << (next & 63)))) {
+		__sync_fetch_and_and(w, ~(1ULL << (next & 63)));
+		struct fault_state *o = fault_by_tid.lookup(&next);
+		if (o && o->ts && o->out_ts) {
+			now = bpf_ktime_get_ns();
+			o->offcpu_ns += now - o->out_ts;
+			if (o->wake_ts)
+				o->runq_ns += now - o->wake_ts;
+			o->out_ts = 0;
+			o->wake_ts = 0;
+			o->end = now;
+		}
 	}
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
 		return 0;
-	struct fault_state *s = open_fault((u32)pid_tgid);
+	u32 prev = (u32)pid_tgid;
+	struct fault_state *s = open_fault(prev);
 	if (!s)
 		return 0;
 	if ((args->prev_state & 0x7f) == 0) {
-		/* preempted: in user mode after the fault, or (rarely) inside it; end it here */
-		close_fault(s, pid_tgid);
+		/* preempted: in user mode after the fault, or inside it (common on a busy machine),
+		 * before its retry pass.  Not closed: the retry is the same fault, and a fault that
+		 * had ended keeps its end (its last in-fault event); the next fault, syscall or
+		 * sleep closes it as usual. */
 		return 0;
 	}
+	if (!now)
+		now = bpf_ktime_get_ns();
 	s->out_ts = now;
 	s->wake_ts = 0;
 	s->flags |= FAULT_SLEPT;
 	s->slept_since_filemap = 1;
+	u64 *pw = out_word(prev);
+	if (pw)
+		__sync_fetch_and_or(pw, 1ULL << (prev & 63));
 	return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
 	u32 pid = args->pid;
+	u64 *w = out_word(pid);
+	if (!w || !(*w & (1ULL << (pid & 63))))
+		return 0;
 	struct fault_state *o = fault_by_tid.lookup(&pid);
 	if (o && o->ts && o->out_ts && !o->wake_ts)
 		o->wake_ts = bpf_ktime_get_ns();

@@ -212,7 +212,7 @@ def test_short_recording_of_a_running_mmap_reader_keeps_its_first_batches(tmp_pa
     off-CPU span precedes it, and every batch that began inside the window is analysed, the
     first ones included (they used to straddle a window that began after the fault probe)."""
     markers = tmp_path / "m.jsonl"
-    lab = subprocess.Popen(engramprof("lab", "run", "--table", tbl, "--reader", "mmap", "--cold", "--duration", 90,
+    lab = subprocess.Popen(engramprof("lab", "run", "--table", tbl, "--reader", "mmap", "--cold", "--duration", 600,
                                       "--gap-ms", 20, "--markers", markers),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

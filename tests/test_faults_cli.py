@@ -13,8 +13,8 @@ from engramprof import report_syscalls, trace
 from engramprof.lab import table
 from tests.tracing import traced_lab
 
-FAULT_KEYS = {"faults", "major", "minor", "retried", "lost_records", "recorded", "sum_ms", "other_faults",
-              "address", "missing_tracepoints"}
+FAULT_KEYS = {"faults", "major", "minor", "retried", "lost_records", "recorded", "partial_at_start", "sum_ms",
+              "other_faults", "address", "missing_tracepoints"}
 LAB = ("--reader", "mmap", "--cold", "--steps", "4", "--tokens", "8", "--heads", "4", "--seed", "5")
 
 
@@ -38,6 +38,7 @@ def test_syscalls_json_has_the_faults_summary_and_no_fault_address_forces_the_ge
     f = a.summary["faults"]
     assert set(f) == FAULT_KEYS, set(f) ^ FAULT_KEYS
     assert f["major"] > 0 and f["faults"] == f["major"] + f["minor"] and f["lost_records"] == 0
+    assert f["partial_at_start"] == 0  # the lab waited for SIGUSR1: no fault before the window
     assert f["address"] is True and f["other_faults"] is not None and f["sum_ms"] > 0
     assert a.summary["calls"] == 0  # the mmap reader makes no preadv2 call: faults are its reads
     fa = _faults(a)

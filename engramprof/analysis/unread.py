@@ -85,3 +85,76 @@ def attribute_unread_batches(acc: BatchAccumulator, seg, empty: np.ndarray, offc
                                           ": without off-CPU spans of that thread (samples/offcpu, the marker's tid) "
                                           "the waits cannot be seen and all of it is counted as the gather"))
     return {"batches": int(n), "source": source, "offcpu_share": float(off.sum() / wall.sum()) if wall.sum() > 0 else 0.0}
+
+
+def _kind_is_fault(events, lo: int, hi: int) -> np.ndarray | None:
+    if not events.cols.has("kind"):
+        return None
+    k = events.cols.series("kind", lo, hi)
+    return (k.astype(object) == "fault").to_numpy() if len(k) else np.zeros(0, dtype=bool)
+
+
+def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.DataFrame | None,
+                       loop_gap_us: float, notes: list[str]) -> dict:
+    """A gather split across a pool faults on its workers: the time with no fault in flight
+    before a worker's fault is that worker gathering rows on a CPU (cpu-copy) while it is on
+    one, and waiting (a GIL hand-off, a CPU it did not get: python-scheduling) while it is off
+    one.  Stage 5 counts a gap between reads as the reading thread's loop up to ``loop_gap_us``
+    and the rest as a hand-off, the right rule for a pool's syscalls (the executor machinery
+    runs between them) but not for a gather; here each gap that a page fault ends is split by
+    the off-CPU spans of the faulting thread inside it instead.  Adjusts ``acc`` in place
+    (loop_gap / handoff_gap and cpu-copy / python-scheduling move together); returns what it did."""
+    from engramprof.analysis.events import chunk_plan
+
+    out = {"gaps": 0, "moved_ms": 0.0, "source": None}
+    if offcpu is None or not len(offcpu) or seg.n == 0:
+        return out
+    loop_gap_ns = loop_gap_us * 1e3
+    bend_all = seg.end_ns.astype(np.int64)
+    submit = threads.submitter
+    moved = 0.0
+    gaps = 0
+    for ch in chunk_plan(seg):
+        fault = _kind_is_fault(events, ch.lo, ch.hi)
+        if fault is None:
+            return out
+        fault = ch.pick(fault)
+        if not fault.any():
+            continue
+        s = ch.pick(events.ts[ch.lo:ch.hi]).astype(np.int64)
+        e = np.minimum(s + ch.pick(events.dur[ch.lo:ch.hi]).astype(np.int64), bend_all[ch.batches][ch.batch])
+        tcode = ch.pick(threads.code[ch.lo:ch.hi])
+        n = len(s)
+        reach = np.maximum.accumulate(e)
+        holder = np.maximum.accumulate(np.where(e >= reach, np.arange(n), 0))
+        gap = np.zeros(n)
+        gap[1:] = np.clip(s[1:] - reach[:-1], 0, None)
+        gap[ch.firsts] = 0.0
+        same_thread = np.zeros(n, dtype=bool)
+        same_thread[1:] = tcode[1:] == tcode[holder[:-1]]
+        on_submitter = tcode == submit[ch.batches][ch.batch]
+        old_loop = np.where(same_thread, np.where(on_submitter, gap, np.minimum(gap, loop_gap_ns)), 0.0)
+        sel = np.flatnonzero(fault & (gap > 0) & ~on_submitter)
+        if not len(sel):
+            continue
+        off = np.zeros(len(sel))
+        tids = threads.tids[tcode[sel]]
+        for tid in np.unique(tids):
+            k = tids == tid
+            off[k] = offcpu_overlap(offcpu, int(tid), s[sel][k] - gap[sel][k].astype(np.int64), s[sel][k])
+        off = np.minimum(off, gap[sel])
+        delta = np.zeros(n)
+        delta[sel] = (gap[sel] - off) - old_loop[sel]  # the new on-CPU gather less what stage 5 gave it
+        per = ch.per_batch(delta)
+        acc.loop_gap[ch.batches] += per
+        acc.handoff_gap[ch.batches] -= per
+        acc.cause_ns["cpu-copy"][ch.batches] += per
+        acc.cause_ns["python-scheduling"][ch.batches] -= per
+        moved += float(per.sum())
+        gaps += len(sel)
+    if gaps:
+        out = {"gaps": int(gaps), "moved_ms": moved / 1e6, "source": "offcpu spans of the faulting threads"}
+        notes.append(f"{gaps} gap(s) with no fault in flight before a pool worker's page fault were split by that "
+                     "worker's off-CPU spans: on a CPU it was gathering rows (cpu-copy), off it waiting "
+                     "(python-scheduling)")
+    return out

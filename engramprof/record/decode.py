@@ -23,6 +23,29 @@ class ReadBatch:
         return len(self.recs)
 
 
+class WindowStart:
+    """The recording's window start for one record kind: records that began before it (a call,
+    a fault, an off-CPU span under way when the probes were armed) lack evidence gathered by
+    hooks armed after them, so each decoder drops them and counts them (``partial_at_start``).
+    ``start_ns`` is raised to the window's start once every probe is armed."""
+
+    def __init__(self, start_ns: int | None = None, field: str = "ts_ns"):
+        self.start_ns = start_ns or 0
+        self.field = field
+        self.partial_at_start = 0
+
+    def begin(self, start_ns: int) -> None:
+        self.start_ns = max(self.start_ns, start_ns)
+
+    def keep(self, recs: np.ndarray) -> np.ndarray:
+        """``recs`` without the records that began before the window (counted)."""
+        early = recs[self.field] < self.start_ns
+        if early.any():
+            self.partial_at_start += int(early.sum())
+            recs = recs[~early]
+        return recs
+
+
 def syscall_names() -> list[str]:
     """Syscall names by code, from the header's SYSCALL_* defines."""
     codes = layout.header_defines("SYSCALL_")
@@ -43,8 +66,7 @@ class CallDecoder:
     def __init__(self, record: np.dtype, armed_ns: int):
         trace.check_record_columns(record)  # the header struct and CALL_SCHEMA are one list
         self.record = record
-        self.armed_ns = armed_ns
-        self.partial_at_start = 0
+        self.window = WindowStart(armed_ns)
         names = syscall_names()
         self.syscall_dictionary = pa.array(names, type=pa.string())
         self.max_syscall = len(names) - 1
@@ -52,13 +74,22 @@ class CallDecoder:
     def decode(self, recs: np.ndarray) -> ReadBatch | None:
         if len(recs) == 0:
             return None
-        early = recs["ts_ns"] < self.armed_ns
-        if early.any():
-            self.partial_at_start += int(early.sum())
-            recs = recs[~early]
-            if len(recs) == 0:
-                return None
+        recs = self.window.keep(recs)
+        if len(recs) == 0:
+            return None
         return ReadBatch(self.kind, recs)
+
+    @property
+    def partial_at_start(self) -> int:
+        return self.window.partial_at_start
+
+    @property
+    def armed_ns(self) -> int:
+        return self.window.start_ns
+
+    @armed_ns.setter
+    def armed_ns(self, ns: int) -> None:
+        self.window.start_ns = ns
 
 
 class VmEventDecoder:

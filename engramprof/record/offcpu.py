@@ -17,6 +17,8 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import sched
+from engramprof.record.decode import WindowStart
+from engramprof.record.faults import DrainBatching
 
 SAMPLE = "offcpu"
 LOST_SAMPLE = "offcpu_lost"  # holes in the span stream: start_ns, end_ns, lost (lost_records' schema)
@@ -29,18 +31,14 @@ class OffcpuDecoder:
         self.schema = trace.sample_schema(SAMPLE)
         self.spans = 0
         #: the recording window's start: spans that began before it are dropped and counted
-        self.window_start_ns = 0
-        self.partial_at_start = 0
+        self.window = WindowStart(field="start_ns")
 
     def decode(self, recs: np.ndarray) -> pa.Table | None:
         if len(recs) == 0:
             return None
-        early = recs["start_ns"] < self.window_start_ns
-        if early.any():
-            self.partial_at_start += int(early.sum())
-            recs = recs[~early]
-            if len(recs) == 0:
-                return None
+        recs = self.window.keep(recs)
+        if len(recs) == 0:
+            return None
         self.spans += len(recs)
         return pa.Table.from_arrays([
             pa.array(recs["tid"].astype(np.int32)),
@@ -66,6 +64,7 @@ class OffcpuRecorder:
         self.plan: sched.SchedPlan | None = None
         self.probe: sched.LoadedSchedProbe | None = None
         self.decoder = OffcpuDecoder()
+        self.batching = DrainBatching()  # spans: like faults, drained a few thousand at a time
         self.lost_seen = 0
         self.lost_checked_ns = 0
         self.lost_intervals = 0
@@ -82,11 +81,12 @@ class OffcpuRecorder:
     def arm(self) -> int:
         """Attach the probe; returns when it was attached."""
         self.lost_checked_ns = self.probe.arm()
+        self.decoder.window.begin(self.lost_checked_ns)
         return self.lost_checked_ns
 
     def begin(self, window_start_ns: int) -> None:
         """Spans that began before the recording's window (``window_start_ns``) are not kept."""
-        self.decoder.window_start_ns = max(self.decoder.window_start_ns, window_start_ns)
+        self.decoder.window.begin(window_start_ns)
 
     def meta(self) -> dict:
         p = self.plan
@@ -96,9 +96,10 @@ class OffcpuRecorder:
     def drain(self, sink) -> None:
         if self.probe is None:
             return
-        table = self.decoder.decode(self.probe.ring.drain())
-        if table is not None:
-            sink.add_samples(SAMPLE, table)
+        if self.batching.due(self.probe.ring):
+            table = self.decoder.decode(self.probe.ring.drain())
+            if table is not None:
+                sink.add_samples(SAMPLE, table)
         lost = self.probe.lost_records()
         now = time.monotonic_ns()
         if lost > self.lost_seen:
@@ -111,6 +112,7 @@ class OffcpuRecorder:
     def detach(self) -> None:
         if self.probe is not None and self.end_ns is None:
             self.end_ns = self.probe.detach()
+            self.batching.final = True
 
     def totals(self) -> dict[str, int]:
         if self.probe is not None and self.probe.bpf is not None:
@@ -124,7 +126,7 @@ class OffcpuRecorder:
         """What meta.json and the summary say about the spans (``offcpu``)."""
         t = self.totals()
         return {**self.meta(), "spans": t.get("spans", 0), "recorded": self.decoder.spans,
-                "partial_at_start": self.decoder.partial_at_start,
+                "partial_at_start": self.decoder.window.partial_at_start,
                 "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost_intervals,
                 "preempted": t.get("preempted", 0), "woken": t.get("woken", 0),
                 "untracked": t.get("no_state", 0), "offcpu_s": round(t.get("sum_ns", 0) / 1e9, 6)}
