@@ -8,6 +8,8 @@
 ``--arms``: how compare should read one rank's events, decided by measurement.  One bundle,
 then, round by round in one run (arms interleaved, each in a fresh child process): ``bundle``
 (engramprof's reader, ``load_bundle(columns=EVENT_READ_COLUMNS, compact=True)``),
+``bundle-split`` (the same reader without ``tensor`` and ``row``, which only name a batch's
+slowest call: compare's columns),
 ``dataset`` (``pyarrow.dataset`` to_table of the same columns, then to_pandas), ``duckdb``
 (``read_parquet`` of the same columns to Arrow, then to pandas), each followed by batch-tail's
 analysis (``engramprof.analysis.analyse``, the cause split); and ``duckdb-sums``: DuckDB
@@ -94,7 +96,7 @@ def build(path: Path, n_calls: int, rank: int, straggler: int, chunk: int = 10_0
     return {"calls": nb_total * PER_BATCH, "batches": nb_total}
 
 
-ARMS = ("bundle", "dataset", "duckdb", "duckdb-sums")
+ARMS = ("bundle", "bundle-split", "dataset", "duckdb", "duckdb-sums")
 TEXT = ("path", "tensor", "kind")
 
 
@@ -107,6 +109,10 @@ def _read_arm(arm: str, trace: Path, markers: Path):
 
     if arm == "bundle":
         return load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+    if arm == "bundle-split":  # without tensor and row: the columns of the cause split only
+        from engramprof.compare.load import SPLIT_COLUMNS
+
+        return load_bundle(trace, columns=SPLIT_COLUMNS, compact=True)
     files = [str(h.path) for h in complete_parts(trace / "calls")]
     names = set(complete_parts(trace / "calls")[0].schema_arrow.names)
     cols = [c for c in EVENT_READ_COLUMNS if c in names]
@@ -167,17 +173,18 @@ def child(arm: str, trace: Path, markers: Path) -> None:
                       "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 
 
-def arms(d: Path, calls: int, rounds: int) -> None:
+def arms(d: Path, calls: int, rounds: int, only: list[str] | None = None) -> None:
     import os
 
     p = d / "rank=0"
     if not p.exists():
         build(p, calls, 0, straggler=1)
     m = p.parent / f"{p.name}.markers.jsonl"
-    res: dict[str, list[dict]] = {a: [] for a in ARMS}
+    use = tuple(a for a in ARMS if not only or a in only or a == "bundle")
+    res: dict[str, list[dict]] = {a: [] for a in use}
     load = [os.getloadavg()]
     for r in range(rounds):
-        for arm in (ARMS if r % 2 == 0 else ARMS[::-1]):
+        for arm in (use if r % 2 == 0 else use[::-1]):
             out = subprocess.run([sys.executable, __file__, "--child", arm, str(p), str(m)], capture_output=True,
                                  text=True, cwd=REPO)
             if out.returncode != 0:
@@ -190,7 +197,7 @@ def arms(d: Path, calls: int, rounds: int) -> None:
           f"interleaved; load average (1 min) from {min(x[0] for x in load):.1f} to {max(x[0] for x in load):.1f}")
     print(f"{'arm':<12} {'read s':>7} {'analyse s':>9} {'total s':>8} {'peak GiB':>8}   vs bundle: read  total  peak"
           "   table")
-    for a in ARMS:
+    for a in use:
         x = med[a]
         tot, rtot = x["read_s"] + x["analyse_s"], ref["read_s"] + ref["analyse_s"]
         same = ("no split (sums only)" if a == "duckdb-sums" else
@@ -198,7 +205,7 @@ def arms(d: Path, calls: int, rounds: int) -> None:
         print(f"{a:<12} {x['read_s']:7.1f} {x['analyse_s']:9.1f} {tot:8.1f} {x['rss_gib']:8.2f}   "
               f"{x['read_s'] / ref['read_s']:14.2f} {tot / rtot:6.2f} {x['rss_gib'] / ref['rss_gib']:5.2f}   {same}")
     print("rounds (read s / peak GiB): " + "; ".join(
-        f"{a} " + ", ".join(f"{r['read_s']:.1f}/{r['rss_gib']:.2f}" for r in res[a]) for a in ARMS))
+        f"{a} " + ", ".join(f"{r['read_s']:.1f}/{r['rss_gib']:.2f}" for r in res[a]) for a in use))
 
 
 def main() -> None:
@@ -213,12 +220,13 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--arms", action="store_true", help="measure the ways to read one rank's events (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--arms: rounds")
+    ap.add_argument("--only", action="append", choices=ARMS, help="--arms: these arms (and bundle) only")
     a = ap.parse_args()
     d = Path(a.dir or tempfile.mkdtemp(prefix="engramprof-compare-bench-", dir="/var/tmp"))
     d.mkdir(parents=True, exist_ok=True)
     try:
         if a.arms:
-            arms(d, int(a.calls), a.rounds)
+            arms(d, int(a.calls), a.rounds, a.only)
             return
         traces = []
         t0 = time.perf_counter()

@@ -1,9 +1,12 @@
 """One bundle -> its per-batch table, with what compare needs beside batch-tail's split.
 
-Each bundle is read with only the analysis's columns (``load_bundle(columns=EVENT_READ_COLUMNS,
+Each bundle is read with only the columns of the cause split (``load_bundle(columns=SPLIT_COLUMNS,
 compact=True)``), cut into batches and split into causes by :func:`engramprof.analysis.analyse`
-(batch-tail's own pipeline), then its events are released before the next bundle is read: peak
-memory is one bundle's analysis, whatever the number of ranks.  Added per batch: ``step`` (the
+(batch-tail's own pipeline); its per-batch table is cut to :data:`KEPT_COLUMNS` and its events
+are released before the next bundle is read: peak memory is one bundle's analysis plus a few
+columns per batch of the others, whatever the number of ranks.  (Reading through
+pyarrow.dataset or DuckDB instead was measured slower and larger: benchmarks/compare_speed.py
+--arms, docs/commands/compare.md.)  Added per batch: ``step`` (the
 markers' step id, when they carry one), ``read_path`` (the kind of its read events: syscall,
 fault, mixed, none) and ``resident_frac`` (the share of its reads that inserted no page: rows
 resident when the batch began; NaN without the ``pages_added`` column).
@@ -18,10 +21,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engramprof.compare.ranks import MS_COLS
 from engramprof.errors import UserError
+from engramprof.trace import EVENT_READ_COLUMNS
 
 #: a bundle may carry its batch markers as this file
 BUNDLE_MARKERS = "markers.jsonl"
+#: the event columns compare reads: the analysis's (trace.EVENT_READ_COLUMNS) without ``tensor``
+#: and ``row``, which only name each batch's slowest call (the cause split does not read them)
+SPLIT_COLUMNS = [c for c in EVENT_READ_COLUMNS if c not in ("tensor", "row")]
+#: the per-batch columns compare keeps of batch-tail's table (each bundle's is reduced to these
+#: before the next is read: the rest -- the slowest call's path, tensor, ... -- are not compared)
+KEPT_COLUMNS = ["start_ns", "end_ns", "wall_ms", "calls", "calls_with_misses", "rows", "read_path", "resident_frac",
+                "step", "pid", *MS_COLS]
 _RANK_RE = re.compile(r"(?:^|[/_\-.=])rank[=_\-]?(\d+)(?:$|[/_\-.])")
 
 
@@ -148,16 +160,17 @@ def _extras(table: pd.DataFrame, calls: pd.DataFrame, mdf: pd.DataFrame | None) 
         has_steps = bool(table["step"].notna().any())
     if "step" not in table.columns:
         table["step"] = np.nan
-    return table, has_steps
+    table["read_path"] = table["read_path"].astype("category")
+    return table[[c for c in KEPT_COLUMNS if c in table.columns]], has_steps
 
 
 def _analysed(trace: Path, markers: str | Path | None, slow_ms: float):
     """(trace, batch-tail's table and summary, the markers with compare's keys, their path)."""
     from engramprof.analysis import analyse
-    from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
+    from engramprof.trace import load_bundle
 
     mpath = Path(markers) if markers is not None else bundle_markers(trace)
-    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+    tr = load_bundle(trace, columns=SPLIT_COLUMNS, compact=True)
     mdf, bad = read_markers(mpath) if mpath is not None else (None, 0)
     if mdf is not None:
         mdf = _pid_from_tid(mdf, tr)
