@@ -273,10 +273,13 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
         else:
             acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, off)
     if cols.has("ret"):
-        ret = ch.pick(cols.num("ret", ch.lo, ch.hi))
-        acc.bytes[sl] = ch.per_batch(np.clip(np.nan_to_num(ret), 0, None))
-        t.eagain += int((ret == -EAGAIN).sum())
-        t.errors += int(((ret < 0) & (ret != -EAGAIN)).sum())
+        ret = ch.pick(cols.raw("ret", ch.lo, ch.hi))
+        if ret.dtype.kind not in "iu":  # missing values (NaN) count as no bytes, no error
+            ret = np.nan_to_num(ret.astype(np.float64))
+        acc.bytes[sl] = ch.per_batch(np.maximum(ret, 0))
+        eagain = int(np.count_nonzero(ret == -EAGAIN))
+        t.eagain += eagain
+        t.errors += int(np.count_nonzero(ret < 0)) - eagain
     if cols.has("flags"):
         fl = ch.pick(cols.raw("flags", ch.lo, ch.hi))
         if fl.dtype.kind not in "iu":
