@@ -68,11 +68,47 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
+
+
+def signals_to_events(stop: threading.Event, go: threading.Event) -> threading.Thread:
+    """SIGTERM / SIGINT set ``stop`` (and ``go``), SIGUSR1 sets ``go``, from a thread of their own
+    (sigwait; the signals are blocked in the calling thread and every thread it starts later).
+    A Python signal handler calling Event.set() can deadlock: it runs in the main thread, which
+    may be inside that Event's wait() holding its lock (the ranks wait on it between steps)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+    def wait_loop():
+        while True:
+            sig = signal.sigwait(SIGNALS)
+            if sig != signal.SIGUSR1:
+                stop.set()
+            go.set()
+
+    t = threading.Thread(target=wait_loop, name="engramprof-rank-signals", daemon=True)
+    t.start()
+    return t
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _rank_main(p: RankPlan, ready_w: int, result_w: int, stop: threading.Event, go: threading.Event,
-               run_kwargs: dict) -> int:
+               run_kwargs: dict, parent: int) -> int:
     """In the forked rank: join its cgroups, run the workload, send the summary."""
     from engramprof.lab import workload
 
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the line above
+        return 1
+    stop, go = threading.Event(), threading.Event()  # fresh: no lock state copied from the parent
+    signals_to_events(stop, go)
     try:
         for procs in p.join:  # before any read (the fault's groups charge / throttle from here)
             with open(procs, "w") as f:
@@ -122,6 +158,10 @@ class _Rank:
 def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.Event, run_kwargs: dict) -> dict:
     """Fork the ranks, pass signals on, wait for all; the combined summary."""
     ranks: list[_Rank] = []
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # no handler runs while forking
+    if stop.is_set():
+        go.set()
+    parent = os.getpid()
     try:
         for p in rank_plans:
             ready_r, ready_w = os.pipe()
@@ -136,12 +176,13 @@ def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.E
                     os.close(result_r)
                     for other in ranks:
                         os.close(other.ready_r)
-                    code = _rank_main(p, ready_w, result_w, stop, go, run_kwargs)
+                    code = _rank_main(p, ready_w, result_w, stop, go, run_kwargs, parent)
                 finally:
                     os._exit(code)
             os.close(ready_w)
             os.close(result_w)
             ranks.append(_Rank(p, pid, ready_r, result_r))
+        signals_to_events(stop, go)  # the parent's signals, from here on, without handler deadlocks
         _wait_ready(ranks)
         _say(f"lab: pid {os.getpid()}")
         for r in ranks:
@@ -154,6 +195,8 @@ def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.E
                 _signal(r.pid, signal.SIGKILL)
                 _reap(r, block=True)
         raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     results = [r.result() for r in ranks]
     errors = [x["error"] for x in results if "error" in x]
     if errors:
