@@ -7,8 +7,9 @@
  *   PC_INSERT  filemap:mm_filemap_add_to_page_cache, system-wide, filtered in the kernel to the
  *              watched files (device + inode in `watched_files`).  A file becomes watched when a
  *              target thread inserts a page of it (so every miss of the target is seen from its
- *              first page; a target's readahead event does the same), or when user space puts it there (the target's open files and
- *              mappings, at start and when new ones appear).  Consecutive insertions of one
+ *              first page; a target's readahead event does the same), or when user space
+ *              puts it there (the target's open and mapped data files, at start and about
+ *              every two seconds).  Consecutive insertions of one
  *              thread into one file (index, index + 1, ...) are coalesced into one run record:
  *              readahead inserts its window page by page (or folio by folio), and one record
  *              per window keeps a 2.6-million-page readahead storm to thousands of records.  A
