@@ -28,7 +28,7 @@ from engramprof.record.target import pid_state
 
 #: reads recorded per window for its analysis (the probe's sample budget): 96 bytes each in the ring,
 #: about 0.6 KiB each while the analysis runs (benchmarks/RESULTS.md "Exporter cost")
-DEFAULT_WINDOW_SAMPLE = 50_000
+DEFAULT_WINDOW_SAMPLE = 25_000
 
 
 @dataclass
