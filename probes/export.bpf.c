@@ -157,6 +157,10 @@ BPF_PERCPU_ARRAY(export_totals, struct export_totals, 1);
 BPF_ARRAY(bio_latency_log2, u64, LAT_SLOTS);
 BPF_ARRAY(bio_latency_sum_ns, u64, 1);
 BPF_ARRAY(sample_budget, s64, 1);
+/* 1 once every program is attached (set by user space): BCC attaches them one by one while it
+ * loads, and a read that began before the evidence hooks were all in place would be counted
+ * without its file or its evidence, so nothing is counted before */
+BPF_ARRAY(export_armed, u32, 1);
 BPF_RINGBUF_OUTPUT(sample_records, RING_PAGES);
 BPF_ARRAY(call_record_layout, struct call_record, 1);
 
@@ -173,6 +177,13 @@ static __always_inline struct export_totals *totals(void)
 {
 	int zero = 0;
 	return export_totals.lookup(&zero);
+}
+
+static __always_inline int armed(void)
+{
+	int zero = 0;
+	u32 *a = export_armed.lookup(&zero);
+	return a && *a;
 }
 
 static __always_inline struct read_stats *stats_of(struct read_key *k)
@@ -259,6 +270,8 @@ static __always_inline void fault_close(struct inflight *s, u32 tid)
 /* A filemap event of a target file in the current thread's fault (opens one if none is open). */
 static __always_inline void fault_file_event(u32 dev, u64 ino)
 {
+	if (!armed())
+		return;
 	struct inflight *s = task_state(1);
 	if (!s || s->ts)
 		return;      /* a kernel-mode fault inside a syscall read: the call's time */
@@ -277,8 +290,8 @@ static __always_inline void fault_file_event(u32 dev, u64 ino)
 
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
-	if (!is_target_fd(fd))
-		return;      /* --file: a read of another file (targets.h) */
+	if (!armed() || !is_target_fd(fd))
+		return;      /* not armed yet; --file: a read of another file (targets.h) */
 	struct inflight *s = task_state(1);
 	if (!s)
 		return;
@@ -547,7 +560,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_get_pages)
 TRACEPOINT_PROBE(exceptions, page_fault_user)
 {
 	u64 pt = bpf_get_current_pid_tgid();
-	if (!is_target(pt))
+	if (!is_target(pt) || !armed())
 		return 0;
 	struct inflight *s = task_state(1);
 	if (!s)
@@ -577,7 +590,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_map_pages)
 #elif HAVE_FAULT
 TRACEPOINT_PROBE(filemap, mm_filemap_fault)
 {
-	if (!is_target(bpf_get_current_pid_tgid()) || !is_target_file(args->s_dev, args->i_ino))
+	if (!is_target(bpf_get_current_pid_tgid()) || !is_target_file(args->s_dev, args->i_ino) || !armed())
 		return 0;
 	struct export_totals *t = totals();
 	if (t)

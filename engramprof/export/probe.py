@@ -123,6 +123,8 @@ class ExportProbe:
         self._totals = self.bpf["export_totals"]
         self._budget = self.bpf["sample_budget"]
         self._bio = self.bpf["bio_latency_log2"]
+        # every program is attached now: count from here (see export_armed in the probe)
+        self.bpf["export_armed"][ctypes.c_int(0)] = ctypes.c_uint32(1)
 
     # ---- reading the maps ------------------------------------------------------------------
     def read_stats(self) -> dict[tuple[int, int, str], dict]:
