@@ -16,7 +16,18 @@ bpftrace one-liner adds, with 0 lost events.  `--rss-seconds S` also runs engram
 seconds on a continuous loop and prints the collector's RSS every few seconds (flat = good).
 `--lab` adds the lab pool reader's batch time traced vs untraced.
 
+`--selectors` instead compares the target selectors (issue 13), interleaved the same way (the
+order of the traced arms rotates from round to round): the loop untraced and under
+`engramprof syscalls` selecting the worker by `--pid W`, by `--cgroup CG` (a cgroup2 group
+made for it, the worker moved in; removed at the end) and by `--file TABLE` (every process's
+reads of the table: the fd followed to its inode in the kernel).  All three arms run with
+`--no-offcpu --sample-hz 0` (--file alone records no off-CPU spans), so they differ only in
+the selector.  Target: --cgroup and --file add within 10% of what --pid adds.  With
+kernel.bpf_stats_enabled it also prints the tracer's BPF program time per call (run_time_ns
+of the programs the tracer process holds, from /proc/PID/fdinfo: blind to scheduling noise).
+
 Needs root.  Usage: benchmarks/syscalls_overhead.py [--rounds 5] [--calls 400000] [--rss-seconds 120] [--lab]
+                    benchmarks/syscalls_overhead.py --selectors [--rounds 5] [--calls 400000]
 """
 from __future__ import annotations
 
@@ -43,7 +54,10 @@ for line in sys.stdin:
     if cmd[0] == "run":
         N = int(cmd[1]); t = time.perf_counter_ns()
         for i in range(N):
-            os.preadv(fd, [buf], (i % n) * 4096, os.RWF_NOWAIT)
+            try:
+                os.preadv(fd, [buf], (i % n) * 4096, os.RWF_NOWAIT)
+            except BlockingIOError:  # evicted meanwhile (another job's memory pressure): cache it again
+                os.preadv(fd, [buf], (i % n) * 4096)
         print((time.perf_counter_ns() - t) / N, flush=True)
     elif cmd[0] == "spin":
         end = time.monotonic() + float(cmd[1]); k = 0
@@ -99,10 +113,13 @@ def main() -> int:
     ap.add_argument("--rss-seconds", type=float, default=0)
     ap.add_argument("--hook", default="auto", help="engramprof --hook (auto|raw|tracepoint)")
     ap.add_argument("--lab", action="store_true", help="also measure the lab pool reader traced vs untraced")
+    ap.add_argument("--selectors", action="store_true", help="compare --pid, --cgroup and --file (only that)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1
+    # SIGTERM (a timeout) still runs the finally blocks: the cgroup and temp dir go
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     have_bpftrace = shutil.which("bpftrace") is not None
     tmp = tempfile.mkdtemp(prefix="engramprof-bench-")
     try:
@@ -119,6 +136,11 @@ def main() -> int:
             return float(w.stdout.readline())
 
         loop(50_000)  # warm up
+        if a.selectors:
+            selector_overhead(tmp, w, loop, data, a)
+            w.stdin.close()
+            w.wait()
+            return 0
         res: dict[str, list[float]] = {"untraced": [], "engramprof": [], "bpftrace": []}
         # BPF program time per call (bpf_stats): immune to the machine's scheduling noise,
         # but leaves out the tracepoint dispatch around the programs
@@ -198,6 +220,96 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+CGROUP2 = "/sys/fs/cgroup/unified"
+
+
+def tracer_prog_ns(pid: int) -> int | None:
+    """run_time_ns summed over the BPF programs a tracer process holds (its fds' fdinfo; needs
+    kernel.bpf_stats_enabled=1): in-kernel program time, blind to scheduling noise."""
+    total, seen = 0, False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                info = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if "prog_type" in info and "run_time_ns" in info:
+            total += int(info["run_time_ns"])
+            seen = True
+    return total if seen else None
+
+
+def selector_overhead(tmp: str, w: subprocess.Popen, loop, data: str, a) -> None:
+    """ns/call the tracer adds selecting the worker by --pid, by --cgroup and by --file."""
+    root = CGROUP2 if os.path.isfile(os.path.join(CGROUP2, "cgroup.procs")) else "/sys/fs/cgroup"
+    cg = os.path.join(root, f"engramprof-bench-{os.getpid()}")
+    os.mkdir(cg)
+    try:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(w.pid))
+        arms = {"--pid": ["--pid", str(w.pid)], "--cgroup": ["--cgroup", cg], "--file": ["--file", data]}
+        res: dict[str, list[float]] = {"untraced": [], **{k: [] for k in arms}}
+        lost: dict[str, list] = {k: [] for k in arms}
+        prog: dict[str, list[float]] = {k: [] for k in arms}
+        stats = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
+        names = list(arms)
+        for r in range(a.rounds):
+            res["untraced"].append(loop(a.calls))
+            for k in names[r % 3:] + names[:r % 3]:
+                out = os.path.join(tmp, f"sel{r}")
+                p = start_tracer([PY, "-m", "engramprof", "syscalls", *arms[k], "--output", out, "--hook", a.hook,
+                                  "--no-offcpu", "--sample-hz", "0"], "Tracing")
+                if stats:  # another job may have turned it off meanwhile
+                    subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"])
+                before = tracer_prog_ns(p.pid) if stats else None
+                res[k].append(loop(a.calls))
+                after = tracer_prog_ns(p.pid) if stats else None
+                if before is not None and after is not None and after > before:  # 0: stats were off
+                    prog[k].append((after - before) / a.calls)
+                stop_tracer(p)
+                meta = json.load(open(os.path.join(out, "meta.json")))
+                lost[k].append((meta.get("lost_records"), meta.get("calls_written")))
+                shutil.rmtree(out)
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in res.items())
+                  + (" | prog ns " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in prog.items() if v) if stats else ""),
+                  flush=True)
+    finally:
+        subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
+        try:
+            with open(os.path.join(root, "cgroup.procs"), "w") as f:
+                f.write(str(w.pid))
+        except OSError:
+            pass
+        os.rmdir(cg)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(f"cached RWF_NOWAIT preadv2 loop, {a.calls:,} calls x {a.rounds} rounds (interleaved, traced arms "
+          f"rotating), median ns/call; load average at the end {load}:")
+    for k, v in med.items():
+        add = f"  (+{v - med['untraced']:.0f} ns)" if k != "untraced" else ""
+        print(f"  {k:9s} {v:8.0f}{add}   rounds: {', '.join(f'{x:.0f}' for x in res[k])}")
+    base = med["--pid"] - med["untraced"]
+    for k in ("--cgroup", "--file"):
+        add = med[k] - med["untraced"]
+        print(f"{k} adds {add:.0f} ns/call, --pid {base:.0f}: ratio {add / base:.2f} (target <= 1.10)")
+    print("(lost records, records written) per run: " + "; ".join(f"{k} {v}" for k, v in lost.items()))
+    if all(prog.values()):
+        pm = {k: statistics.median(v) for k, v in prog.items()}
+        print("BPF program time per call (bpf_stats, the tracer's programs, median): " + ", ".join(
+            f"{k} {v:.0f} ns" for k, v in pm.items()) + "; rounds: " + "; ".join(
+            f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in prog.items()))
+        for k in ("--cgroup", "--file"):
+            print(f"{k} / --pid program time: {pm[k] / pm['--pid']:.2f}")
+    else:
+        print("BPF program time per call: not measured (kernel.bpf_stats_enabled off, or turned off "
+              "by another job, in some arm's every round)")
 
 
 def lab_overhead(tmp: str, hook: str) -> None:
