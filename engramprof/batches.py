@@ -137,8 +137,9 @@ def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
     Blank lines are ignored; lines that are not a JSON object with integer
     0 <= ``start_ns`` <= ``end_ns`` are skipped and counted (the rules of
     :func:`engramprof.markers.read_markers_df`, the writer's own reader).  ``tid`` (the
-    submitting thread, written by engramprof.markers) is kept, -1 when absent; other keys
-    are ignored.
+    submitting thread, written by engramprof.markers) is kept, -1 when absent; ``pid`` and
+    ``rank`` (which process the batch belongs to) are kept when present (NaN where a line lacks
+    them); other keys are ignored.
     """
     p = Path(path)
     try:
@@ -155,6 +156,9 @@ def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
         df["tid"] = np.where(np.isfinite(tid) & (tid > 0), tid, -1).astype(np.int64)
     else:
         df["tid"] = np.int64(-1)
+    for key in ("pid", "rank"):  # whose batch it is (several processes: analysis/processes.py)
+        if key in raw.columns:
+            df[key] = pd.to_numeric(raw[key], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     return df, int(bad)
 
 
