@@ -35,7 +35,7 @@ from engramprof.analysis.processes import analyse_each, process_ids, process_row
 from engramprof.analysis.summary import Settings, evidence_notes, slow_copy_note, summarize
 from engramprof.analysis.table import batch_shares, batch_table
 from engramprof.analysis.threads import find_reading_threads
-from engramprof.analysis.unread import attribute_unread_batches, fault_read_path
+from engramprof.analysis.unread import attribute_unread_batches, fault_read_path, resplit_fault_gaps
 from engramprof.analysis.verdicts import DEFAULT_MEANINGFUL_SHARE, DEFAULT_SLOW_MS
 from engramprof.errors import UserError
 
@@ -212,6 +212,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     pid = int(pids_of[0]) if len(pids_of := process_ids(calls)) == 1 else None
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)
+    resplit_fault_gaps(acc, events, seg_read, threads, context.offcpu, loop_gap_us, notes)
     threads_per_batch = threads.per_batch
     unread = {"batches": 0, "source": None}
     if not read.all():
