@@ -234,7 +234,10 @@ def test_rows_summary_per_file_and_tensor(workdir):
     offs = w.start + rows * w.row_bytes
     trace = workdir / "trace"
     _tiny_trace(trace, p, np.concatenate([offs, offs[:10]]), w.row_bytes)  # duplicates count once
-    for _ in range(4):
+    # residency is a snapshot: another task (kswapd, DAMON's kdamond: proactive reclaim runs on
+    # these machines) may evict a page while the CLI runs; judge a run where the test's own view
+    # before and after the CLI agree, else require the CLI's counts between the two views
+    for _ in range(8):
         _cache_fully(p)
         # evict the pages that hold the first half of those rows
         lo, hi = offs[0] // PS, (offs[len(offs) // 2] + w.row_bytes - 1) // PS
@@ -242,13 +245,18 @@ def test_rows_summary_per_file_and_tensor(workdir):
         fr = res.classify_rows(p, offs, np.full(len(offs), w.row_bytes))
         out = _run_cli("residency", "--rows", str(trace), "--json")
         d = json.loads(out.stdout)
-        if np.array_equal(fr, res.classify_rows(p, offs, np.full(len(offs), w.row_bytes))):
+        after = res.classify_rows(p, offs, np.full(len(offs), w.row_bytes))
+        if np.array_equal(fr, after):
             break
-    cls = res.row_classes(fr)
+    cls, cls_after = res.row_classes(fr), res.row_classes(after)
     f = d["rows"]["files"][0]
     assert f["path"] == str(p)
     assert f["rows"] == len(offs)
-    assert (f["resident"], f["partly"], f["cold"]) == ((cls == 2).sum(), (cls == 1).sum(), (cls == 0).sum())
+    if np.array_equal(fr, after):
+        assert (f["resident"], f["partly"], f["cold"]) == ((cls == 2).sum(), (cls == 1).sum(), (cls == 0).sum())
+    else:  # pages left while the CLI ran, in every try
+        lo_r, hi_r = sorted(((cls == 2).sum(), (cls_after == 2).sum()))
+        assert lo_r <= f["resident"] <= hi_r and f["resident"] + f["partly"] + f["cold"] == len(offs)
     assert 0 < f["cold"] < len(offs)
     assert [t["tensor"] for t in f["tensors"]] == [w.name]
     assert any("residency is a snapshot" in n for n in d["rows"]["notes"])
