@@ -431,8 +431,15 @@ def test_workload_warm_nowait_hits_cold_misses(tmp_path):
     table.make_table(t, ROWS, DIM, LAYERS, seed=2)
     res = workload.run_workload(t, "nowait", steps=20, tokens=8, cache="warm")
     assert res["eagain"] == 0 and res["fallback_rows"] == 0 and res["calls"] == res["unique_rows"]
-    res = workload.run_workload(t, "nowait", steps=3, tokens=8, cache="cold", seed=5)
-    assert res["eagain"] > 0 and res["calls"] > res["unique_rows"]
+    # cold: the table is dropped, so RWF_NOWAIT reads of its rows get EAGAIN and are read again
+    # blocking.  The kernel starts readahead for a NOWAIT miss and, when the device answers before
+    # the page is checked, returns the data instead (about 1 cold run in 10 here saw no EAGAIN at
+    # all): so at least one of five cold runs must see them.
+    for attempt in range(5):
+        res = workload.run_workload(t, "nowait", steps=3, tokens=8, cache="cold", seed=5 + attempt)
+        if res["eagain"] > 0:
+            break
+    assert res["eagain"] > 0 and res["calls"] > res["unique_rows"], res
 
 
 def test_workload_duration_and_stop(tbl):

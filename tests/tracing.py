@@ -47,9 +47,15 @@ class Proc:
         raise AssertionError(f"no line starting {prefix!r} (ok={ok}, rc={self.p.poll()}): {''.join(self.lines)[-2000:]}")
 
     def finish(self, timeout: float = 120) -> tuple[int, str, str]:
-        out, _ = self.p.communicate(timeout=timeout)
-        self._t.join(5)
-        return self.p.returncode, out, "".join(self.lines)
+        """Wait for the exit; (returncode, the rest of stdout, all of stderr).  Not communicate():
+        it would read stderr too, racing the pump for the last lines (a lost error line)."""
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(self.p.stdout.read()), daemon=True)
+        reader.start()
+        self.p.wait(timeout=timeout)
+        reader.join(30)
+        self._t.join(30)
+        return self.p.returncode, "".join(out), "".join(self.lines)
 
     @property
     def pid(self) -> int:
