@@ -276,6 +276,10 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "miss_causes": bt.get("miss_causes"),
         "miss_cause_method": bt.get("miss_cause_method"),
         "hot_rows": hot,
+        # one row per traced process (rank), each analysed on its own; the verdict above is the
+        # slowest process's (batch p99); one row when the trace holds one process
+        "processes": bt.get("processes") or [],
+        "slowest_process": bt.get("slowest_process", (bt.get("processes") or [{}])[0].get("pid")),
         "batch_tail": bt,
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",
                                                     "eagain_rate", "nowait_share", "latency_us", "device")},

@@ -69,7 +69,10 @@ def test_each_scenario_diagnosed(name):
         sc.stop()
     assert time.monotonic() - t0 < 60
     assert d["verdict"] == name, (d["verdict"], d["batch_tail"]["share"], d["evidence"])
-    assert set(d) >= {"verdict", "confidence", "evidence", "limits", "recommendation", "batch_tail"}
+    assert set(d) >= {"verdict", "confidence", "evidence", "limits", "recommendation", "batch_tail", "processes"}
+    # one process traced: one row, its own, with the top-level verdict
+    assert [p["pid"] for p in d["processes"]] == [sc.pid] and d["slowest_process"] == sc.pid, d["processes"]
+    assert d["processes"][0]["verdict"] == d["verdict"] and d["processes"][0]["batches"] == d["batch_tail"]["batches"], d["processes"]
     steps = [e["step"] for e in d["evidence"]]
     # with eviction records, the pages missed get their own step right after their residency
     why = "why the pages were missing"

@@ -308,12 +308,13 @@ def test_two_rank_scenario_diagnose_children_names_the_faulty_rank_and_its_cause
         sc.stop()
     assert rc == 0, (err, out[-2000:])
     d = json.loads(out)
-    by_pid = {p["pid"]: p for p in d["batch_tail"]["processes"]}
+    by_pid = {p["pid"]: p for p in d["processes"]}  # top level, as in batch-tail's JSON
+    assert d["processes"] == d["batch_tail"]["processes"]
     assert set(by_pid) >= set(ranks.values()), (by_pid.keys(), ranks)
     assert by_pid[ranks[1]]["verdict"] == "residency", by_pid[ranks[1]]
     assert by_pid[ranks[0]]["verdict"] == "healthy", by_pid[ranks[0]]
     assert by_pid[ranks[1]]["batch_ms"]["p50"] > by_pid[ranks[0]]["batch_ms"]["p50"]
-    assert d["verdict"] == "residency"  # the slowest process's
+    assert d["verdict"] == "residency" and d["slowest_process"] == ranks[1]  # the slowest process's
 
 
 def test_lab_run_rank_options_bad_input_one_line_exit_2(tmp_path, table):
