@@ -393,6 +393,8 @@ def render(console, d: dict) -> None:
     for i, e in enumerate(d["evidence"], 1):
         t.add_row(str(i), Text(e["step"]), Text(e["finding"]))
     console.print(t)
+    from engramprof.report import process_table
+    process_table(console, d.get("processes"), d.get("slowest_process"))
     console.print("[bold]what this cannot prove[/bold]")
     # hanging indents: a wrapped line continues under its own text, not at column 0
     limits = Table.grid(padding=(0, 1))

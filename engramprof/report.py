@@ -155,6 +155,27 @@ def _slow_evidence(r: pd.Series | dict) -> str:
     return " ".join(bits)
 
 
+def process_table(console: Console, processes: list[dict] | None, slowest: int | None) -> None:
+    """Several processes in the trace: one row each (its own analysis), the slowest marked.
+    Nothing for a one-process trace (the report above is that process)."""
+    if not processes or len(processes) < 2:
+        return
+    cols = [Col("pid"), Col("command", "left", shrink=True, min_width=10), Col("batches", drop=2),
+            Col("p50 ms"), Col("p99 ms"), Col("verdict", "left", wrap=True, min_width=12)]
+    rows = []
+    for p in processes:
+        share = p.get("share") or {}
+        v = p.get("verdict") or "?"
+        mark = " (slowest)" if p.get("pid") == slowest else ""
+        pct = f" {share[v]:.0%}" if v in share else ""
+        cmd = p.get("cmdline") or p.get("comm") or ""
+        rows.append([str(p.get("pid")), cmd, f"{int(p.get('batches') or 0):,}",
+                     fmt_ms((p.get("batch_ms") or {}).get("p50")), fmt_ms((p.get("batch_ms") or {}).get("p99")),
+                     Text(v + pct + mark, style=CAUSE_STYLE.get(v, ""))])
+    console.print(fit_table(console, cols, rows,
+                            title=f"Processes ({len(processes)}), each analysed on its own"))
+
+
 def render(result, console: Console | None = None, top: int = 10) -> None:
     """Rich terminal report: summary sentences, cause shares (all / tail), slowest batches."""
     batches, s = result
@@ -184,6 +205,7 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
                 f"tail (batches > p90 {fmt_time(s['tail_threshold_ms'])}): {s['tail_verdict']}")
     say(line)
     say(Text(present.ADVICE.get(v, {}).get("hint", ""), style="italic"))
+    process_table(console, s.get("processes"), s.get("slowest_process"))
 
     ev = _cause_evidence(s)
     t = Table(title="Where batch time went", title_justify="left")

@@ -789,3 +789,27 @@ def test_faults_on_the_process_code_are_not_table_reads():
     # only code faults, no markers: nothing to analyse, said so
     with pytest.raises(UserError, match="only page faults on the process's own code"):
         analyse(lib)
+
+
+def test_report_shows_each_process_and_the_slowest_at_80_columns():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from engramprof import report
+    calls, ma, mb = _two_ranks()
+    table, s = analyse(calls, pd.concat([ma, mb], ignore_index=True))
+    buf = StringIO()
+    report.render((table, s), Console(file=buf, width=80, color_system=None))
+    text = buf.getvalue()
+    assert "Processes (2), each analysed on its own" in text
+    assert max(len(l) for l in text.splitlines()) <= 80
+    block = text[text.index("Processes (2)"):text.index("Where batch time went")]
+    cells = [[c.strip() for c in l.strip("│").split("│")] for l in block.splitlines() if l.startswith("│")]
+    rows = {int(c[0]): " ".join(c) for c in cells if c[0]}
+    assert "storage" in rows[2] and "(slowest)" in rows[2] and "(slowest)" not in rows[1] and "healthy" in rows[1]
+    # one process: no process table (the whole report is that process)
+    calls1, m1 = decode_trace("healthy", n_batches=10, seed=33)
+    buf = StringIO()
+    report.render(analyse(calls1, m1), Console(file=buf, width=80, color_system=None))
+    assert "Processes (" not in buf.getvalue()
