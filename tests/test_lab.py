@@ -552,3 +552,26 @@ def test_nowait_refusal_is_remembered_per_filesystem(tbl, content, fd, tmp_path)
         r.close()
         os.close(fd_shm)
         shm.close()
+
+
+def test_cli_run_survives_a_storm_of_signals(tbl):
+    """SIGUSR1 over and over while the reader waits to start (--start-delay 60), then SIGTERM:
+    it starts and ends at once, whichever thread the kernel gives each signal to.  With the
+    signals blocked in the main thread and a sigwait thread (tried first), 5 of 5 runs hung:
+    the kernel gave them to numpy's native thread, whose Python handler waits for the main
+    thread to run bytecode, asleep in its 60 s wait.  The wakeup pipe has no such hole."""
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-m", "engramprof", "lab", "run", "--table", str(tbl),
+                                 "--duration", "60", "--gap-ms", "1", "--start-delay", "60", "--json"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while not proc.stderr.readline().startswith("lab: ready"):
+            assert proc.poll() is None
+        for _ in range(30):
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.002)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        res = json.loads(out)
+        assert res["pid"] == proc.pid and res["steps"] >= 1  # it started on SIGUSR1, not after 60 s

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from engramprof.commands.signals import install_stop_handlers
+from engramprof.commands.signals import events_on_signals, install_stop_handlers
 from engramprof.errors import UserError
 
 lab_app = typer.Typer(
@@ -162,6 +162,7 @@ def run_cmd(
         go.set()
 
     restore_signals = install_stop_handlers(on_stop, extra={signal.SIGUSR1: lambda *_: go.set()})
+    undo_events = lambda: None  # noqa: E731
     try:
         if rank_plans is not None:  # the ranks print the pid and ready lines once set up
             from engramprof.lab import ranks
@@ -171,6 +172,7 @@ def run_cmd(
                 markers=markers, start_delay=start_delay, threads=threads, random=random, prefetch=prefetch,
                 prefetch_lead=prefetch_lead))
         else:
+            undo_events = events_on_signals(stop, go)  # whichever thread takes them (signals.py)
             result = workload.run_workload(
                 table_path, reader, steps=steps, duration=duration, tokens=tokens, heads=heads,
                 gap_ms=gap_ms, zipf=zipf, seed=seed, markers=markers,
@@ -184,6 +186,7 @@ def run_cmd(
     except OSError as exc:  # e.g. --markers in a directory that does not exist
         raise UserError(f"{exc.filename or table_path}: {exc.strerror}") from None
     finally:
+        undo_events()
         restore_signals()
     if as_json:
         print(json.dumps(result))
