@@ -88,6 +88,7 @@ def inputs(tmp_path_factory):
     (d / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (d / "empty").write_text("")
     (d / "adir").mkdir()
+    (d / "emptydir").mkdir()  # --file of a directory with no regular file
     bad_meta = d / "badmeta"
     bad_meta.mkdir()
     (bad_meta / "meta.json").write_text("{not json")
@@ -260,6 +261,9 @@ FILES = [
     (["syscalls", "--pid", str(NO_PID), "--children", "--duration", "1"], ["no process with pid"]),
     (["diagnose", "--pid", str(NO_PID), "--children", "--duration", "1"], ["no process with pid"]),
     (["syscalls", "--children", "--cgroup", "{d}", "--duration", "1"], ["--children needs --pid"]),
+    (["syscalls", "--file", "{d}/nope", "--duration", "1"], ["--file", "No such file"]),
+    (["diagnose", "--file", "{d}/nope", "--duration", "1"], ["--file", "No such file"]),
+    (["syscalls", "--file", "{d}/emptydir", "--duration", "1"], ["--file", "no regular file"]),
 ]
 
 
