@@ -16,12 +16,35 @@
  *                    running kernel's member offsets OFF_* (engramprof/bpf/btf.py), is_target_file
  *                    (dev, ino) tests what a tracepoint gives (mm_filemap_fault); both are 1 when 0
  *   TARGET_TID       one thread, 0 = all          MAX_TARGETS, MAX_CGROUPS, MAX_FILES  map sizes
+ *
+ * Cost (issue 13: --cgroup and --file within 10% of one --pid's compare; is_target runs in every
+ * hook, system-wide ones included):
+ *   --cgroup  a per-CPU memo (`cgroup_memo`, index 0: an inlined array lookup, no hashing) of the
+ *             last cgroup id found in `target_cgroups` and the last found not in it; the hash is
+ *             looked up only when the current cgroup is neither.  "In" is permanent (user space
+ *             never removes an id during a trace and cgroup ids are 64-bit, never reused); "not
+ *             in" holds until user space adds ids: it then bumps `target_gen` and clears every
+ *             CPU's memo, and does so again at its next sync (engramprof/bpf/targets.py), so a
+ *             miss that raced the update cannot leave a stale "not in" behind.  The current
+ *             cgroup id is read on every call: a process that moves between cgroups is judged
+ *             by the cgroup it is in now.
+ *   --file    task->files->fdt->{max_fds, fd} are direct loads through the BTF pointer of
+ *             bpf_get_current_task_btf() (verifier-checked against the running kernel's BTF,
+ *             no helper call); the fd slot, the file's f_inode, the inode's i_sb..i_ino span and
+ *             the superblock's s_dev are four bpf_probe_read_kernel (was nine).  Nothing about an
+ *             fd is cached: a closed, reused or dup2'ed fd is followed afresh on every call.
  */
 #if MATCH_TGIDS == 2
 BPF_HASH(target_tgids, u32, u8, MAX_TARGETS);
 #endif
 #if MATCH_CGROUPS
 BPF_HASH(target_cgroups, u64, u8, MAX_CGROUPS);
+struct cgroup_memo {
+	u64 in;           /* a cgroup id known to be in target_cgroups (0: none) */
+	u64 out;          /* a cgroup id known not to be, as of target_gen (0: none) */
+};
+BPF_PERCPU_ARRAY(cgroup_memo, struct cgroup_memo, 1);
+BPF_ARRAY(target_gen, u64, 1);
 #endif
 #if MATCH_FILES
 struct target_file_key {
@@ -42,38 +65,85 @@ static __always_inline int is_target_file(u32 dev, u64 ino)
 #endif
 }
 
-/* Is fd (of the current task) one of the target files?  Each hop is one probe read; a hop
- * that fails or is NULL (fd closed meanwhile, a kernel thread) is not a target. */
+/* Is fd (of the current task) one of the target files?  current->files->fdt->fd[fd]->f_inode
+ * -> (i_sb->s_dev, i_ino).  The first three hops are BTF loads (a NULL or bad pointer reads as
+ * 0, no fault); the rest are probe reads.  A hop that fails or is NULL (fd closed meanwhile, a
+ * kernel thread) is not a target. */
+#if MATCH_FILES
+#define INODE_SPAN_FROM (OFF_INODE_SB < OFF_INODE_INO ? OFF_INODE_SB : OFF_INODE_INO)
+#define INODE_SPAN_TO ((OFF_INODE_SB < OFF_INODE_INO ? OFF_INODE_INO : OFF_INODE_SB) + 8)
+#endif
 static __always_inline int is_target_fd(s32 fd)
 {
 #if MATCH_FILES
 	if (fd < 0)
 		return 0;
-	u64 task = bpf_get_current_task(), files = 0, fdt = 0, fds = 0, file = 0, inode = 0, sb = 0, ino = 0;
-	u32 max_fds = 0, dev = 0;
-	if (bpf_probe_read_kernel(&files, sizeof(files), (void *)(task + OFF_TASK_FILES)) || !files)
+	char *task = (char *)bpf_get_current_task_btf();
+	char *files = *(char **)(task + OFF_TASK_FILES);
+	if (!files)
 		return 0;
-	if (bpf_probe_read_kernel(&fdt, sizeof(fdt), (void *)(files + OFF_FILES_FDT)) || !fdt)
+	char *fdt = *(char **)(files + OFF_FILES_FDT);
+	if (!fdt)
 		return 0;
-	if (bpf_probe_read_kernel(&max_fds, sizeof(max_fds), (void *)(fdt + OFF_FDT_MAX_FDS)) || (u32)fd >= max_fds)
+	u32 max_fds = *(u32 *)(fdt + OFF_FDT_MAX_FDS);
+	u64 fds = *(u64 *)(fdt + OFF_FDT_FD);
+	if ((u32)fd >= max_fds || !fds)
 		return 0;
-	if (bpf_probe_read_kernel(&fds, sizeof(fds), (void *)(fdt + OFF_FDT_FD)) || !fds)
-		return 0;
+	u64 file = 0, inode = 0, sb = 0, ino = 0;
+	u32 dev = 0;
 	if (bpf_probe_read_kernel(&file, sizeof(file), (void *)(fds + 8 * (u64)(u32)fd)) || !file)
 		return 0;
 	if (bpf_probe_read_kernel(&inode, sizeof(inode), (void *)(file + OFF_FILE_INODE)) || !inode)
 		return 0;
+#if INODE_SPAN_TO - INODE_SPAN_FROM <= 64
+	/* i_sb and i_ino in one read (they are 24 bytes apart in 6.x's struct inode) */
+	char span[INODE_SPAN_TO - INODE_SPAN_FROM];
+	if (bpf_probe_read_kernel(span, sizeof(span), (void *)(inode + INODE_SPAN_FROM)))
+		return 0;
+	__builtin_memcpy(&sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(sb));
+	__builtin_memcpy(&ino, span + (OFF_INODE_INO - INODE_SPAN_FROM), sizeof(ino));
+#else
 	if (bpf_probe_read_kernel(&ino, sizeof(ino), (void *)(inode + OFF_INODE_INO)))
 		return 0;
-	if (bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)) || !sb)
+	if (bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)))
 		return 0;
-	if (bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV)))
+#endif
+	if (!sb || bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV)))
 		return 0;
 	return is_target_file(dev, ino);
 #else
 	return 1;
 #endif
 }
+
+#if MATCH_CGROUPS
+/* Is the current task's cgroup2 one of target_cgroups?  The per-CPU memo first (see above). */
+static __always_inline int cgroup_is_target(void)
+{
+	u64 cg = bpf_get_current_cgroup_id();
+	int zero = 0;
+	struct cgroup_memo *m = cgroup_memo.lookup(&zero);
+	if (!m)
+		return target_cgroups.lookup(&cg) != 0;
+	if (cg == m->in && cg)
+		return 1;
+	if (cg == m->out && cg)
+		return 0;
+	u64 *gen = target_gen.lookup(&zero);
+	u64 g0 = gen ? *(volatile u64 *)gen : 0;
+	if (target_cgroups.lookup(&cg)) {
+		m->in = cg;
+		return 1;
+	}
+	/* "not in" as of g0: if user space added ids meanwhile, take it back (the locked add is a
+	 * full barrier, so the re-read of target_gen cannot pass the store) */
+	m->out = cg;
+	__sync_fetch_and_add(&m->out, 0);
+	if (gen && *(volatile u64 *)gen != g0)
+		m->out = 0;
+	return 0;
+}
+#endif
 
 static __always_inline int is_target(u64 pid_tgid)
 {
@@ -90,8 +160,7 @@ static __always_inline int is_target(u64 pid_tgid)
 		return 0;
 #endif
 #if MATCH_CGROUPS
-	u64 cg = bpf_get_current_cgroup_id();
-	if (!target_cgroups.lookup(&cg))
+	if (!cgroup_is_target())
 		return 0;
 #endif
 	return 1;
