@@ -71,7 +71,10 @@ class RingBufferReader:
             if bad.any():
                 raise RuntimeError("ring buffer holds a record of unexpected size: layout mismatch")
             keep = (lens & DISCARD) == 0
-            recs = slots["rec"][keep].copy() if not keep.all() else slots["rec"].copy()
+            # the payloads as a block of bytes, one row a slot: copied as bytes (a copy of the
+            # structured field goes field by field, ~6x slower: ~60 ns a 112-byte record)
+            raw = self._data[start:start + n * self.slot].reshape(n, self.slot)[:, HDR:HDR + self.record.itemsize]
+            recs = (raw if keep.all() else raw[keep]).copy().view(self.record).reshape(-1)
             self.discarded += int((~keep).sum())
             out.append(recs)
             self._cons[0] = cons + n * self.slot

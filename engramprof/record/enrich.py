@@ -59,7 +59,7 @@ class TensorEnricher:
         tensor_codes = np.zeros(n, dtype=np.int32)  # code 0 is "" (no tensor)
         rows = np.full(n, -1, dtype=np.int64)
         offsets = batch.recs["offset"]
-        for code in np.unique(path_codes).tolist():
+        for code in _distinct(path_codes):
             lay = self.layout_for(self.paths.values[code])
             if lay is None:
                 continue
@@ -119,12 +119,12 @@ class PerPid:
         pids = batch.recs["pid"]
         if not len(pids):
             return
-        uniq = np.unique(pids)
+        uniq = _distinct(pids)
         if len(uniq) == 1:
-            self.of(int(uniq[0])).enrich(batch)
+            self.of(uniq[0]).enrich(batch)
             return
         out: dict[str, np.ndarray] = {}
-        for pid in uniq.tolist():
+        for pid in uniq:
             sel = pids == pid
             part = ReadBatch(batch.kind, batch.recs[sel],
                              {k: v[sel] for k, v in batch.cols.items() if isinstance(v, np.ndarray)})
@@ -137,6 +137,14 @@ class PerPid:
                     out[k] = np.zeros(len(pids), dtype=v.dtype)
                 out[k][sel] = v
         batch.cols.update(out)
+
+
+def _distinct(values: np.ndarray) -> list[int]:
+    """The distinct values of a batch's column (a pid, a path code: a handful), sorted; one
+    compare when they are all one value (the common case; np.unique sorts or hashes every row)."""
+    if len(values) and (values == values[0]).all():
+        return [int(values[0])]
+    return np.unique(values).tolist()
 
 
 class FdPaths(PerPid):
