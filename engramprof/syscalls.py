@@ -86,6 +86,8 @@ class SyscallTracer:
         self.probe: loader.LoadedProbe | None = None
         self.sampler = None
         self.notes: list[str] = []
+        if self.selection.files and (matched := self.selection.matched_note()):
+            self.notes.append(matched)  # e.g. an overlayfs file: its real file's inode too
         self.paths = Interner("")
         self.tensors = Interner("")
         self._exit: list[ExitWatch] = []

@@ -22,6 +22,8 @@ resolved to its processes, which join the ``--pid`` set.)
 from __future__ import annotations
 
 import os
+import re
+import stat as stat_mod
 from dataclasses import dataclass, field
 
 from engramprof.errors import UserError
@@ -81,44 +83,175 @@ def _cgroup_dirs(path: str):
         yield d
 
 
-def mapped_identity(path: str) -> tuple[int, int] | None:
-    """(dev, ino) of the file as the kernel names it in a mapping (/proc/self/maps shows the
-    mapped inode's i_sb->s_dev and i_ino, what mm_filemap_fault reports): on ext4 / xfs the
-    same as stat's, not always elsewhere (a btrfs subvolume's stat st_dev is its own anonymous
-    device; an overlayfs file's mapping is the underlying file's).  One page is mapped read-only
-    and never touched, so nothing is read and residency is not disturbed."""
+@dataclass(frozen=True)
+class FileIdentity:
+    """One (device, inode) a ``--file`` is matched by, and where it was learnt: ``stat``, ``open
+    file`` (the inode an fd points to: what is_target_fd reads), ``mapping`` (what /proc/PID/maps
+    names), ``overlay upper`` / ``overlay lower N`` (the real file of an overlayfs path: the
+    inode that owns the page cache, what the filemap tracepoints and a mapping's faults report)."""
+
+    dev: int  # the kernel's encoding: major << 20 | minor
+    ino: int
+    source: str
+
+
+def _unescape(s: str) -> str:
+    """/proc/self/mountinfo's octal escapes (space, tab, newline, backslash)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+
+@dataclass(frozen=True)
+class Mount:
+    dev: int  # the superblock's s_dev, kernel encoding
+    root: str  # the path inside the filesystem mounted here ("/" unless a bind mount of a sub-tree)
+    point: str
+    fstype: str
+    options: str  # the super options (overlay: lowerdir=, upperdir=, workdir=, ...)
+
+
+def mount_of(mnt_id: int) -> Mount | None:
+    """This process's mount ``mnt_id`` (from /proc/self/mountinfo)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.rstrip("\n").partition(" - ")
+                a, b = left.split(), right.split()
+                if len(a) < 5 or len(b) < 3 or int(a[0]) != mnt_id:
+                    continue
+                major, minor = (int(x) for x in a[2].split(":"))
+                return Mount((major << 20) | minor, _unescape(a[3]), _unescape(a[4]), b[0], b[2])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _fdinfo(fd: int) -> tuple[int | None, int | None]:
+    """(mnt_id, ino) of an open fd: ino is the inode the fd points to (file_inode)."""
+    mnt = ino = None
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k == "mnt_id":
+                    mnt = int(v)
+                elif k == "ino":
+                    ino = int(v)
+    except (OSError, ValueError):
+        pass
+    return mnt, ino
+
+
+def _mapped_identity(fd: int) -> tuple[int, int] | None:
+    """(dev, ino) /proc/self/maps shows for a mapping of fd: one page mapped read-only and never
+    touched (no fault, nothing read, residency not disturbed).  On ext4 / xfs the same as stat's;
+    a btrfs subvolume's stat st_dev is its own anonymous device.  (An overlayfs mapping's line
+    names the overlay's inode since the backing-file rework (Linux 6.6+; before it the real
+    file's): the real file is found from the layers, see _overlay_real_file.)"""
     import ctypes
     import mmap as _mmap
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = _mmap.PAGESIZE
+    addr = libc.mmap(None, page, _mmap.PROT_READ, _mmap.MAP_SHARED, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
         return None
     try:
-        if os.fstat(fd).st_size == 0:
-            return None
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        page = _mmap.PAGESIZE
-        addr = libc.mmap(None, page, _mmap.PROT_READ, _mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return None
-        try:
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    rng, _perm, _off, dev, ino = line.split()[:5]
-                    if int(rng.split("-")[0], 16) == addr:
-                        major, minor = (int(x, 16) for x in dev.split(":"))
-                        return (major << 20) | minor, int(ino)
-        finally:
-            libc.munmap(addr, page)
+        with open("/proc/self/maps") as f:
+            for line in f:
+                rng, _perm, _off, dev, ino = line.split()[:5]
+                if int(rng.split("-")[0], 16) == addr:
+                    major, minor = (int(x, 16) for x in dev.split(":"))
+                    return (major << 20) | minor, int(ino)
     except (OSError, ValueError):
         return None
     finally:
-        os.close(fd)
+        libc.munmap(addr, page)
     return None
+
+
+def overlay_layers(options: str) -> tuple[str | None, list[str]]:
+    """(upperdir, [lowerdir, ...] top first) from an overlay mount's super options.  Layer paths
+    escape ':' (lowerdir separator) and ',' with a backslash; data-only layers (after '::') are
+    left out: they hold data of metacopy files only."""
+    upper, lowers = None, []
+    for opt in re.split(r"(?<!\\),", options):
+        key, _, val = opt.partition("=")
+        if key == "upperdir":
+            upper = _unescape(val).replace("\\,", ",").replace("\\:", ":")
+        elif key == "lowerdir":
+            top = re.split(r"(?<!\\)::", val)[0]
+            lowers += [_unescape(x).replace("\\,", ",").replace("\\:", ":") for x in re.split(r"(?<!\\):", top) if x]
+        elif key == "lowerdir+":
+            lowers.append(_unescape(val).replace("\\,", ","))
+    return upper, lowers
+
+
+def _overlay_real_file(opened: str, st: os.stat_result, mount: Mount) -> FileIdentity | None:
+    """The real file behind an overlayfs path (``opened``: its path as /proc/self/fd shows it):
+    the upper layer's copy if there is one (a file opened for write once was copied up), else
+    the topmost lower layer's, checked by inode number (an overlay file's st_ino is its lower
+    file's, in the low bits with xino)."""
+    if opened != mount.point and not opened.startswith(mount.point.rstrip("/") + "/"):
+        return None
+    rel = os.path.join(mount.root, opened[len(mount.point):].lstrip("/")).lstrip("/")
+    upper, lowers = overlay_layers(mount.options)
+
+    def regular(p: str):
+        try:
+            s = os.lstat(p)
+        except OSError:
+            return None
+        return s if stat_mod.S_ISREG(s.st_mode) else None
+
+    if upper and (s := regular(os.path.join(upper, rel))) is not None:
+        try:
+            os.getxattr(os.path.join(upper, rel), "trusted.overlay.metacopy", follow_symlinks=False)
+        except OSError:  # no metacopy: the upper file holds the data
+            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, "overlay upper")
+    for n, lower in enumerate(lowers, 1):
+        s = regular(os.path.join(lower, rel))
+        if s is None:
+            continue
+        if s.st_ino == st.st_ino or (s.st_ino & 0xFFFFFFFF) == (st.st_ino & 0xFFFFFFFF):
+            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, f"overlay lower {n}")
+        return None  # another file (renamed in the overlay: a redirect): not the data of this path
+    return None
+
+
+def file_identities(path: str, st: os.stat_result | None = None) -> list[FileIdentity]:
+    """Every (dev, ino) that can back an fd of ``path`` or own its pages, without reading a page:
+    stat's, the open file's (fdinfo ino on its mount's superblock: what is_target_fd reads), a
+    mapping's, and on overlayfs the real file's (upper or lower layer).  The first source of an
+    identity is kept; stat's comes first."""
+    if st is None:
+        st = os.stat(path)
+    out = {(kernel_dev(st.st_dev), st.st_ino): "stat"}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            mnt_id, ino = _fdinfo(fd)
+            mount = mount_of(mnt_id) if mnt_id is not None else None
+            if mount is not None and ino is not None:
+                out.setdefault((mount.dev, ino), "open file")
+            if os.fstat(fd).st_size > 0 and (m := _mapped_identity(fd)) is not None:
+                out.setdefault(m, "mapping")
+            if mount is not None and mount.fstype == "overlay":
+                try:
+                    opened = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    opened = None
+                real = _overlay_real_file(opened, st, mount) if opened else None
+                if real is not None:
+                    out.setdefault((real.dev, real.ino), real.source)
+        finally:
+            os.close(fd)
+    return [FileIdentity(d, i, src) for (d, i), src in out.items()]
 
 
 def _files_of(path: str) -> list[tuple[int, int, str]]:
@@ -153,7 +286,7 @@ class Selection:
     files: list[tuple[int, int, str]] = field(default_factory=list)  # (kernel dev, inode, path)
     file_args: list[str] = field(default_factory=list)
     _v1_members: set[int] = field(default_factory=set)
-    _file_keys: set | None = None
+    _identities: dict | None = None
 
     @classmethod
     def parse(cls, pids=(), tid: int = 0, children: bool = False, cgroups=(), files=()) -> "Selection":
@@ -183,18 +316,20 @@ class Selection:
             raise UserError(f"--file names {len(s.files):,} files; at most {MAX_FILES:,} can be traced", code=2)
         return s
 
+    def identities(self) -> dict[str, list[FileIdentity]]:
+        """path -> the identities its reads are matched by (file_identities), learnt once."""
+        if self._identities is None:
+            self._identities = {}
+            for _dev, _ino, path in self.files:
+                try:
+                    self._identities[path] = file_identities(path)
+                except OSError:  # gone since it was checked: stat's, as resolved then
+                    self._identities[path] = [FileIdentity(_dev, _ino, "stat")]
+        return self._identities
+
     def file_keys(self) -> set[tuple[int, int]]:
-        """(dev, ino) the probes match: stat's, and the kernel's own where a mapping shows
-        another (probes/targets.h)."""
-        if self._file_keys is None:
-            keys = set()
-            for dev, ino, path in self.files:
-                keys.add((dev, ino))
-                mapped = mapped_identity(path)
-                if mapped is not None:
-                    keys.add(mapped)
-            self._file_keys = keys
-        return self._file_keys
+        """(dev, ino) the probes match (probes/targets.h): every identity of every file."""
+        return {(i.dev, i.ino) for ids in self.identities().values() for i in ids}
 
     @classmethod
     def of(cls, target) -> "Selection":
@@ -327,7 +462,23 @@ class Selection:
 
     def meta(self) -> dict:
         return {"pids": self.pids, "children": self.children, "cgroups": self.cgroups_v2 + self.cgroups_v1,
-                "files": [{"dev": d, "ino": i, "path": p} for d, i, p in self.files] or None}
+                "files": [{"dev": d, "ino": i, "path": p,
+                           "identities": [{"dev": x.dev, "ino": x.ino, "source": x.source} for x in self.identities()[p]]}
+                          for d, i, p in self.files] or None}
+
+    def matched_note(self) -> str | None:
+        """What a --file is matched by besides its stat identity (overlayfs: the real file), for
+        the summary's notes; None when every file is matched by stat's alone."""
+        extra = sorted({x.source for ids in self.identities().values() for x in ids if x.source != "stat"
+                        and (x.dev, x.ino) not in self._stat_keys()})
+        if not extra:
+            return None
+        real = sum(any(x.source.startswith("overlay ") for x in ids) for ids in self.identities().values())
+        tail = f"; {real} on overlayfs, matched by its real file too" if real else ""
+        return f"--file matched by device + inode: stat's and {', '.join(extra)}{tail} (meta.json files[].identities)"
+
+    def _stat_keys(self) -> set[tuple[int, int]]:
+        return {(d, i) for d, i, _p in self.files}
 
 
 def _holds(pid: int, keys: set[tuple[int, int]]) -> bool:
