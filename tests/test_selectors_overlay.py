@@ -178,11 +178,6 @@ def test_file_on_overlay_sees_pread_and_mmap_readers_of_the_merged_path(tmp_path
             if p.p.poll() is None:
                 p.p.kill()
                 p.p.wait()
-    meta = json.loads((out / "meta.json").read_text())
-    matched = {(m["dev"], m["ino"]) for m in meta["files"][0]["identities"]}
-    assert _ident(ovl.real("table")) in matched, meta["files"]
-    notes = json.loads(summary)["notes"]
-    assert any("1 on overlayfs, matched by its real file too" in n for n in notes), notes
     ev = tracefmt.load(out)
     sc = ev[ev["kind"] == "syscall"]
     # The recorder's own O_DIRECT read of the table's first MiB (record/identity.py: its identity,
@@ -200,3 +195,9 @@ def test_file_on_overlay_sees_pread_and_mmap_readers_of_the_merged_path(tmp_path
     assert set(f["pid"]) == {did["mmap"]["pid"]}, f["pid"].value_counts()
     assert sorted((f["offset"] // PAGE).tolist()) == did["mmap"]["pages"], (kind, f["offset"].tolist())
     assert int(f["major"].sum()) == did["mmap"]["majflt"] > 0
+    # what the trace says it matched: the real file among the identities, and a note
+    meta = json.loads((out / "meta.json").read_text())
+    matched = {(m["dev"], m["ino"]) for m in meta["files"][0]["identities"]}
+    assert _ident(ovl.real("table")) in matched, meta["files"]
+    notes = json.loads(summary)["notes"]
+    assert any("1 on overlayfs, matched by its real file too" in n for n in notes), notes
