@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from engramprof import residency
 from engramprof import trace as tracefmt
-from engramprof.record.selection import Selection, file_identities, kernel_dev
+from engramprof.record.selection import Selection, file_identities, kernel_dev, real_file
 from tests.tracing import PY, Proc, engramprof
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -148,6 +149,29 @@ def test_identities_of_a_merged_file_name_the_real_file_and_the_overlay_inode(ov
     sel = Selection.parse(files=[str(table)])
     assert set(ids) == sel.file_keys()
     assert {(m["dev"], m["ino"]) for m in sel.meta()["files"][0]["identities"]} == set(ids)
+    assert real_file(str(table)) == str(ovl.real("table")) and real_file(str(ovl.lower / "other")) is None
+
+
+def test_real_file_is_what_cachestat_must_be_asked(overlay):
+    """cachestat(2) of an fd of the merged path counts the overlay inode's own mapping (empty on 6.18);
+    the real file's count is the pages a mapping of the merged path finds resident (mincore)."""
+    _kind, ovl = overlay
+    table = ovl.merged / "table"
+    evict(ovl.real("table"))
+    fd = os.open(table, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for i in range(0, 64, 2):  # 32 pages cached, through the merged path
+            os.pread(fd, PAGE, i * PAGE)
+        resident = int(residency.mincore_bitmap(fd, 0, (TABLE_MIB << 20) // PAGE).sum())
+    finally:
+        os.close(fd)
+    assert 32 <= resident < 64 + 32  # the 32, and at most a readahead window around them
+    rfd = os.open(real_file(str(table)), os.O_RDONLY)
+    try:
+        assert residency.cachestat(rfd).nr_cache == resident
+    finally:
+        os.close(rfd)
 
 
 @pytest.mark.bpf

@@ -93,6 +93,7 @@ class FileIdentity:
     dev: int  # the kernel's encoding: major << 20 | minor
     ino: int
     source: str
+    real_path: str = ""  # overlay sources: the layer's file (what cachestat(2) must be asked about)
 
 
 def _unescape(s: str) -> str:
@@ -210,13 +211,13 @@ def _overlay_real_file(opened: str, st: os.stat_result, mount: Mount) -> FileIde
         try:
             os.getxattr(os.path.join(upper, rel), "trusted.overlay.metacopy", follow_symlinks=False)
         except OSError:  # no metacopy: the upper file holds the data
-            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, "overlay upper")
+            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, "overlay upper", os.path.join(upper, rel))
     for n, lower in enumerate(lowers, 1):
         s = regular(os.path.join(lower, rel))
         if s is None:
             continue
         if s.st_ino == st.st_ino or (s.st_ino & 0xFFFFFFFF) == (st.st_ino & 0xFFFFFFFF):
-            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, f"overlay lower {n}")
+            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, f"overlay lower {n}", os.path.join(lower, rel))
         return None  # another file (renamed in the overlay: a redirect): not the data of this path
     return None
 
@@ -228,7 +229,7 @@ def file_identities(path: str, st: os.stat_result | None = None) -> list[FileIde
     identity is kept; stat's comes first."""
     if st is None:
         st = os.stat(path)
-    out = {(kernel_dev(st.st_dev), st.st_ino): "stat"}
+    out: dict[tuple[int, int], tuple[str, str]] = {(kernel_dev(st.st_dev), st.st_ino): ("stat", "")}
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
@@ -238,9 +239,9 @@ def file_identities(path: str, st: os.stat_result | None = None) -> list[FileIde
             mnt_id, ino = _fdinfo(fd)
             mount = mount_of(mnt_id) if mnt_id is not None else None
             if mount is not None and ino is not None:
-                out.setdefault((mount.dev, ino), "open file")
+                out.setdefault((mount.dev, ino), ("open file", ""))
             if os.fstat(fd).st_size > 0 and (m := _mapped_identity(fd)) is not None:
-                out.setdefault(m, "mapping")
+                out.setdefault(m, ("mapping", ""))
             if mount is not None and mount.fstype == "overlay":
                 try:
                     opened = os.readlink(f"/proc/self/fd/{fd}")
@@ -248,10 +249,21 @@ def file_identities(path: str, st: os.stat_result | None = None) -> list[FileIde
                     opened = None
                 real = _overlay_real_file(opened, st, mount) if opened else None
                 if real is not None:
-                    out.setdefault((real.dev, real.ino), real.source)
+                    out.setdefault((real.dev, real.ino), (real.source, real.real_path))
         finally:
             os.close(fd)
-    return [FileIdentity(d, i, src) for (d, i), src in out.items()]
+    return [FileIdentity(d, i, src, real) for (d, i), (src, real) in out.items()]
+
+
+def real_file(path: str) -> str | None:
+    """The layer file behind an overlayfs path (the one that owns its page cache), None when
+    ``path`` is not on overlayfs or its layer is not found.  cachestat(2) of an overlay fd
+    counts the overlay inode's own mapping, which holds no page: ask it about this file."""
+    try:
+        ids = file_identities(path)
+    except OSError:
+        return None
+    return next((i.real_path for i in ids if i.real_path), None)
 
 
 def _files_of(path: str) -> list[tuple[int, int, str]]:
@@ -463,7 +475,9 @@ class Selection:
     def meta(self) -> dict:
         return {"pids": self.pids, "children": self.children, "cgroups": self.cgroups_v2 + self.cgroups_v1,
                 "files": [{"dev": d, "ino": i, "path": p,
-                           "identities": [{"dev": x.dev, "ino": x.ino, "source": x.source} for x in self.identities()[p]]}
+                           "identities": [{"dev": x.dev, "ino": x.ino, "source": x.source}
+                                          | ({"real_path": x.real_path} if x.real_path else {})
+                                          for x in self.identities()[p]]}
                           for d, i, p in self.files] or None}
 
     def matched_note(self) -> str | None:
