@@ -12,7 +12,6 @@ Without ``filemap:mm_filemap_delete_from_page_cache`` there is nothing to load:
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import time
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
-from engramprof.bpf.loader import _quiet_stderr, import_bcc
+from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.errors import UserError
 
 PROBE_FILE = "evictions.bpf.c"
@@ -107,8 +106,10 @@ def program_text(p: EvictionProbePlan) -> str:
     return head + src
 
 
-class LoadedEvictionProbe:
+class LoadedEvictionProbe(LoadedBpf):
     """The compiled, attached eviction probe: its ring reader, watched files and totals."""
+
+    totals_map = "eviction_totals"
 
     def __init__(self, p: EvictionProbePlan):
         from engramprof.bpf.ringbuf import RingBufferReader
@@ -118,11 +119,7 @@ class LoadedEvictionProbe:
         self.text = program_text(p)
         self.record_dtype = layout.struct_dtype("eviction_record")
         self.totals_dtype = layout.struct_dtype("eviction_totals")
-        try:
-            with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
-        except Exception as exc:  # BCC raises bare Exception on compile/load failure
-            raise UserError(f"cannot load the eviction probe ({exc}); run `engramprof doctor`", code=1) from None
+        self.bpf = compile_program(BPF, self.text, "eviction probe")
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)
         self.armed_ns = time.monotonic_ns()
         layout.check_against_compiled(self.record_dtype, self.bpf["eviction_record_layout"].Leaf)
@@ -148,27 +145,3 @@ class LoadedEvictionProbe:
             return False
         self.watched.add(key)
         return True
-
-    def totals(self) -> dict[str, int]:
-        per_cpu = self.bpf["eviction_totals"][0]
-        return {name: sum(getattr(v, name) for v in per_cpu) for name in self.totals_dtype.names}
-
-    def lost_records(self) -> int:
-        return sum(v.lost_records for v in self.bpf["eviction_totals"][0])
-
-    def detach(self) -> int | None:
-        b = self.bpf
-        if b is None:
-            return None
-        for n in list(getattr(b, "tracepoint_fds", {})):
-            b.detach_tracepoint(n)
-        for n in list(getattr(b, "raw_tracepoint_fds", {})):
-            b.detach_raw_tracepoint(n)
-        return time.monotonic_ns()
-
-    def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.ring.close()
-        self.bpf.cleanup()
-        self.bpf = None

@@ -6,14 +6,13 @@ BPF object: it can be loaded beside the preadv probe or alone.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
 
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
-from engramprof.bpf.loader import _quiet_stderr, import_bcc
+from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.sched import _tid_words, attach_all, deferred_bpf
 from engramprof.errors import UserError
 
@@ -104,8 +103,11 @@ def program_text(p: FaultProbePlan) -> str:
     return head + src
 
 
-class LoadedFaultProbe:
+class LoadedFaultProbe(LoadedBpf):
     """The compiled, attached fault probe: its ring reader and totals."""
+
+    totals_map = "fault_totals"
+    max_fields = ("max_ns",)
 
     def __init__(self, p: FaultProbePlan, arm: bool = True):
         from engramprof.bpf.ringbuf import RingBufferReader
@@ -115,12 +117,7 @@ class LoadedFaultProbe:
         self.text = program_text(p)
         self.record_dtype = layout.struct_dtype("fault_record")
         self.totals_dtype = layout.struct_dtype("fault_totals")
-        try:
-            with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = deferred_bpf(BPF)(text=self.text.encode(),
-                                             cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
-        except Exception as exc:  # BCC raises bare Exception on compile/load failure
-            raise UserError(f"cannot load the page-fault probe ({exc}); run `engramprof doctor`", code=1) from None
+        self.bpf = compile_program(deferred_bpf(BPF), self.text, "page-fault probe")
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
         self.armed_ns: int | None = None
         layout.check_against_compiled(self.record_dtype, self.bpf["fault_record_layout"].Leaf)
@@ -139,28 +136,3 @@ class LoadedFaultProbe:
                 raise UserError(f"cannot attach the page-fault probe ({exc}); run `engramprof doctor`", code=1) from None
             self.armed_ns = time.monotonic_ns()
         return self.armed_ns
-
-    def totals(self) -> dict[str, int]:
-        per_cpu = self.bpf["fault_totals"][0]
-        out = {}
-        for name in self.totals_dtype.names:
-            vals = [getattr(v, name) for v in per_cpu]
-            out[name] = max(vals) if name == "max_ns" else sum(vals)
-        return out
-
-    def detach(self) -> int | None:
-        b = self.bpf
-        if b is None:
-            return None
-        for n in list(getattr(b, "raw_tracepoint_fds", {})):
-            b.detach_raw_tracepoint(n)
-        for n in list(getattr(b, "tracepoint_fds", {})):
-            b.detach_tracepoint(n)
-        return time.monotonic_ns()
-
-    def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.ring.close()
-        self.bpf.cleanup()
-        self.bpf = None

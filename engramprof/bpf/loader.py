@@ -8,7 +8,6 @@ tracepoints when the raw variant is not usable.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import platform
@@ -19,6 +18,7 @@ import numpy as np
 
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
+from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc  # noqa: F401  (import_bcc: also used from here)
 from engramprof.errors import UserError
 
 PROBE_FILE = "preadv.bpf.c"
@@ -137,30 +137,11 @@ def program_text(p: ProbePlan) -> str:
     return head + src
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """BCC/clang print header warnings on fd 2; keep them off the user's terminal."""
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "wb") as dn:
-            os.dup2(dn.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def import_bcc():
-    try:
-        from bcc import BPF  # noqa: F401
-    except ImportError:
-        raise UserError("BCC is not importable: install python3-bpfcc (`make setup`) and use a venv made with "
-                        "--system-site-packages", code=1) from None
-    return BPF
-
-
-class LoadedProbe:
+class LoadedProbe(LoadedBpf):
     """A compiled, attached probe: ring reader, totals and histograms."""
+
+    totals_map = "call_totals"
+    max_fields = ("max_ns",)
 
     def __init__(self, p: ProbePlan):
         from engramprof.bpf.ringbuf import RingBufferReader
@@ -170,11 +151,7 @@ class LoadedProbe:
         self.text = program_text(p)
         self.record_dtype = layout.struct_dtype("call_record")
         self.totals_dtype = layout.struct_dtype("call_totals")
-        try:
-            with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
-        except Exception as exc:  # BCC raises bare Exception on compile/load failure
-            raise UserError(f"cannot load the BPF probe ({exc}); run `engramprof doctor`", code=1) from None
+        self.bpf = compile_program(BPF, self.text, "BPF probe")
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
         # BCC attaches the programs one after another while it loads them: a call that entered
         # before the last one was attached may lack evidence; the collector drops calls that
@@ -189,18 +166,6 @@ class LoadedProbe:
         self.vm_ring = RingBufferReader(self.bpf["vm_events"].map_fd, 16 * page, self.vm_event_dtype)
         self.lat_slots = layout.header_define("LAT_SLOTS")
         self.fd_slots = layout.header_define("FD_SLOTS")
-
-    def totals(self) -> dict[str, int]:
-        per_cpu = self.bpf["call_totals"][0]
-        out = {}
-        for name in self.totals_dtype.names:
-            vals = [getattr(v, name) for v in per_cpu]
-            out[name] = max(vals) if name == "max_ns" else sum(vals)
-        return out
-
-    def lost_records(self) -> int:
-        """The kernel's count of records dropped because the ring was full (all CPUs)."""
-        return sum(v.lost_records for v in self.bpf["call_totals"][0])
 
     def histograms(self, fds) -> dict[int, np.ndarray]:
         """log2(ns) latency counts per fd slot, summed over CPUs (fd >= FD_SLOTS-1 share one)."""
@@ -243,10 +208,5 @@ class LoadedProbe:
                 b.detach_tracepoint(n)
         return ended
 
-    def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.ring.close()
-        self.vm_ring.close()
-        self.bpf.cleanup()
-        self.bpf = None
+    def rings(self) -> list:
+        return [self.ring, self.vm_ring]

@@ -10,7 +10,6 @@ syscalls' tracepoints.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import re
@@ -22,7 +21,7 @@ import numpy as np
 
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
-from engramprof.bpf.loader import _quiet_stderr, import_bcc
+from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.errors import UserError
 
 PROBE_FILE = "pagecache.bpf.c"
@@ -113,8 +112,10 @@ class FileKey(ctypes.Structure):
     _fields_ = [("dev", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("ino", ctypes.c_uint64)]
 
 
-class LoadedPagecacheProbe:
+class LoadedPagecacheProbe(LoadedBpf):
     """The compiled, attached page-cache probe: its ring, totals, watched files, open runs."""
+
+    totals_map = "pagecache_totals"
 
     def __init__(self, p: PagecacheProbePlan):
         from engramprof.bpf.ringbuf import RingBufferReader
@@ -124,11 +125,7 @@ class LoadedPagecacheProbe:
         self.text = program_text(p)
         self.record_dtype = struct_dtype("pagecache_record")
         self.totals_dtype = struct_dtype("pagecache_totals")
-        try:
-            with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=self.text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
-        except Exception as exc:  # BCC raises bare Exception on compile/load failure
-            raise UserError(f"cannot load the page-cache probe ({exc}); run `engramprof doctor`", code=1) from None
+        self.bpf = compile_program(BPF, self.text, "page-cache probe")
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)
         self.armed_ns = time.monotonic_ns()
         layout.check_against_compiled(self.record_dtype, self.bpf["pagecache_record_layout"].Leaf)
@@ -158,25 +155,3 @@ class LoadedPagecacheProbe:
         for i, r in enumerate(rows):
             out[i] = r
         return out
-
-    def totals(self) -> dict[str, int]:
-        per_cpu = self.bpf["pagecache_totals"][0]
-        return {name: sum(getattr(v, name) for v in per_cpu) for name in self.totals_dtype.names}
-
-    def lost_records(self) -> int:
-        return self.totals().get("lost_records", 0)
-
-    def detach(self) -> int | None:
-        b = self.bpf
-        if b is None:
-            return None
-        for n in list(getattr(b, "tracepoint_fds", {})):
-            b.detach_tracepoint(n)
-        return time.monotonic_ns()
-
-    def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.ring.close()
-        self.bpf.cleanup()
-        self.bpf = None

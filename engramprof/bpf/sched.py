@@ -8,14 +8,13 @@ from probes/engramprof.h is checked against what clang compiled.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
 
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
-from engramprof.bpf.loader import _quiet_stderr, import_bcc
+from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.errors import UserError
 
 PROBE_FILE = "sched.bpf.c"
@@ -116,8 +115,10 @@ def attach_all(bpf) -> None:
     super(type(bpf), bpf)._trace_autoload()
 
 
-class LoadedSchedProbe:
+class LoadedSchedProbe(LoadedBpf):
     """The compiled, attached sched probe: its ring reader and totals."""
+
+    totals_map = "offcpu_totals"
 
     def __init__(self, p: SchedPlan, arm: bool = True):
         from engramprof.bpf.ringbuf import RingBufferReader
@@ -127,13 +128,8 @@ class LoadedSchedProbe:
         self.text = program_text(p)
         self.record_dtype = layout.struct_dtype("offcpu_record")
         self.totals_dtype = layout.struct_dtype("offcpu_totals")
-        try:
-            with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = deferred_bpf(BPF)(text=self.text.encode(),
-                                             cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
-        except Exception as exc:  # BCC raises bare Exception on compile/load failure
-            raise UserError(f"cannot load the sched (off-CPU) probe ({exc}); run `engramprof doctor`, "
-                            f"or record without it: --no-offcpu", code=1) from None
+        self.bpf = compile_program(deferred_bpf(BPF), self.text, "sched (off-CPU) probe",
+                                   hint=", or record without it: --no-offcpu")
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
         self.armed_ns: int | None = None
         layout.check_against_compiled(self.record_dtype, self.bpf["offcpu_record_layout"].Leaf)
@@ -154,27 +150,3 @@ class LoadedSchedProbe:
                                 f"or record without it: --no-offcpu", code=1) from None
             self.armed_ns = time.monotonic_ns()
         return self.armed_ns
-
-    def totals(self) -> dict[str, int]:
-        per_cpu = self.bpf["offcpu_totals"][0]
-        return {name: sum(getattr(v, name) for v in per_cpu) for name in self.totals_dtype.names}
-
-    def lost_records(self) -> int:
-        """Spans dropped because the ring was full (all CPUs)."""
-        return sum(v.lost_records for v in self.bpf["offcpu_totals"][0])
-
-    def detach(self) -> int | None:
-        """Stop the programs (maps stay readable until close()); returns when they were gone."""
-        b = self.bpf
-        if b is None:
-            return None
-        for n in list(getattr(b, "tracepoint_fds", {})):
-            b.detach_tracepoint(n)
-        return time.monotonic_ns()
-
-    def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.ring.close()
-        self.bpf.cleanup()
-        self.bpf = None

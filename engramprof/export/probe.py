@@ -17,7 +17,8 @@ import numpy as np
 
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
-from engramprof.bpf.loader import _quiet_stderr, import_bcc, tracefs_unusable
+from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
+from engramprof.bpf.loader import tracefs_unusable
 from engramprof.errors import UserError
 
 PROBE_FILE = "export.bpf.c"
@@ -97,8 +98,11 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-class ExportProbe:
+class ExportProbe(LoadedBpf):
     """The loaded export probe: per-(file, kind) aggregates, totals, the sample ring."""
+
+    totals_map = "export_totals"
+    lost_field = "sample_lost"
 
     def __init__(self, p: ExportPlan):
         from engramprof.bpf.ringbuf import RingBufferReader
@@ -106,11 +110,7 @@ class ExportProbe:
         BPF = import_bcc()
         self.plan = p
         text = program_text(p)
-        try:
-            with (_quiet_stderr() if not os.environ.get("ENGRAMPROF_DEBUG") else contextlib.nullcontext()):
-                self.bpf = BPF(text=text.encode(), cflags=["-Wno-macro-redefined", "-Wno-unused-function"])
-        except Exception as exc:  # BCC raises bare Exception on compile/load failure
-            raise UserError(f"cannot load the export probe ({exc}); run `engramprof doctor`", code=1) from None
+        self.bpf = compile_program(BPF, text, "export probe")
         del text
         release_freed_memory()
         self.targets = targets.TargetMaps(self.bpf, p.config.selection)
@@ -144,10 +144,9 @@ class ExportProbe:
         """(dev, ino) of every key in the map (keys only: no per-CPU values read)."""
         return [(int(k.dev), int(k.ino)) for k in self._stats.keys()]
 
-    def totals(self) -> dict[str, int]:
-        per_cpu = self._totals[0]
-        names = [f for f, _ in per_cpu[0]._fields_]
-        return {n: sum(getattr(v, n) for v in per_cpu) for n in names}
+    def totals_fields(self) -> list[str]:
+        """export_totals is defined in export.bpf.c alone: its fields as BCC compiled them."""
+        return [f for f, _ in self._totals[0][0]._fields_]
 
     def bio_seconds(self) -> float:
         return self.bpf["bio_latency_sum_ns"][ctypes.c_int(0)].value * 1e-9
@@ -161,10 +160,3 @@ class ExportProbe:
 
     def drain(self) -> np.ndarray:
         return self.ring.drain()
-
-    def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.ring.close()
-        self.bpf.cleanup()
-        self.bpf = None
