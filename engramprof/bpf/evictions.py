@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
+from engramprof.bpf.loader import RECLAIM_FEATURES
 from engramprof.errors import UserError
 
 PROBE_FILE = "evictions.bpf.c"
 REQUIRED = ("filemap:mm_filemap_delete_from_page_cache",)
 FEATURES = {
-    "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
-    "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],
+    **RECLAIM_FEATURES,
     "HAVE_FADVISE": ["syscalls:sys_enter_fadvise64", "syscalls:sys_exit_fadvise64"],
     "HAVE_WRITE": ["syscalls:sys_enter_write", "syscalls:sys_exit_write"],
     "HAVE_TRUNCATE": ["syscalls:sys_enter_truncate", "syscalls:sys_exit_truncate"],

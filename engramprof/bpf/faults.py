@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
+from engramprof.bpf.loader import EVIDENCE_FEATURES
 from engramprof.bpf.sched import _tid_words, attach_all, deferred_bpf
 from engramprof.errors import UserError
 
@@ -25,10 +26,7 @@ FEATURES = {
     "HAVE_PFU": ["exceptions:page_fault_user"],  # x86 only: entry time + address
     "HAVE_RSEQ": ["rseq:rseq_update"],
     "HAVE_FILEMAP_ADD": ["filemap:mm_filemap_add_to_page_cache"],
-    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete"],
-    "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
-    "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],
-    "HAVE_SCHED": ["sched:sched_switch", "sched:sched_wakeup"],
+    **EVIDENCE_FEATURES,
 }
 FEATURE_COLUMNS = {
     "HAVE_FILEMAP_ADD": ["pages_added"],

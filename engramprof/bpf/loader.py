@@ -23,15 +23,23 @@ from engramprof.errors import UserError
 
 PROBE_FILE = "preadv.bpf.c"
 
+#: the reclaim hooks: direct and memcg reclaim time inside a call / fault, the eviction contexts
+RECLAIM_FEATURES = {
+    "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
+    "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],
+}
+#: the evidence hooks every read probe has (preadv, faults, export): bios, reclaim, off-CPU time
+EVIDENCE_FEATURES = {
+    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete"],
+    **RECLAIM_FEATURES,
+    "HAVE_SCHED": ["sched:sched_switch", "sched:sched_wakeup"],
+}
 # feature macro -> tracepoints it needs
 FEATURES = {
     "HAVE_PREADV": ["syscalls:sys_enter_preadv", "syscalls:sys_exit_preadv"],
     "HAVE_PREAD64": ["syscalls:sys_enter_pread64", "syscalls:sys_exit_pread64"],
     "HAVE_FILEMAP": ["filemap:mm_filemap_add_to_page_cache"],
-    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete"],
-    "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
-    "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],
-    "HAVE_SCHED": ["sched:sched_switch", "sched:sched_wakeup"],
+    **EVIDENCE_FEATURES,
     "HAVE_KSWAPD": ["vmscan:mm_vmscan_kswapd_wake", "vmscan:mm_vmscan_kswapd_sleep"],
 }
 # evidence columns that stay 0 when a feature is compiled out

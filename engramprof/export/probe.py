@@ -18,7 +18,7 @@ import numpy as np
 from engramprof import tracepoints as tp
 from engramprof.bpf import layout, targets
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
-from engramprof.bpf.loader import tracefs_unusable
+from engramprof.bpf.loader import EVIDENCE_FEATURES, tracefs_unusable
 from engramprof.errors import UserError
 
 PROBE_FILE = "export.bpf.c"
@@ -32,10 +32,7 @@ FEATURES = {
     "HAVE_FAULT": ["filemap:mm_filemap_fault"],
     "HAVE_MAP_PAGES": ["filemap:mm_filemap_map_pages"],
     "HAVE_PFU": ["exceptions:page_fault_user"],
-    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete"],
-    "HAVE_VMSCAN_DIRECT": ["vmscan:mm_vmscan_direct_reclaim_begin", "vmscan:mm_vmscan_direct_reclaim_end"],
-    "HAVE_VMSCAN_MEMCG": ["vmscan:mm_vmscan_memcg_reclaim_begin", "vmscan:mm_vmscan_memcg_reclaim_end"],
-    "HAVE_SCHED": ["sched:sched_switch", "sched:sched_wakeup"],
+    **EVIDENCE_FEATURES,
 }
 STAT_FIELDS = ("reads", "bytes", "eagain", "misses", "pages_added", "bio_count", "bio_ns", "reclaim_ns",
                "offcpu_ns", "runq_ns", "sum_ns")
