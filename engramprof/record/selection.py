@@ -142,6 +142,17 @@ def _fdinfo(fd: int) -> tuple[int | None, int | None]:
     return mnt, ino
 
 
+_LIBC = []
+
+
+def _libc():
+    import ctypes
+
+    if not _LIBC:
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
 def _mapped_identity(fd: int) -> tuple[int, int] | None:
     """(dev, ino) /proc/self/maps shows for a mapping of fd: one page mapped read-only and never
     touched (no fault, nothing read, residency not disturbed).  On ext4 / xfs the same as stat's;
@@ -151,7 +162,7 @@ def _mapped_identity(fd: int) -> tuple[int, int] | None:
     import ctypes
     import mmap as _mmap
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
@@ -159,11 +170,12 @@ def _mapped_identity(fd: int) -> tuple[int, int] | None:
     addr = libc.mmap(None, page, _mmap.PROT_READ, _mmap.MAP_SHARED, fd, 0)
     if addr in (None, ctypes.c_void_p(-1).value):
         return None
+    prefix = f"{addr:08x}-"  # the kernel prints a mapping's start as %08lx
     try:
         with open("/proc/self/maps") as f:
             for line in f:
-                rng, _perm, _off, dev, ino = line.split()[:5]
-                if int(rng.split("-")[0], 16) == addr:
+                if line.startswith(prefix):
+                    dev, ino = line.split()[3:5]
                     major, minor = (int(x, 16) for x in dev.split(":"))
                     return (major << 20) | minor, int(ino)
     except (OSError, ValueError):
@@ -222,11 +234,12 @@ def _overlay_real_file(opened: str, st: os.stat_result, mount: Mount) -> FileIde
     return None
 
 
-def file_identities(path: str, st: os.stat_result | None = None) -> list[FileIdentity]:
+def file_identities(path: str, st: os.stat_result | None = None, mounts: dict | None = None) -> list[FileIdentity]:
     """Every (dev, ino) that can back an fd of ``path`` or own its pages, without reading a page:
-    stat's, the open file's (fdinfo ino on its mount's superblock: what is_target_fd reads), a
-    mapping's, and on overlayfs the real file's (upper or lower layer).  The first source of an
-    identity is kept; stat's comes first."""
+    stat's, the open file's (fdinfo ino on its mount's superblock: what is_target_fd reads; a
+    mapping's where fdinfo has no ino), and on overlayfs the real file's (upper or lower layer).  The first source of an
+    identity is kept; stat's comes first.  ``mounts``: a cache of mount_of by mount id (many
+    files of one directory)."""
     if st is None:
         st = os.stat(path)
     out: dict[tuple[int, int], tuple[str, str]] = {(kernel_dev(st.st_dev), st.st_ino): ("stat", "")}
@@ -237,10 +250,16 @@ def file_identities(path: str, st: os.stat_result | None = None) -> list[FileIde
     if fd is not None:
         try:
             mnt_id, ino = _fdinfo(fd)
-            mount = mount_of(mnt_id) if mnt_id is not None else None
+            if mounts is None:
+                mounts = {}
+            if mnt_id is not None and mnt_id not in mounts:
+                mounts[mnt_id] = mount_of(mnt_id)
+            mount = mounts.get(mnt_id) if mnt_id is not None else None
             if mount is not None and ino is not None:
                 out.setdefault((mount.dev, ino), ("open file", ""))
-            if os.fstat(fd).st_size > 0 and (m := _mapped_identity(fd)) is not None:
+            elif os.fstat(fd).st_size > 0 and (m := _mapped_identity(fd)) is not None:
+                # a kernel whose fdinfo has no ino line: the inode a mapping names (i_sb->s_dev,
+                # i_ino: the open file's; ~1 ms a file, it reads /proc/self/maps)
                 out.setdefault(m, ("mapping", ""))
             if mount is not None and mount.fstype == "overlay":
                 try:
@@ -331,10 +350,10 @@ class Selection:
     def identities(self) -> dict[str, list[FileIdentity]]:
         """path -> the identities its reads are matched by (file_identities), learnt once."""
         if self._identities is None:
-            self._identities = {}
+            self._identities, mounts = {}, {}
             for _dev, _ino, path in self.files:
                 try:
-                    self._identities[path] = file_identities(path)
+                    self._identities[path] = file_identities(path, mounts=mounts)
                 except OSError:  # gone since it was checked: stat's, as resolved then
                     self._identities[path] = [FileIdentity(_dev, _ino, "stat")]
         return self._identities
