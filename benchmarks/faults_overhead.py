@@ -23,18 +23,25 @@ Arms, interleaved round by round in one run so the shared machine's noise hits t
                (a cached fault fires only map_pages)
   floor        bpftrace programs that only test `pid == T` on every tracepoint engramprof
                attaches (the empty-program floor for any other process)
+  before       (with --before-tree DIR) the engramprof arm run from another checkout: a
+               before/after of the recorder measured side by side in the same run
 
 The target T is worker 1; worker 2 is the untraced, fault-heavy other process, timed in every
-arm.  Per fault, median over rounds: the gather's wall time and the faulting process's CPU
+arm.  The arms' order is reversed every other round (drift in the machine's load hits the
+first and last arms alike), and each arm takes --measurements cached gathers per round (the
+target's and the other process's alternating).  Per fault, median over rounds and measurements: the gather's wall time and the faulting process's CPU
 time (user + system: what the programs cost in its own context, without the time it waited
 for a CPU the collector or anyone else held), what each arm adds, and the ratios to bpftrace
 (target: engramprof <= 0.7x); the ns added to the other process's faults (target: within the
 floor).  With kernel.bpf_stats_enabled=1 (set for the run): the run time of every BPF program
 each tracer holds during the target's gather (from /proc/PID/fdinfo: no bpftool), per program
-for the in-process arms; and the engramprof collector's own CPU per fault.
+for the in-process arms; and the engramprof collector's own CPU per fault (every thread's
+sum_exec_runtime from /proc/PID/task/*/schedstat: ns, not clock ticks), less its idle rate
+(measured over the 0.5 s before the first gather of each arm).
 
 Needs root and bpftrace.  Usage: benchmarks/faults_overhead.py [--rounds 3] [--pages 1500]
-[--cached-repeat 20] [--arms untraced,engramprof,probes,fault-probe,bpftrace,floor]
+[--cached-repeat 20] [--measurements 3] [--arms untraced,engramprof,probes,fault-probe,bpftrace,floor]
+[--before-tree DIR]
 """
 from __future__ import annotations
 
@@ -103,7 +110,8 @@ FLOOR_TPS = ["exceptions:page_fault_user", "filemap:mm_filemap_fault", "filemap:
              "filemap:mm_filemap_add_to_page_cache", "raw_syscalls:sys_enter", "raw_syscalls:sys_exit",
              "sched:sched_switch", "sched:sched_wakeup", "sched:sched_waking", "block:block_bio_queue",
              "block:block_rq_complete", "vmscan:mm_vmscan_direct_reclaim_begin"]
-ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor"]
+ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor", "before"]
+RECORDERS = ("engramprof", "before")  # arms that run `engramprof syscalls`
 
 
 def floor_prog(pid: int) -> str:
@@ -131,10 +139,16 @@ def prog_fd_stats(pid: int) -> dict[int, tuple[int, int]]:
 
 
 def cpu_ns(pid: int) -> int:
-    """utime + stime of every thread of process ``pid`` so far (ns)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    """CPU time of every live thread of process ``pid`` so far (ns): the scheduler's
+    sum_exec_runtime (/proc/PID/task/TID/schedstat), not utime + stime in clock ticks (10 ms)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that just exited
+    return total
 
 
 def prog_total_ns(pid: int) -> int:
@@ -220,7 +234,9 @@ def main() -> int:
     ap.add_argument("--pages", type=int, default=1500, help="faults per gather (pages 16 apart)")
     ap.add_argument("--cached-repeat", type=int, default=20, help="cached gathers per measurement")
     ap.add_argument("--dir", default="/var/tmp", help="where the tables go (a disk, not tmpfs: cold faults)")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    ap.add_argument("--measurements", type=int, default=3, help="cached measurements per arm and round")
+    ap.add_argument("--arms", default=",".join(ARMS[:-1]), help=f"comma-separated subset of {','.join(ARMS)}")
+    ap.add_argument("--before-tree", help="a checkout whose engramprof the 'before' arm runs (before/after)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
@@ -229,6 +245,11 @@ def main() -> int:
         print("needs bpftrace (scripts/setup.sh installs it)", file=sys.stderr)
         return 1
     arms = [x for x in ARMS if x in a.arms.split(",")]
+    if a.before_tree and "before" not in arms:
+        arms.append("before")
+    if "before" in arms and not a.before_tree:
+        print("the 'before' arm needs --before-tree DIR", file=sys.stderr)
+        return 2
     if "untraced" not in arms:
         arms.insert(0, "untraced")
     tmp = tempfile.mkdtemp(prefix="engramprof-faults-bench-", dir=a.dir)
@@ -246,7 +267,8 @@ def main() -> int:
     cpu = {(arm, who, m): [] for arm in arms for who in ("target", "other") for m, _ in modes}
     prog = {(arm, m): [] for arm in arms for m, _ in modes}  # BPF program ns per target fault (all programs)
     per_prog = {(arm, m): {} for arm in ("probes", "fault-probe") for m, _ in modes}
-    collector = {m: [] for m, _ in modes}  # engramprof's own CPU (drain, decode, Parquet) per target fault
+    collector = {(arm, m): [] for arm in RECORDERS for m, _ in modes}  # its own CPU per target fault, less idle
+    idle_rate = {arm: [] for arm in RECORDERS}  # the collector's CPU ns per s with nothing to record
     stats = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
     lost = []
     load0 = os.getloadavg()
@@ -255,12 +277,13 @@ def main() -> int:
             for m, r in modes:
                 w.run(m, a.pages, 1)
         for rnd in range(a.rounds):
-            for arm in arms:
+            for arm in (arms if rnd % 2 == 0 else arms[::-1]):
                 p, out, inproc = None, None, None
-                if arm == "engramprof":
-                    out = os.path.join(tmp, f"trace{rnd}")
+                if arm in RECORDERS:
+                    out = os.path.join(tmp, f"trace{rnd}-{arm}")
+                    tree = a.before_tree if arm == "before" else None
                     p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(t.pid), "--output", out,
-                                      "--sample-hz", "0"], "Tracing")
+                                      "--sample-hz", "0"], "Tracing", tree=tree)
                 elif arm == "probes":
                     inproc = InProcessProbes(t.pid, ("preadv", "sched", "faults"))
                 elif arm == "fault-probe":
@@ -270,16 +293,20 @@ def main() -> int:
                 elif arm == "floor":
                     p = start_tracer(["bpftrace", "-e", floor_prog(t.pid)], "Attaching", stream="stdout")
                 if p is not None or inproc is not None:
+                    c0, w0 = (cpu_ns(p.pid), time.monotonic_ns()) if arm in RECORDERS else (0, 0)
                     time.sleep(0.5)
-                for m, r in modes:
+                    if arm in RECORDERS:
+                        idle_rate[arm].append((cpu_ns(p.pid) - c0) / (time.monotonic_ns() - w0) * 1e9)
+                for m, r, k in [(m, r, k) for m, r in modes for k in range(a.measurements if m == "cached" else 1)]:
                     holder = p.pid if p is not None else os.getpid()
                     before = prog_total_ns(holder) if stats and arm != "untraced" else None
                     pp0 = inproc.prog_stats() if stats and inproc is not None else None
-                    c0 = cpu_ns(p.pid) if arm == "engramprof" else None
+                    c0, w0 = (cpu_ns(p.pid), time.monotonic_ns()) if arm in RECORDERS else (None, 0)
                     wall_ns, cpu_ns_ = t.run(m, a.pages, r)
                     if c0 is not None:
-                        time.sleep(0.2)  # the drains (every 50 ms) of the gather's records
-                        collector[m].append((cpu_ns(p.pid) - c0) / max(t.last_faults, 1))
+                        time.sleep(0.3)  # the drains (every 0.25 s at most) of the gather's records
+                        idle = idle_rate[arm][-1] * (time.monotonic_ns() - w0) / 1e9
+                        collector[(arm, m)].append((cpu_ns(p.pid) - c0 - idle) / max(t.last_faults, 1))
                     res[(arm, "target", m)].append(wall_ns)
                     cpu[(arm, "target", m)].append(cpu_ns_)
                     nf = max(t.last_faults, 1)  # BPF time is over the whole command: per fault of it
@@ -301,7 +328,7 @@ def main() -> int:
                 if out:
                     meta = json.load(open(os.path.join(out, "meta.json")))
                     f = meta.get("faults") or {}
-                    lost.append((f.get("faults"), f.get("major"), f.get("lost_records")))
+                    lost.append((arm, f.get("faults"), f.get("major"), f.get("lost_records")))
                     shutil.rmtree(out, ignore_errors=True)
             print(f"round {rnd + 1}/{a.rounds} done", file=sys.stderr, flush=True)
     finally:
@@ -315,7 +342,8 @@ def main() -> int:
     med = {k: _med(v) for k, v in res.items()}
     mcpu = {k: _med(v) for k, v in cpu.items()}
     print(f"memmap gathers of {a.pages:,} pages 16 apart (one fault each), {a.rounds} rounds interleaved; "
-          f"cached: {a.cached_repeat} gathers per measurement; load average {load0[0]:.2f} at start, "
+          f"cached: {a.cached_repeat} gathers per measurement, {a.measurements} measurements per arm and round; "
+          f"load average {load0[0]:.2f} at start, "
           f"{load1[0]:.2f} at end (1 min).")
     print("Median ns per fault, wall [CPU time of the faulting process] (added over untraced):")
     for m, _ in modes:
@@ -329,7 +357,7 @@ def main() -> int:
         base, cbase = med[("untraced", "target", m)], mcpu[("untraced", "target", m)]
         if "bpftrace" in arms:
             ba, bc = med[("bpftrace", "target", m)] - base, mcpu[("bpftrace", "target", m)] - cbase
-            for arm in ("engramprof", "probes", "fault-probe"):
+            for arm in ("engramprof", "before", "probes", "fault-probe"):
                 if arm not in arms:
                     continue
                 ea, ec = med[(arm, "target", m)] - base, mcpu[(arm, "target", m)] - cbase
@@ -339,7 +367,7 @@ def main() -> int:
                       f"{ba:+,.0f} [{bc:+,.0f}]: ratio {r} wall, {rc} CPU (target <= 0.70)")
         if "floor" in arms:
             fo = med[("floor", "other", m)] - med[("untraced", "other", m)]
-            for arm in ("engramprof", "probes", "fault-probe"):
+            for arm in ("engramprof", "before", "probes", "fault-probe"):
                 if arm in arms:
                     eo = med[(arm, "other", m)] - med[("untraced", "other", m)]
                     print(f"{m}: other process's fault: {arm} adds {eo:+,.0f} ns, the empty-program floor "
@@ -359,10 +387,20 @@ def main() -> int:
                 if _med(cnt) > 0.001:
                     print(f"      {k:55s} {_med(ns):8,.0f} ns  ({_med(cnt):.2f} runs, "
                           f"{_med(ns) / max(_med(cnt), 1e-9):,.0f} ns a run)")
-    if any(collector.values()):
-        print("engramprof collector CPU (user + system, all its threads: drain, decode, enrich, Parquet) per target "
-              "fault, over the gather + 0.2 s: " + ", ".join(f"{m} {_med(v):,.0f} ns" for m, v in collector.items() if v))
-    print(f"engramprof fault totals per run (faults, major, lost records): {lost}")
+    for arm in RECORDERS:
+        if idle_rate[arm]:
+            print(f"{arm} collector CPU (every thread: drain, decode, enrich, Parquet; schedstat ns) per target fault, "
+                  f"over the gather + 0.3 s, less its idle rate ({_med(idle_rate[arm]) / 1e6:.1f} ms/s): "
+                  + ", ".join(f"{m} {_med(collector[(arm, m)]):,.0f} ns" for m, _ in modes if collector[(arm, m)]))
+    if "bpftrace" in arms:  # the spread behind the medians: what each round's arm added (its own round's untraced)
+        for m, _ in modes:
+            n = len(res[("untraced", "target", m)])
+            rows = []
+            for arm in [x for x in arms if x != "untraced"]:
+                added = [res[(arm, "target", m)][i] - res[("untraced", "target", m)][i] for i in range(n)]
+                rows.append(f"{arm} " + "/".join(f"{v / 1000:+.1f}" for v in added))
+            print(f"  {m} target, us added per fault, each measurement: " + "   ".join(rows))
+    print(f"engramprof fault totals per run (arm, faults, major, lost records): {lost}")
     return 0
 
 

@@ -107,13 +107,13 @@ static __always_inline struct fault_state *open_fault(u32 tid)
 	return 0;
 }
 
-/* Write the open fault of s (pid_tgid's thread) and clear it. */
-static __always_inline void close_fault(struct fault_state *s, u64 pid_tgid)
+/* Write the open fault of s (pid_tgid's thread) and clear it; t: this CPU's totals (a
+ * caller that has them already passes them: one lookup less on the hot path). */
+static __always_inline void close_fault_with(struct fault_state *s, u64 pid_tgid, struct fault_totals *t)
 {
 	if (!s->ts)
 		return;
 	u64 dur = s->end > s->ts ? s->end - s->ts : 0;
-	struct fault_totals *t = totals();
 	if (t) {
 		t->faults++;
 		if (s->flags & FAULT_MAJOR)
@@ -152,15 +152,26 @@ static __always_inline void close_fault(struct fault_state *s, u64 pid_tgid)
 	s->ts = 0;
 }
 
+static __always_inline void close_fault(struct fault_state *s, u64 pid_tgid)
+{
+	if (s->ts)
+		close_fault_with(s, pid_tgid, totals());
+}
+
 /* A page_fault_user that no filemap event claimed: not file-backed. */
-static __always_inline void drop_pending_pfu(struct fault_state *s)
+static __always_inline void drop_pending_pfu_with(struct fault_state *s, struct fault_totals *t)
 {
 	if (s->pfu_ts) {
-		struct fault_totals *t = totals();
 		if (t)
 			t->other_faults++;
 		s->pfu_ts = 0;
 	}
+}
+
+static __always_inline void drop_pending_pfu(struct fault_state *s)
+{
+	if (s->pfu_ts)
+		drop_pending_pfu_with(s, totals());
 }
 
 static __always_inline void open_new(struct fault_state *s, u64 now, u32 dev, u64 ino)
@@ -276,8 +287,8 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 			return 0;
 	}
 	if (s->ts)
-		close_fault(s, pid_tgid);
-	drop_pending_pfu(s);
+		close_fault_with(s, pid_tgid, t);
+	drop_pending_pfu_with(s, t);
 	s->pfu_ts = bpf_ktime_get_ns();
 	s->pfu_addr = args->address;
 	return 0;

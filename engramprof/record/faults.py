@@ -32,6 +32,7 @@ from engramprof.record.enrich import TensorEnricher
 from engramprof.record.strings import Interner
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+PAGE_SHIFT = PAGE.bit_length() - 1
 _MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+):([0-9a-f]+)\s+(\d+)\s*(.*)$")
 DELETED = " (deleted)"
 
@@ -152,7 +153,8 @@ class MappingPathEnricher:
         self.paths = paths
         self.files: dict[tuple[int, int], tuple[str, bool]] = {}  # (dev, ino) -> (path, stale)
         self.ranges = np.zeros((0, 5), dtype=np.uint64)  # start, end, file offset, dev, ino (sorted)
-        self._range_cols = tuple(np.zeros(0, dtype=np.uint64) for _ in range(5))  # the same, one array each
+        #: (dev, ino) -> (starts, ends, file offsets) of that file's mappings, sorted by start
+        self._ranges_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.bits = layout.header_defines("FAULT_")
         self.rereads = 0
         self.refresh()
@@ -162,7 +164,10 @@ class MappingPathEnricher:
         if maps:
             r = np.array([m[:5] for m in maps], dtype=np.uint64)
             self.ranges = r[np.argsort(r[:, 0], kind="stable")]
-            self._range_cols = tuple(np.ascontiguousarray(self.ranges[:, j]) for j in range(5))
+            self._ranges_of = {}
+            for key in {(int(d), int(i)) for d, i in self.ranges[:, 3:5].tolist()}:
+                rows = self.ranges[(self.ranges[:, 3] == key[0]) & (self.ranges[:, 4] == key[1])]
+                self._ranges_of[key] = tuple(np.ascontiguousarray(rows[:, j]) for j in range(3))
         for _s, _e, _off, dev, ino, path in maps:
             stale = path.endswith(DELETED)
             if stale:
@@ -189,33 +194,48 @@ class MappingPathEnricher:
             stale[i] = st
         batch.cols["path"] = codes[inv]
         batch.cols["path_stale"] = stale[inv]
-        self._exact_pages(batch)
+        self._exact_pages(batch, pairs, inv)
 
-    def _exact_pages(self, batch: ReadBatch) -> None:
+    def _exact_pages(self, batch: ReadBatch, pairs: list[tuple[int, int]], inv: np.ndarray) -> None:
         """A fault served by fault-around alone gives only its window; with the faulting address
-        (page_fault_user) the page is found in the mapping that holds it."""
+        (page_fault_user) the page is found in the mapping that holds it.  ``pairs``, ``inv``:
+        the batch's distinct (device, inode) and each record's index into them.  Per file of the
+        batch (a handful): a file mapped once (the common case) is a subtraction and a shift a
+        record; several mappings of it, a search among them."""
         recs = batch.recs
         fl = recs["fault_flags"]
         need = ((fl & self.bits["ADDRESS"]) != 0) & ((fl & self.bits["INDEX_EXACT"]) == 0)
-        if not len(self.ranges) or not need.any():
+        if not self._ranges_of or not need.any():
             return
-        every = bool(need.all())  # a cached reader's faults: all of them (fault-around only)
-        sel = None if every else np.nonzero(need)[0]
-        pick = (lambda a: a) if every else (lambda a: a[sel])
-        addr = pick(recs["address"])
-        starts, ends, offs, devs, inos = self._range_cols
-        i = np.searchsorted(starts, addr, side="right") - 1
-        ok = i >= 0
-        i = np.maximum(i, 0)
-        ok &= (addr < ends[i]) & (devs[i] == pick(recs["dev"])) & (inos[i] == pick(recs["ino"]))
-        page = ((addr - starts[i] + offs[i]) // np.uint64(PAGE)).astype(np.int64)
-        if every and ok.all():
+        addr = recs["address"]
+        page = np.full(len(addr), -1, dtype=np.int64)
+        for k, key in enumerate(pairs):
+            ranges = self._ranges_of.get(key)
+            if ranges is None:
+                continue
+            starts, ends, offs = ranges
+            part = None if len(pairs) == 1 else np.nonzero(inv == k)[0]
+            a = addr if part is None else addr[part]
+            if len(starts) == 1:
+                j = 0
+                ok = (a >= starts[0]) & (a < ends[0])
+            else:
+                j = np.maximum(np.searchsorted(starts, a, side="right") - 1, 0)
+                ok = (a >= starts[j]) & (a < ends[j])
+            pg = ((a - starts[j] + offs[j]) >> np.uint64(PAGE_SHIFT)).astype(np.int64)
+            pg[~ok] = -1
+            if part is None:
+                page = pg
+            else:
+                page[part] = pg
+        need &= page >= 0
+        if need.all():
             recs["index"][:] = page
             recs["offset"][:] = page * PAGE
             return
-        idx = np.nonzero(ok)[0] if every else sel[ok]
-        recs["index"][idx] = page[ok]
-        recs["offset"][idx] = page[ok] * PAGE
+        idx = np.nonzero(need)[0]
+        recs["index"][idx] = page[idx]
+        recs["offset"][idx] = page[idx] * PAGE
 
 
 class DrainBatching:
