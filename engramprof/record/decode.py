@@ -1,6 +1,7 @@
 """Decoders: one per probe record kind, from ring-buffer records to what the pipeline carries."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,3 +105,43 @@ class VmEventDecoder:
             return None
         self.events += len(ev)
         return trace.kswapd_events_table(ev["ts_ns"], ev["nid"], ev["kind"] == self.wake)
+
+
+class LostRecords:
+    """A probe's kernel count of records dropped because its ring was full, as rows of its
+    ``*_lost`` sample (start_ns, end_ns, lost: the ``lost_records`` schema): one row per drain
+    that saw the count grow, spanning the time since the drain before (where the hole is)."""
+
+    def __init__(self, sample: str, checked_ns: int = 0):
+        self.sample = sample
+        self.seen = 0  # the kernel's count at the last check
+        self.checked_ns = checked_ns  # when it was read (the probe's arming, before the first)
+        self.intervals = 0  # rows written
+
+    def check(self, sink, lost: int) -> None:
+        now = time.monotonic_ns()
+        if lost > self.seen:
+            sink.add_samples(self.sample, trace.lost_records_table([self.checked_ns], [now], [lost - self.seen]))
+            self.intervals += 1
+            self.seen = lost
+        self.checked_ns = now
+
+
+def drain_into(sink, probe, recs: np.ndarray | None, decoders, lost: LostRecords, *,
+               window: WindowStart | None) -> None:
+    """One drain step of a recorder of a ring probe: ``recs`` (what it drained from the ring;
+    None: the ring was not due this time, see DrainBatching) without the records that began
+    before ``window`` (counted there), each ``(sample, decode)`` of ``decoders`` appending its
+    table (None: nothing) to the sink, then the probe's lost count checked (``lost``).
+
+    ``window`` is explicit on purpose: ``None`` keeps the records from before the recording's
+    window start, for the kinds whose early records still explain what happens inside it (an
+    eviction before the window explains a miss in it)."""
+    if recs is not None:
+        if window is not None and len(recs):
+            recs = window.keep(recs)
+        for sample, decode in decoders:
+            table = decode(recs)
+            if table is not None:
+                sink.add_samples(sample, table)
+    lost.check(sink, probe.lost_records())

@@ -27,6 +27,7 @@ import pyarrow as pa
 from engramprof import trace
 from engramprof.bpf import evictions as eviction_probe
 from engramprof.bpf import layout
+from engramprof.record.decode import LostRecords, drain_into
 from engramprof.record.faults import dev_t, read_maps
 from engramprof.record.strings import Interner
 
@@ -290,9 +291,7 @@ class EvictionRecorder:
             self.watched.add_process(pid)
         self.evictors = Evictors()
         self.decoder = EvictionDecoder(self.watched, self.evictors)
-        self.lost_seen = 0
-        self.lost_checked_ns = self.probe.armed_ns
-        self.lost_intervals = 0
+        self.lost = LostRecords(LOST_SAMPLE, self.probe.armed_ns)
         self._totals: dict[str, int] = {}
 
     def watch_calls(self, recs: np.ndarray, path_codes: np.ndarray) -> None:
@@ -305,17 +304,10 @@ class EvictionRecorder:
     def drain(self, sink) -> None:
         if self.probe.bpf is None:
             return
-        table = self.decoder.decode(self.probe.ring.drain())
-        if table is not None:
-            sink.add_samples(SAMPLE, table)
-        lost = self.probe.lost_records()
-        now = time.monotonic_ns()
-        if lost > self.lost_seen:
-            sink.add_samples(LOST_SAMPLE, trace.lost_records_table([self.lost_checked_ns], [now],
-                                                                   [lost - self.lost_seen]))
-            self.lost_intervals += 1
-            self.lost_seen = lost
-        self.lost_checked_ns = now
+        # window=None: the evictions from before the recording's window are kept -- a page
+        # evicted before the window starts explains a miss inside it
+        drain_into(sink, self.probe, self.probe.ring.drain(), ((SAMPLE, self.decoder.decode),), self.lost,
+                   window=None)
         if self.watched.changed:
             sink.put_table("eviction_files", self.watched.table())
             self.watched.changed = False
@@ -344,7 +336,7 @@ class EvictionRecorder:
                   "unknown": t.get("ctx_unknown", 0)}
         return {"probe": eviction_probe.PROBE_FILE, "evictions": t.get("evictions", 0), "pages": t.get("pages", 0),
                 "recorded": self.decoder.rows, "lost_records": t.get("lost_records", 0),
-                "lost_record_intervals": self.lost_intervals, "pages_by_context": by_ctx,
+                "lost_record_intervals": self.lost.intervals, "pages_by_context": by_ctx,
                 "untracked_contexts": t.get("no_state", 0), "files_watched": len(self.watched.path_of),
                 "watch_full": self.watched.full, "blind_contexts": self.plan.blind_contexts,
                 "missing_tracepoints": self.plan.missing}

@@ -10,14 +10,12 @@ what the kernel could not deliver and say where (``offcpu_lost`` rows, the same 
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import sched
-from engramprof.record.decode import WindowStart
+from engramprof.record.decode import LostRecords, WindowStart, drain_into
 from engramprof.record.faults import DrainBatching
 
 SAMPLE = "offcpu"
@@ -30,13 +28,8 @@ class OffcpuDecoder:
     def __init__(self):
         self.schema = trace.sample_schema(SAMPLE)
         self.spans = 0
-        #: the recording window's start: spans that began before it are dropped and counted
-        self.window = WindowStart(field="start_ns")
 
     def decode(self, recs: np.ndarray) -> pa.Table | None:
-        if len(recs) == 0:
-            return None
-        recs = self.window.keep(recs)
         if len(recs) == 0:
             return None
         self.spans += len(recs)
@@ -64,10 +57,10 @@ class OffcpuRecorder:
         self.plan: sched.SchedPlan | None = None
         self.probe: sched.LoadedSchedProbe | None = None
         self.decoder = OffcpuDecoder()
+        #: the recording window's start: spans that began before it are dropped and counted
+        self.window = WindowStart(field="start_ns")
         self.batching = DrainBatching()  # spans: like faults, drained a few thousand at a time
-        self.lost_seen = 0
-        self.lost_checked_ns = 0
-        self.lost_intervals = 0
+        self.lost = LostRecords(LOST_SAMPLE)
         self.end_ns: int | None = None
         self._totals: dict[str, int] = {}
 
@@ -80,13 +73,13 @@ class OffcpuRecorder:
 
     def arm(self) -> int:
         """Attach the probe; returns when it was attached."""
-        self.lost_checked_ns = self.probe.arm()
-        self.decoder.window.begin(self.lost_checked_ns)
-        return self.lost_checked_ns
+        self.lost.checked_ns = self.probe.arm()
+        self.window.begin(self.lost.checked_ns)
+        return self.lost.checked_ns
 
     def begin(self, window_start_ns: int) -> None:
         """Spans that began before the recording's window (``window_start_ns``) are not kept."""
-        self.decoder.window.begin(window_start_ns)
+        self.window.begin(window_start_ns)
 
     def meta(self) -> dict:
         p = self.plan
@@ -96,18 +89,8 @@ class OffcpuRecorder:
     def drain(self, sink) -> None:
         if self.probe is None:
             return
-        if self.batching.due(self.probe.ring):
-            table = self.decoder.decode(self.probe.ring.drain())
-            if table is not None:
-                sink.add_samples(SAMPLE, table)
-        lost = self.probe.lost_records()
-        now = time.monotonic_ns()
-        if lost > self.lost_seen:
-            sink.add_samples(LOST_SAMPLE, trace.lost_records_table([self.lost_checked_ns], [now],
-                                                                   [lost - self.lost_seen]))
-            self.lost_intervals += 1
-            self.lost_seen = lost
-        self.lost_checked_ns = now
+        recs = self.probe.ring.drain() if self.batching.due(self.probe.ring) else None
+        drain_into(sink, self.probe, recs, ((SAMPLE, self.decoder.decode),), self.lost, window=self.window)
 
     def detach(self) -> None:
         if self.probe is not None and self.end_ns is None:
@@ -126,8 +109,8 @@ class OffcpuRecorder:
         """What meta.json and the summary say about the spans (``offcpu``)."""
         t = self.totals()
         return {**self.meta(), "spans": t.get("spans", 0), "recorded": self.decoder.spans,
-                "partial_at_start": self.decoder.window.partial_at_start,
-                "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost_intervals,
+                "partial_at_start": self.window.partial_at_start,
+                "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost.intervals,
                 "preempted": t.get("preempted", 0), "woken": t.get("woken", 0),
                 "untracked": t.get("no_state", 0), "offcpu_s": round(t.get("sum_ns", 0) / 1e9, 6)}
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import pagecache as probe_mod
+from engramprof.record.decode import LostRecords, drain_into
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE = "pagecache"
@@ -232,9 +233,7 @@ class PagecacheRecorder:
         self.probe: probe_mod.LoadedPagecacheProbe | None = None
         self.procs: dict[int, ProcessFiles] = {}
         self.decoder = PagecacheDecoder(self._files_of)
-        self.lost_seen = 0
-        self.lost_checked_ns = 0
-        self.lost_intervals = 0
+        self.lost = LostRecords(LOST_SAMPLE)
         self.last_refresh = 0.0
         self._totals: dict[str, int] = {}
 
@@ -258,7 +257,7 @@ class PagecacheRecorder:
     def start(self) -> None:
         self.plan = probe_mod.plan(self.config)
         self.probe = probe_mod.LoadedPagecacheProbe(self.plan)
-        self.lost_checked_ns = self.probe.armed_ns
+        self.lost.checked_ns = self.probe.armed_ns
         self.watch_target_files()
 
     def watch_target_files(self) -> None:
@@ -276,17 +275,12 @@ class PagecacheRecorder:
         recs = self.probe.ring.drain()
         if final:
             recs = np.concatenate([recs, self.probe.open_runs()]) if len(recs) else self.probe.open_runs()
-        for name, table in ((SAMPLE, self.decoder.events_table(recs)), (HINT_SAMPLE, self.decoder.hints_table(recs))):
-            if table is not None:
-                sink.add_samples(name, table)
-        lost = self.probe.lost_records()
-        now = time.monotonic_ns()
-        if lost > self.lost_seen:
-            sink.add_samples(LOST_SAMPLE, trace.lost_records_table([self.lost_checked_ns], [now],
-                                                                   [lost - self.lost_seen]))
-            self.lost_intervals += 1
-            self.lost_seen = lost
-        self.lost_checked_ns = now
+        # window=None: page-cache records from before the recording's window are kept.  A hint
+        # issued before it (say while the other probes compiled) is what prefetch.py judges the
+        # in-window reads of its pages against, and an insertion run from before it is harmless
+        # to readahead.py, which counts only the runs owned by a recorded (in-window) read
+        drain_into(sink, self.probe, recs, ((SAMPLE, self.decoder.events_table),
+                                            (HINT_SAMPLE, self.decoder.hints_table)), self.lost, window=None)
         if not final and time.monotonic() - self.last_refresh >= REFRESH_S:
             self.watch_target_files()
 
@@ -307,7 +301,7 @@ class PagecacheRecorder:
         return {"probe": probe_mod.PROBE_FILE, "missing_tracepoints": self.plan.missing if self.plan else [],
                 "inserted_pages": t.get("inserted_pages", 0), "target_pages": t.get("target_pages", 0),
                 "runs": t.get("runs", 0), "readahead_events": t.get("readahead", 0), "hints": t.get("hints", 0),
-                "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost_intervals,
+                "lost_records": t.get("lost_records", 0), "lost_record_intervals": self.lost.intervals,
                 "watched_files": self._watched_now(),
                 "watched_full": t.get("watched_full", 0)}
 
