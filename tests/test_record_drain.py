@@ -66,3 +66,32 @@ def test_lost_rows_only_when_the_count_grew_spanning_since_the_last_check():
     drain_into(sink, probe, None, (), lost, window=None)
     assert sink.added[-1][1].to_pylist()[0]["lost"] == 2 and lost.intervals == 2
 
+
+
+def test_recorder_totals_keep_the_last_reading_once_closed_or_unreadable():
+    from engramprof.record.decode import ProbeTotals
+
+    class Live:
+        bpf = object()
+        n = 0
+
+        def totals(self):
+            self.n += 1
+            if self.n > 1:
+                raise OSError("map gone")
+            return {"spans": 4}
+
+    class Recorder(ProbeTotals):
+        def __init__(self):
+            self.probe = Live()
+            self._totals = {}
+
+    r = Recorder()
+    assert r.totals() == {"spans": 4}
+    assert r.totals() == {"spans": 4} and r.probe.n == 2  # unreadable now: the reading before
+    r.probe.bpf = None
+    assert r.totals() == {"spans": 4} and r.probe.n == 2
+    r.probe = None
+    t = r.totals()
+    t["spans"] = 0  # a copy: the recorder's reading stays
+    assert r.totals() == {"spans": 4}

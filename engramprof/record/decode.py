@@ -145,3 +145,20 @@ def drain_into(sink, probe, recs: np.ndarray | None, decoders, lost: LostRecords
             if table is not None:
                 sink.add_samples(sample, table)
     lost.check(sink, probe.lost_records())
+
+
+class ProbeTotals:
+    """The recorders' ``totals()``: their loaded probe's (``self.probe``) totals now, or the
+    reading before (``self._totals``) once it is closed (``probe`` None or its ``bpf`` gone) or
+    when the maps cannot be read: context, never an error."""
+
+    _totals: dict[str, int]
+
+    def totals(self) -> dict[str, int]:
+        probe = self.probe
+        if probe is not None and probe.bpf is not None:
+            try:
+                self._totals = probe.totals()
+            except Exception:  # context: keep the last reading
+                pass
+        return dict(self._totals)

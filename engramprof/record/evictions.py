@@ -27,7 +27,7 @@ import pyarrow as pa
 from engramprof import trace
 from engramprof.bpf import evictions as eviction_probe
 from engramprof.bpf import layout
-from engramprof.record.decode import LostRecords, drain_into
+from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
 from engramprof.record.faults import dev_t, read_maps
 from engramprof.record.strings import Interner
 
@@ -279,7 +279,7 @@ class EvictionDecoder:
         ], schema=self.schema)
 
 
-class EvictionRecorder:
+class EvictionRecorder(ProbeTotals):
     """Loads the eviction probe, watches the target's files and feeds the sink."""
 
     def __init__(self, selection, pids: list[int], paths: Interner):
@@ -317,14 +317,6 @@ class EvictionRecorder:
 
     def detach(self) -> None:
         self.probe.detach()
-
-    def totals(self) -> dict[str, int]:
-        if self.probe.bpf is not None:
-            try:
-                self._totals = self.probe.totals()
-            except Exception:  # context: keep the last reading
-                pass
-        return dict(self._totals)
 
     def summary(self) -> dict:
         """What meta.json and the summary say about the evictions (``evictions``)."""

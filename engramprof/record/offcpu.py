@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import sched
-from engramprof.record.decode import LostRecords, WindowStart, drain_into
+from engramprof.record.decode import LostRecords, ProbeTotals, WindowStart, drain_into
 from engramprof.record.faults import DrainBatching
 
 SAMPLE = "offcpu"
@@ -43,7 +43,7 @@ class OffcpuDecoder:
         ], schema=self.schema)
 
 
-class OffcpuRecorder:
+class OffcpuRecorder(ProbeTotals):
     """Loads the sched probe and feeds its spans to a :class:`~engramprof.record.sink.TraceSink`."""
 
     def __init__(self, pid, tid: int = 0):
@@ -96,14 +96,6 @@ class OffcpuRecorder:
         if self.probe is not None and self.end_ns is None:
             self.end_ns = self.probe.detach()
             self.batching.final = True
-
-    def totals(self) -> dict[str, int]:
-        if self.probe is not None and self.probe.bpf is not None:
-            try:
-                self._totals = self.probe.totals()
-            except Exception:  # context: keep the last reading
-                pass
-        return dict(self._totals)
 
     def summary(self) -> dict:
         """What meta.json and the summary say about the spans (``offcpu``)."""

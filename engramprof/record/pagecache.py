@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import pagecache as probe_mod
-from engramprof.record.decode import LostRecords, drain_into
+from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE = "pagecache"
@@ -222,7 +222,7 @@ class PagecacheDecoder:
         return pa.table([pa.array(list(c), type=f.type) for c, f in zip(cols, sch)], schema=sch)
 
 
-class PagecacheRecorder:
+class PagecacheRecorder(ProbeTotals):
     """Loads the page-cache probe and feeds its records to a :class:`~engramprof.record.sink.TraceSink`."""
 
     def __init__(self, pid: int, tid: int = 0, selection=None):
@@ -287,14 +287,6 @@ class PagecacheRecorder:
     def detach(self) -> None:
         if self.probe is not None:
             self.probe.detach()
-
-    def totals(self) -> dict[str, int]:
-        if self.probe is not None and self.probe.bpf is not None:
-            try:
-                self._totals = self.probe.totals()
-            except Exception:  # context: keep the last reading
-                pass
-        return dict(self._totals)
 
     def summary(self) -> dict:
         t = self.totals()
