@@ -11,11 +11,10 @@ on SIGTERM / SIGINT or when its parent exits, and prints ``{"drops": N}`` on std
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import sys
-import threading
+
+from engramprof.lab.helper_loop import HelperLoop
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -30,38 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     if not a.every_ms > 0:
         print("dropper: --every-ms must be positive", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    parent = os.getppid()
-    try:
-        fd = os.open(a.path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        print(f"dropper: {a.path}: {exc.strerror}", file=sys.stderr)
+    loop = HelperLoop("dropper", "drops")
+    if not loop.open(a.path, a.count_file):
         return 1
-    drops = 0
-    count_fd = None
-    if a.count_file:
-        try:
-            count_fd = os.open(a.count_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            print(f"dropper: {a.count_file}: {exc.strerror}", file=sys.stderr)
-            return 1
-    try:
-        while not stop.wait(a.every_ms / 1000) and os.getppid() == parent:
+    with loop:  # closes the files and prints the count, also after an error
+        while loop.wait(a.every_ms / 1000):
             if a.drop_caches:
                 with open(DROP_CACHES, "w") as f:
                     f.write("1")
             else:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            drops += 1
-            if count_fd is not None:
-                os.pwrite(count_fd, b"%-20d" % drops, 0)
-    finally:
-        os.close(fd)
-        if count_fd is not None:
-            os.close(count_fd)
-        print(json.dumps({"drops": drops}), flush=True)
+                os.posix_fadvise(loop.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            loop.counted()
     return 0
 
 
