@@ -152,6 +152,22 @@ def test_identities_of_a_merged_file_name_the_real_file_and_the_overlay_inode(ov
     assert real_file(str(table)) == str(ovl.real("table")) and real_file(str(ovl.lower / "other")) is None
 
 
+def test_a_copy_up_after_start_is_a_new_identity(overlay):
+    kind, ovl = overlay
+    table = ovl.merged / "table"
+    sel = Selection.parse(files=[str(table)])
+    before = sel.file_keys()
+    assert sel.copied_up_keys() == set()
+    os.close(os.open(table, os.O_WRONLY))  # a no-op if already copied up
+    new = sel.copied_up_keys()
+    if kind == "copied-up":
+        assert new == set()
+    else:
+        assert new == {_ident(ovl.upper / "table")} and not new & before
+        assert sel.copied_up_keys() == set()  # once
+        assert sel.file_keys() == before | new and real_file(str(table)) == str(ovl.upper / "table")
+
+
 def test_real_file_is_what_cachestat_must_be_asked(overlay):
     """cachestat(2) of an fd of the merged path counts the overlay inode's own mapping (empty on 6.18);
     the real file's count is the pages a mapping of the merged path finds resident (mincore)."""

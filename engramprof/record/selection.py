@@ -94,6 +94,7 @@ class FileIdentity:
     ino: int
     source: str
     real_path: str = ""  # overlay sources: the layer's file (what cachestat(2) must be asked about)
+    copy_up_path: str = ""  # overlay lower: where a copy-up would put the file (the upper layer)
 
 
 def _unescape(s: str) -> str:
@@ -202,6 +203,27 @@ def overlay_layers(options: str) -> tuple[str | None, list[str]]:
     return upper, lowers
 
 
+def _regular(p: str) -> os.stat_result | None:
+    try:
+        s = os.lstat(p)
+    except OSError:
+        return None
+    return s if stat_mod.S_ISREG(s.st_mode) else None
+
+
+def upper_copy(p: str, source: str = "overlay upper") -> FileIdentity | None:
+    """The upper layer's file at ``p`` when it holds the data (no metacopy xattr: a copy-up of
+    the metadata only leaves the data in the lower file), else None."""
+    s = _regular(p)
+    if s is None:
+        return None
+    try:
+        os.getxattr(p, "trusted.overlay.metacopy", follow_symlinks=False)
+        return None
+    except OSError:
+        return FileIdentity(kernel_dev(s.st_dev), s.st_ino, source, p)
+
+
 def _overlay_real_file(opened: str, st: os.stat_result, mount: Mount) -> FileIdentity | None:
     """The real file behind an overlayfs path (``opened``: its path as /proc/self/fd shows it):
     the upper layer's copy if there is one (a file opened for write once was copied up), else
@@ -212,24 +234,15 @@ def _overlay_real_file(opened: str, st: os.stat_result, mount: Mount) -> FileIde
     rel = os.path.join(mount.root, opened[len(mount.point):].lstrip("/")).lstrip("/")
     upper, lowers = overlay_layers(mount.options)
 
-    def regular(p: str):
-        try:
-            s = os.lstat(p)
-        except OSError:
-            return None
-        return s if stat_mod.S_ISREG(s.st_mode) else None
-
-    if upper and (s := regular(os.path.join(upper, rel))) is not None:
-        try:
-            os.getxattr(os.path.join(upper, rel), "trusted.overlay.metacopy", follow_symlinks=False)
-        except OSError:  # no metacopy: the upper file holds the data
-            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, "overlay upper", os.path.join(upper, rel))
+    if upper and (up := upper_copy(os.path.join(upper, rel))) is not None:
+        return up
     for n, lower in enumerate(lowers, 1):
-        s = regular(os.path.join(lower, rel))
+        s = _regular(os.path.join(lower, rel))
         if s is None:
             continue
         if s.st_ino == st.st_ino or (s.st_ino & 0xFFFFFFFF) == (st.st_ino & 0xFFFFFFFF):
-            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, f"overlay lower {n}", os.path.join(lower, rel))
+            return FileIdentity(kernel_dev(s.st_dev), s.st_ino, f"overlay lower {n}", os.path.join(lower, rel),
+                                os.path.join(upper, rel) if upper else "")
         return None  # another file (renamed in the overlay: a redirect): not the data of this path
     return None
 
@@ -242,7 +255,12 @@ def file_identities(path: str, st: os.stat_result | None = None, mounts: dict | 
     files of one directory)."""
     if st is None:
         st = os.stat(path)
-    out: dict[tuple[int, int], tuple[str, str]] = {(kernel_dev(st.st_dev), st.st_ino): ("stat", "")}
+    out: dict[tuple[int, int], FileIdentity] = {}
+
+    def add(ident: FileIdentity) -> None:
+        out.setdefault((ident.dev, ident.ino), ident)
+
+    add(FileIdentity(kernel_dev(st.st_dev), st.st_ino, "stat"))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
@@ -256,11 +274,11 @@ def file_identities(path: str, st: os.stat_result | None = None, mounts: dict | 
                 mounts[mnt_id] = mount_of(mnt_id)
             mount = mounts.get(mnt_id) if mnt_id is not None else None
             if mount is not None and ino is not None:
-                out.setdefault((mount.dev, ino), ("open file", ""))
+                add(FileIdentity(mount.dev, ino, "open file"))
             elif os.fstat(fd).st_size > 0 and (m := _mapped_identity(fd)) is not None:
                 # a kernel whose fdinfo has no ino line: the inode a mapping names (i_sb->s_dev,
                 # i_ino: the open file's; ~1 ms a file, it reads /proc/self/maps)
-                out.setdefault(m, ("mapping", ""))
+                add(FileIdentity(m[0], m[1], "mapping"))
             if mount is not None and mount.fstype == "overlay":
                 try:
                     opened = os.readlink(f"/proc/self/fd/{fd}")
@@ -268,10 +286,10 @@ def file_identities(path: str, st: os.stat_result | None = None, mounts: dict | 
                     opened = None
                 real = _overlay_real_file(opened, st, mount) if opened else None
                 if real is not None:
-                    out.setdefault((real.dev, real.ino), (real.source, real.real_path))
+                    add(real)
         finally:
             os.close(fd)
-    return [FileIdentity(d, i, src, real) for (d, i), (src, real) in out.items()]
+    return list(out.values())
 
 
 def real_file(path: str) -> str | None:
@@ -357,6 +375,19 @@ class Selection:
                 except OSError:  # gone since it was checked: stat's, as resolved then
                     self._identities[path] = [FileIdentity(_dev, _ino, "stat")]
         return self._identities
+
+    def copied_up_keys(self) -> set[tuple[int, int]]:
+        """Identities new since the last call: an overlay file read from a lower layer at start
+        that has been copied up since (opened for write: its pages now belong to the upper
+        copy, a new inode).  One lstat per such file; for TargetMaps.sync, about once a second."""
+        new = set()
+        for path, ids in self.identities().items():
+            for i in list(ids):
+                if i.copy_up_path and (up := upper_copy(i.copy_up_path, "overlay upper (copied up while tracing)")):
+                    if (up.dev, up.ino) not in {(x.dev, x.ino) for x in ids}:
+                        ids.append(up)
+                        new.add((up.dev, up.ino))
+        return new
 
     def file_keys(self) -> set[tuple[int, int]]:
         """(dev, ino) the probes match (probes/targets.h): every identity of every file."""
