@@ -24,10 +24,15 @@ reads of the table: the fd followed to its inode in the kernel).  All three arms
 `--no-offcpu --sample-hz 0` (--file alone records no off-CPU spans), so they differ only in
 the selector.  Target: --cgroup and --file add within 10% of what --pid adds.  With
 kernel.bpf_stats_enabled it also prints the tracer's BPF program time per call (run_time_ns
-of the programs the tracer process holds, from /proc/PID/fdinfo: blind to scheduling noise).
+of the programs the tracer process holds, from /proc/PID/fdinfo: blind to scheduling noise),
+the same net of the background (the system-wide hooks' cost for other processes, measured over
+an idle second after each loop), and the worker's own CPU time per call for every arm.
+
+`--baseline TREE` (with --selectors) adds the same three arms run with the engramprof of another
+checkout (arm names ending in @base), interleaved with this tree's: a before/after in one run.
 
 Needs root.  Usage: benchmarks/syscalls_overhead.py [--rounds 5] [--calls 400000] [--rss-seconds 120] [--lab]
-                    benchmarks/syscalls_overhead.py --selectors [--rounds 5] [--calls 400000]
+                    benchmarks/syscalls_overhead.py --selectors [--rounds 5] [--calls 400000] [--baseline TREE]
 """
 from __future__ import annotations
 
@@ -52,13 +57,13 @@ n = os.fstat(fd).st_size // 4096
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "run":
-        N = int(cmd[1]); t = time.perf_counter_ns()
+        N = int(cmd[1]); t = time.perf_counter_ns(); c = time.thread_time_ns()
         for i in range(N):
             try:
                 os.preadv(fd, [buf], (i % n) * 4096, os.RWF_NOWAIT)
             except BlockingIOError:  # evicted meanwhile (another job's memory pressure): cache it again
                 os.preadv(fd, [buf], (i % n) * 4096)
-        print((time.perf_counter_ns() - t) / N, flush=True)
+        print((time.perf_counter_ns() - t) / N, (time.thread_time_ns() - c) / N, flush=True)
     elif cmd[0] == "spin":
         end = time.monotonic() + float(cmd[1]); k = 0
         while time.monotonic() < end:
@@ -82,10 +87,12 @@ def prog_run_ns() -> int | None:
         return None
 
 
-def start_tracer(cmd: list[str], ready: str, stream: str = "stderr") -> subprocess.Popen:
-    """Start a tracer and return once it printed `ready` (engramprof: stderr; bpftrace: stdout)."""
+def start_tracer(cmd: list[str], ready: str, stream: str = "stderr", tree: str | None = None) -> subprocess.Popen:
+    """Start a tracer and return once it printed `ready` (engramprof: stderr; bpftrace: stdout);
+    tree: run the engramprof of that checkout instead of this one."""
     if stream == "stderr":
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        env = dict(os.environ, PYTHONPATH=tree) if tree else None
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tree, env=env)
     else:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in getattr(p, stream):
@@ -114,6 +121,8 @@ def main() -> int:
     ap.add_argument("--hook", default="auto", help="engramprof --hook (auto|raw|tracepoint)")
     ap.add_argument("--lab", action="store_true", help="also measure the lab pool reader traced vs untraced")
     ap.add_argument("--selectors", action="store_true", help="compare --pid, --cgroup and --file (only that)")
+    ap.add_argument("--baseline", metavar="TREE", help="with --selectors: also run each selector with the engramprof "
+                    "of another checkout (e.g. `git archive OLD | tar -x -C TREE`), interleaved with this one's")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
@@ -130,14 +139,19 @@ def main() -> int:
             f.read()
         w = subprocess.Popen([PY, "-c", WORKER, data], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
+        last_cpu: list[float] = []
+
         def loop(n: int) -> float:
+            """ns/call of wall time; the worker's own CPU time per call goes to last_cpu."""
             w.stdin.write(f"run {n}\n")
             w.stdin.flush()
-            return float(w.stdout.readline())
+            wall, cpu = map(float, w.stdout.readline().split())
+            last_cpu[:] = [cpu]
+            return wall
 
         loop(50_000)  # warm up
         if a.selectors:
-            selector_overhead(tmp, w, loop, data, a)
+            selector_overhead(tmp, w, loop, last_cpu, data, a)
             w.stdin.close()
             w.wait()
             return 0
@@ -245,39 +259,63 @@ def tracer_prog_ns(pid: int) -> int | None:
     return total if seen else None
 
 
-def selector_overhead(tmp: str, w: subprocess.Popen, loop, data: str, a) -> None:
-    """ns/call the tracer adds selecting the worker by --pid, by --cgroup and by --file."""
+def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data: str, a) -> None:
+    """ns/call the tracer adds selecting the worker by --pid, by --cgroup and by --file.
+
+    Three figures per arm and round: the loop's wall time per call; the worker's own CPU time per
+    call (CLOCK_THREAD_CPUTIME_ID: the BPF programs that run on its syscalls, and their dispatch,
+    are charged to it; time other jobs take on the shared cores is not); and the tracer's BPF
+    program time per call (bpf_stats), also net of the background: the same tracer's program time
+    over an idle second right after the loop (the system-wide hooks firing for other processes),
+    scaled to the loop's length and subtracted."""
     root = CGROUP2 if os.path.isfile(os.path.join(CGROUP2, "cgroup.procs")) else "/sys/fs/cgroup"
     cg = os.path.join(root, f"engramprof-bench-{os.getpid()}")
     os.mkdir(cg)
+    idle_s = 1.0
     try:
         with open(os.path.join(cg, "cgroup.procs"), "w") as f:
             f.write(str(w.pid))
-        arms = {"--pid": ["--pid", str(w.pid)], "--cgroup": ["--cgroup", cg], "--file": ["--file", data]}
+        sel = {"--pid": ["--pid", str(w.pid)], "--cgroup": ["--cgroup", cg], "--file": ["--file", data]}
+        arms = {k: (None, v) for k, v in sel.items()}
+        if a.baseline:
+            arms.update({f"{k}@base": (os.path.abspath(a.baseline), v) for k, v in sel.items()})
         res: dict[str, list[float]] = {"untraced": [], **{k: [] for k in arms}}
+        cpu: dict[str, list[float]] = {"untraced": [], **{k: [] for k in arms}}
         lost: dict[str, list] = {k: [] for k in arms}
         prog: dict[str, list[float]] = {k: [] for k in arms}
+        net: dict[str, list[float]] = {k: [] for k in arms}
         stats = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
         names = list(arms)
         for r in range(a.rounds):
             res["untraced"].append(loop(a.calls))
-            for k in names[r % 3:] + names[:r % 3]:
+            cpu["untraced"].append(last_cpu[0])
+            for k in names[r % len(names):] + names[:r % len(names)]:
                 out = os.path.join(tmp, f"sel{r}")
-                p = start_tracer([PY, "-m", "engramprof", "syscalls", *arms[k], "--output", out, "--hook", a.hook,
-                                  "--no-offcpu", "--sample-hz", "0"], "Tracing")
+                tree, args = arms[k]
+                p = start_tracer([PY, "-m", "engramprof", "syscalls", *args, "--output", out, "--hook", a.hook,
+                                  "--no-offcpu", "--sample-hz", "0"], "Tracing", tree=tree)
                 if stats:  # another job may have turned it off meanwhile
                     subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"])
                 before = tracer_prog_ns(p.pid) if stats else None
+                t0 = time.monotonic()
                 res[k].append(loop(a.calls))
+                took = time.monotonic() - t0
+                cpu[k].append(last_cpu[0])
                 after = tracer_prog_ns(p.pid) if stats else None
+                time.sleep(idle_s)  # the worker idle: what the tracer's programs cost without it
+                idle = tracer_prog_ns(p.pid) if stats else None
                 if before is not None and after is not None and after > before:  # 0: stats were off
                     prog[k].append((after - before) / a.calls)
+                    if idle is not None and idle >= after:
+                        net[k].append((after - before - (idle - after) * took / idle_s) / a.calls)
                 stop_tracer(p)
                 meta = json.load(open(os.path.join(out, "meta.json")))
                 lost[k].append((meta.get("lost_records"), meta.get("calls_written")))
                 shutil.rmtree(out)
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in res.items())
-                  + (" | prog ns " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in prog.items() if v) if stats else ""),
+            print(f"round {r + 1}: wall " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in res.items())
+                  + " | cpu " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in cpu.items())
+                  + (" | prog " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in prog.items() if v)
+                     + " | prog net " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in net.items() if v) if stats else ""),
                   flush=True)
     finally:
         subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
@@ -287,29 +325,37 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, data: str, a) -> None
         except OSError:
             pass
         os.rmdir(cg)
-    med = {k: statistics.median(v) for k, v in res.items()}
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
     print(f"cached RWF_NOWAIT preadv2 loop, {a.calls:,} calls x {a.rounds} rounds (interleaved, traced arms "
           f"rotating), median ns/call; load average at the end {load}:")
-    for k, v in med.items():
-        add = f"  (+{v - med['untraced']:.0f} ns)" if k != "untraced" else ""
-        print(f"  {k:9s} {v:8.0f}{add}   rounds: {', '.join(f'{x:.0f}' for x in res[k])}")
-    base = med["--pid"] - med["untraced"]
-    for k in ("--cgroup", "--file"):
-        add = med[k] - med["untraced"]
-        print(f"{k} adds {add:.0f} ns/call, --pid {base:.0f}: ratio {add / base:.2f} (target <= 1.10)")
+    for title, d in (("wall time", res), ("the worker's CPU time", cpu)):
+        med = {k: statistics.median(v) for k, v in d.items()}
+        print(f" {title}:")
+        for k, v in med.items():
+            add = f"  (+{v - med['untraced']:.0f} ns)" if k != "untraced" else ""
+            print(f"  {k:9s} {v:8.0f}{add}   rounds: {', '.join(f'{x:.0f}' for x in d[k])}")
+        for sfx in ("", "@base") if a.baseline else ("",):
+            base = med["--pid" + sfx] - med["untraced"]
+            for k in ("--cgroup" + sfx, "--file" + sfx):
+                add = med[k] - med["untraced"]
+                ratio = f"{add / base:.2f}" if base > 0 else "n/a (--pid adds nothing measurable)"
+                print(f"  {k} adds {add:.0f} ns/call, --pid{sfx} {base:.0f}: ratio {ratio} (target <= 1.10)")
     print("(lost records, records written) per run: " + "; ".join(f"{k} {v}" for k, v in lost.items()))
-    if all(prog.values()):
-        pm = {k: statistics.median(v) for k, v in prog.items()}
-        print("BPF program time per call (bpf_stats, the tracer's programs, median): " + ", ".join(
-            f"{k} {v:.0f} ns" for k, v in pm.items()) + "; rounds: " + "; ".join(
-            f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in prog.items()))
-        for k in ("--cgroup", "--file"):
-            print(f"{k} / --pid program time: {pm[k] / pm['--pid']:.2f}")
-    else:
-        print("BPF program time per call: not measured (kernel.bpf_stats_enabled off, or turned off "
-              "by another job, in some arm's every round)")
+    for title, d in (("BPF program time per call (bpf_stats, the tracer's programs, median)", prog),
+                     ("BPF program time per call net of the background (idle second after each loop)", net)):
+        if not all(d.values()):
+            print(f"{title}: not measured (kernel.bpf_stats_enabled off, or turned off by another job, "
+                  "in some arm's every round)")
+            continue
+        pm = {k: statistics.median(v) for k, v in d.items()}
+        print(f"{title}: " + ", ".join(f"{k} {v:.0f} ns" for k, v in pm.items()) + "; rounds: " + "; ".join(
+            f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in d.items()))
+        lo = {k: min(v) for k, v in d.items()}  # others' load only adds: the least round is the quietest
+        for sfx in ("", "@base") if a.baseline else ("",):
+            for k in ("--cgroup" + sfx, "--file" + sfx):
+                print(f"  {k} / --pid{sfx}: median {pm[k] / pm['--pid' + sfx]:.2f}, least round "
+                      f"{lo[k]:.0f} / {lo['--pid' + sfx]:.0f} ns = {lo[k] / lo['--pid' + sfx]:.2f} (target <= 1.10)")
 
 
 def lab_overhead(tmp: str, hook: str) -> None:

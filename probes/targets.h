@@ -32,7 +32,12 @@
  *             bpf_get_current_task_btf() (verifier-checked against the running kernel's BTF,
  *             no helper call); the fd slot, the file's f_inode, the inode's i_sb..i_ino span and
  *             the superblock's s_dev are four bpf_probe_read_kernel (was nine).  Nothing about an
- *             fd is cached: a closed, reused or dup2'ed fd is followed afresh on every call.
+ *             fd is cached: a closed, reused or dup2'ed fd is followed afresh on every call, to
+ *             its inode's (i_sb, i_ino); only the verdict for that pair is memoized per CPU
+ *             (`file_memo`: the s_dev read and the hash lookup skipped when the pair repeats).  The
+ *             one case it could misjudge: the file's filesystem unmounted and another mounted
+ *             whose superblock lands at the same address, with a file of the same inode number,
+ *             read on that CPU before any other file.
  */
 #if MATCH_TGIDS == 2
 BPF_HASH(target_tgids, u32, u8, MAX_TARGETS);
@@ -53,6 +58,15 @@ struct target_file_key {
 	u64 ino;
 };
 BPF_HASH(target_files, struct target_file_key, u8, MAX_FILES);
+/* per-CPU memo of the last verdict of is_target_fd: (superblock, inode number) -> in target_files
+ * or not.  target_files is fixed for the whole trace, so a verdict never goes stale; only syscall
+ * entry hooks (preemption off, they do not nest) call is_target_fd, so an entry is never torn. */
+struct file_memo {
+	u64 sb;           /* struct super_block *; 0: empty */
+	u64 ino;
+	u64 in;
+};
+BPF_PERCPU_ARRAY(file_memo, struct file_memo, 1);
 #endif
 
 static __always_inline int is_target_file(u32 dev, u64 ino)
@@ -108,9 +122,21 @@ static __always_inline int is_target_fd(s32 fd)
 	if (bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)))
 		return 0;
 #endif
-	if (!sb || bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV)))
+	if (!sb)
 		return 0;
-	return is_target_file(dev, ino);
+	int zero = 0;
+	struct file_memo *m = file_memo.lookup(&zero);
+	if (m && m->sb == sb && m->ino == ino)
+		return m->in;
+	if (bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV)))
+		return 0;
+	int in = is_target_file(dev, ino);
+	if (m) {
+		m->sb = sb;
+		m->ino = ino;
+		m->in = in;
+	}
+	return in;
 #else
 	return 1;
 #endif
