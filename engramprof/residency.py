@@ -177,7 +177,44 @@ def open_file(path: str | os.PathLike, *, allow_empty: bool = False) -> OpenFile
         raise UserError(
             f"{p}: the kernel reveals page-cache residency only of files you own or could open "
             f"for writing; run as the file's owner or root", 1)
+    if _on_overlayfs(fd):
+        fd = _layer_fd(p, fd, st2.st_size)
     return OpenFile(p, fd, st2.st_size, st2)
+
+
+OVERLAYFS_SUPER_MAGIC = 0x794C7630
+_fstatfs = _libc.fstatfs
+_fstatfs.restype = ctypes.c_int
+_fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+
+
+def _on_overlayfs(fd: int) -> bool:
+    """Whether ``fd`` is a file of an overlay mount (a container's image layers): f_type, the
+    first word of struct statfs."""
+    buf = ctypes.create_string_buffer(256)
+    return _fstatfs(fd, buf) == 0 and ctypes.c_long.from_buffer(buf).value == OVERLAYFS_SUPER_MAGIC
+
+
+def _layer_fd(path: str, fd: int, size: int) -> int:
+    """An fd of the layer file that owns an overlay file's page cache, in place of ``fd``:
+    cachestat(2) of the overlay fd counts the overlay inode's own mapping, which never holds a
+    page (docs/kernel.md); mincore through a mapping of it does see the layer's pages.  Kept
+    as is when the layer file is not found or does not look like the same file."""
+    from engramprof.record.selection import real_file
+
+    real = real_file(path)
+    if not real:
+        return fd
+    try:
+        rfd = os.open(real, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return fd
+    rst = os.fstat(rfd)
+    if not stat.S_ISREG(rst.st_mode) or rst.st_size != size:
+        os.close(rfd)
+        return fd
+    os.close(fd)
+    return rfd
 
 
 # --------------------------------------------------------------------------- counts per range

@@ -188,6 +188,10 @@ def test_real_file_is_what_cachestat_must_be_asked(overlay):
         assert residency.cachestat(rfd).nr_cache == resident
     finally:
         os.close(rfd)
+    # `engramprof residency MERGED/table` asks the layer file: both methods agree with mincore
+    for method in ("cachestat", "mincore"):
+        got = residency.file_residency(table, method=method).residency
+        assert (got.resident, got.method) == (resident, method), got
 
 
 @pytest.mark.bpf
