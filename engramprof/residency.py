@@ -117,6 +117,8 @@ class OpenFile:
     fd: int
     size: int
     st: os.stat_result
+    #: an overlayfs fd whose layer file was not found: cachestat would see no page (mincore does)
+    overlay_only: bool = False
 
     @property
     def pages(self) -> int:
@@ -177,9 +179,11 @@ def open_file(path: str | os.PathLike, *, allow_empty: bool = False) -> OpenFile
         raise UserError(
             f"{p}: the kernel reveals page-cache residency only of files you own or could open "
             f"for writing; run as the file's owner or root", 1)
+    overlay_only = False
     if _on_overlayfs(fd):
         fd = _layer_fd(p, fd, st2.st_size)
-    return OpenFile(p, fd, st2.st_size, st2)
+        overlay_only = _on_overlayfs(fd)
+    return OpenFile(p, fd, st2.st_size, st2, overlay_only)
 
 
 OVERLAYFS_SUPER_MAGIC = 0x794C7630
@@ -244,11 +248,11 @@ class RangeResidency:
         return asdict(self)
 
 
-def _resolve_method(method: str, fd: int | None = None) -> str:
+def _resolve_method(method: str, fd: int | None = None, overlay_only: bool = False) -> str:
     if method not in METHODS:
         raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "auto":
-        return "cachestat" if cachestat_available(fd) else "mincore"
+        return "cachestat" if cachestat_available(fd) and not overlay_only else "mincore"
     return method
 
 
@@ -263,7 +267,7 @@ def range_residency(f: OpenFile, off: int, length: int, method: str = "auto") ->
     """Page counts of bytes ``[off, off+length)`` of an open file (page-granular: a page
     partly inside the range counts as a page of the range)."""
     asked = method
-    method = _resolve_method(method, f.fd)
+    method = _resolve_method(method, f.fd, f.overlay_only)
     if length <= 0:
         return RangeResidency(0, 0, 0, 0, 0, 0, method)
     first, n = _page_span(off, length)
@@ -347,7 +351,7 @@ def file_residency(path: str | os.PathLike, method: str = "auto", *, tensors: bo
                    ranges: int = 0) -> FileResidency:
     """Residency of a whole file (and of each safetensors tensor / row range if asked)."""
     with open_file(path) as f:
-        method = _resolve_method(method, f.fd)
+        method = _resolve_method(method, f.fd, f.overlay_only)
         res = range_residency(f, 0, f.size, method)
         fr = FileResidency(f.path, f.size, res)
         if tensors or ranges:

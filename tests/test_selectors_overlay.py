@@ -168,7 +168,7 @@ def test_a_copy_up_after_start_is_a_new_identity(overlay):
         assert sel.file_keys() == before | new and real_file(str(table)) == str(ovl.upper / "table")
 
 
-def test_real_file_is_what_cachestat_must_be_asked(overlay):
+def test_real_file_is_what_cachestat_must_be_asked(overlay, monkeypatch):
     """cachestat(2) of an fd of the merged path counts the overlay inode's own mapping (empty on 6.18);
     the real file's count is the pages a mapping of the merged path finds resident (mincore)."""
     _kind, ovl = overlay
@@ -192,6 +192,11 @@ def test_real_file_is_what_cachestat_must_be_asked(overlay):
     for method in ("cachestat", "mincore"):
         got = residency.file_residency(table, method=method).residency
         assert (got.resident, got.method) == (resident, method), got
+    # the layer file not found: the overlay fd is kept and auto answers with mincore, not 0
+    import engramprof.record.selection as selection
+    monkeypatch.setattr(selection, "real_file", lambda path: None)
+    got = residency.file_residency(table).residency
+    assert (got.resident, got.method) == (resident, "mincore"), got
 
 
 @pytest.mark.bpf
