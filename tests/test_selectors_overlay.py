@@ -245,6 +245,8 @@ def test_file_on_overlay_sees_pread_and_mmap_readers_of_the_merged_path(tmp_path
     assert set(f["pid"]) == {did["mmap"]["pid"]}, f["pid"].value_counts()
     assert sorted((f["offset"] // PAGE).tolist()) == did["mmap"]["pages"], (kind, f["offset"].tolist())
     assert int(f["major"].sum()) == did["mmap"]["majflt"] > 0
+    # named by the merged path the reader mapped (the fault carries the layer file's inode)
+    assert set(f["path"]) == {str(table)}, set(f["path"])
     # what the trace says it matched: the real file among the identities, and a note
     meta = json.loads((out / "meta.json").read_text())
     matched = {(m["dev"], m["ino"]) for m in meta["files"][0]["identities"]}

@@ -157,6 +157,7 @@ class MappingPathEnricher:
         self._ranges_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.bits = layout.header_defines("FAULT_")
         self.rereads = 0
+        self._named: set[str] = set()
         self.refresh()
 
     def refresh(self) -> None:
@@ -179,6 +180,25 @@ class MappingPathEnricher:
                 except OSError:
                     stale = True
             self.files[(dev, ino)] = (path, stale)
+        self._name_real_files()
+
+    def _name_real_files(self) -> None:
+        """overlayfs: a fault carries the layer file's inode (it owns the pages) while
+        /proc/PID/maps names the overlay's; each mapped path's real file gets its name too
+        (file_identities, once per path: an open, no page read)."""
+        from engramprof.record.selection import file_identities
+
+        for (_dev, _ino), (path, stale) in list(self.files.items()):
+            if not path or path in self._named:
+                continue
+            self._named.add(path)
+            try:
+                ids = file_identities(path)
+            except OSError:
+                continue
+            for i in ids:
+                if i.real_path:
+                    self.files.setdefault((i.dev, i.ino), (path, stale))
 
     def enrich(self, batch: ReadBatch) -> None:
         recs = batch.recs
