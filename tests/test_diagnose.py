@@ -64,7 +64,9 @@ def test_each_scenario_diagnosed(name):
     # 16 MiB of page cache, so misses are refaults; on the default 132 MiB table most misses
     # in a short window are first reads (residency) and the two causes share the time
     opts = {"rows": 1 << 16} if name == "reclaim" else {}
-    with Scenario(name, duration=30, **opts) as sc:
+    # the reader runs until sc.stop(): long enough for the probes' compile on a loaded machine
+    # (at load 10 it took over 30 s, and the reader had ended before the window began)
+    with Scenario(name, duration=180, **opts) as sc:
         d = _diagnose(sc)
         sc.stop()
     assert time.monotonic() - t0 < 60
@@ -97,7 +99,7 @@ def test_each_scenario_diagnosed(name):
 def test_python_scheduling_found_without_markers():
     from engramprof.lab.scenarios import Scenario
 
-    with Scenario("python-scheduling", duration=30) as sc:
+    with Scenario("python-scheduling", duration=180) as sc:
         d = _diagnose(sc, markers=False)
         sc.stop()
     assert d["verdict"] == "python-scheduling"
@@ -111,7 +113,7 @@ def test_mixed_residency_and_scheduling_names_both():
     all pay the pool.  The larger share is the verdict, the other the runner-up."""
     from engramprof.lab.scenarios import Scenario
 
-    with Scenario("residency", duration=30, evict_ms=400) as sc:
+    with Scenario("residency", duration=180, evict_ms=400) as sc:
         d = _diagnose(sc)
         sc.stop()
     share = d["batch_tail"]["share"]

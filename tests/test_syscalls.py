@@ -391,7 +391,7 @@ def test_live_view_on_a_terminal(tmp_path):
     loop = Proc([PY, "-c", LOOP, str(data), "30"])
     loop.wait_line("ready")
     try:
-        cmd = " ".join(engramprof("syscalls", "--pid", loop.pid, "--duration", "3"))
+        cmd = " ".join(engramprof("syscalls", "--pid", loop.pid, "--duration", "6"))
         r = subprocess.run(["script", "-qec", cmd, str(tmp_path / "tty.out")], capture_output=True, timeout=120)
     finally:
         loop.p.kill()
@@ -399,7 +399,7 @@ def test_live_view_on_a_terminal(tmp_path):
     out = (tmp_path / "tty.out").read_bytes().decode(errors="replace")
     assert r.returncode == 0, out[-2000:]
     assert "Traceback" not in out
-    assert out.count("calls/s") >= 2  # refreshed at least twice in 3 s
+    assert out.count("calls/s") >= 2  # refreshed at least twice in 6 s (once a second when not loaded)
     assert "top files by total time" in out and "slowest calls" in out
 
 
