@@ -41,7 +41,8 @@ sum_exec_runtime from /proc/PID/task/*/schedstat: ns, not clock ticks), less its
 
 Needs root and bpftrace.  Usage: benchmarks/faults_overhead.py [--rounds 3] [--pages 1500]
 [--cached-repeat 20] [--measurements 3] [--arms untraced,engramprof,probes,fault-probe,bpftrace,floor]
-[--before-tree DIR]
+[--before-tree DIR]; benchmarks/faults_overhead.py --pipeline 4096: the recorder's user-space
+cost per record alone (no root, no probe).
 """
 from __future__ import annotations
 
@@ -228,6 +229,91 @@ def _med(v):
     return statistics.median(v) if v else float("nan")
 
 
+def pipeline_cost(n: int, path: str) -> int:
+    """The recorder's user-space work per fault record, stage by stage, on synthetic drains of
+    ``n`` records of one mapped file (no probe, no root): the ring's copy of the payloads, the
+    decoder, the mapping + tensor enrichers, the Arrow table, and the Parquet part of about a
+    second of drains (the writer thread's work; the trace writer's own options).  CPU time,
+    the best of 5 repetitions."""
+    import io
+    import mmap
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engramprof.bpf import layout
+    from engramprof.bpf.ringbuf import HDR
+    from engramprof.record import faults as rf
+    from engramprof.record.columns import EventTableBuilder
+    from engramprof.record.decode import syscall_names
+    from engramprof.record.enrich import PerPid, TensorEnricher
+    from engramprof.record.strings import Interner
+    from engramprof.trace.schema import DICT_COLUMNS, EVENT_SCHEMA, WRITE_SCHEMA, with_fault_columns
+
+    fd = os.open(path, os.O_RDONLY)
+    mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    st = os.fstat(fd)
+    base = next(int(line.split("-")[0], 16) for line in open("/proc/self/maps") if path in line)
+    dt = layout.struct_dtype("fault_record")
+    bits = layout.header_defines("FAULT_")
+    idx = np.random.default_rng(1).integers(0, os.fstat(fd).st_size // 4096, n)
+    slot = (HDR + dt.itemsize + 7) & ~7
+    ring = np.zeros(n * slot, np.uint8)  # the ring's slots: an 8-byte header, then the record
+    recs = ring.reshape(n, slot)[:, HDR:HDR + dt.itemsize].view(dt).reshape(-1)
+    recs["ts_ns"] = time.monotonic_ns() + np.arange(n) * 5000
+    recs["dur_ns"], recs["pid"], recs["tid"], recs["mapped_pages"] = 1500, os.getpid(), os.getpid(), 1
+    recs["dev"], recs["ino"] = (os.major(st.st_dev) << 20) | os.minor(st.st_dev), st.st_ino
+    recs["index"] = recs["map_first"] = idx
+    recs["address"] = base + idx * 4096
+    recs["flags"] = bits["ADDRESS"]  # cached faults: fault-around only, the exact page from the address
+    paths, tensors = Interner(""), Interner("")
+    dec = rf.FaultDecoder(dt, 0, True)
+    maps = PerPid(lambda pid: rf.MappingPathEnricher(pid, paths))
+    tens = TensorEnricher(paths, tensors)
+    build = EventTableBuilder(pa.array(syscall_names(), type=pa.string()), paths, tensors, missing=["ret"])
+
+    def best(fn, reps=20):
+        fn()
+        out = []
+        for _ in range(5):
+            t0 = time.process_time_ns()
+            for _ in range(reps):
+                fn()
+            out.append((time.process_time_ns() - t0) / reps / n)
+        return min(out)
+
+    def enriched():
+        b = dec.decode(recs)
+        maps.enrich(b)
+        tens.enrich(b)
+        return b
+
+    b = enriched()
+    table = build.build(b)
+    part = pa.concat_tables([table] * max(1, 60_000 // n))  # ~a second of drains, as the sink hands over
+    part = with_fault_columns(part).select(EVENT_SCHEMA.names).cast(WRITE_SCHEMA)
+    slots = np.dtype({"names": ["len", "pgoff", "rec"], "formats": ["<u4", "<u4", dt], "offsets": [0, 4, HDR],
+                      "itemsize": slot})
+    rows = {"ring copy (bytes)": best(lambda: ring.reshape(n, slot)[:, HDR:HDR + dt.itemsize].copy()),
+            "ring copy (structured field)": best(lambda: ring.view(slots)["rec"].copy()),
+            "decode": best(lambda: dec.decode(recs)),
+            "decode + enrich": best(enriched),
+            "table": best(lambda: build.build(b))}
+    for comp, stats in (("zstd", True), ("zstd", False), ("lz4", True), ("lz4", False)):
+        def write(comp=comp, stats=stats):
+            pq.write_table(part, io.BytesIO(), compression=comp, write_statistics=stats,
+                           use_dictionary=[c for c in DICT_COLUMNS if c in part.column_names])
+        rows[f"parquet {comp}{'' if stats else ', no statistics'}"] = best(write, reps=2) * n / part.num_rows
+    mm.close()
+    os.close(fd)
+    print(f"fault recorder, user space, CPU ns per record ({n:,}-record drains; load {os.getloadavg()[0]:.2f}):")
+    for k, v in rows.items():
+        print(f"  {k:32s} {v:6.0f}")
+    print("  (the trace writer uses zstd with statistics: engramprof/trace/writer.py)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--rounds", type=int, default=3)
@@ -237,7 +323,14 @@ def main() -> int:
     ap.add_argument("--measurements", type=int, default=3, help="cached measurements per arm and round")
     ap.add_argument("--arms", default=",".join(ARMS[:-1]), help=f"comma-separated subset of {','.join(ARMS)}")
     ap.add_argument("--before-tree", help="a checkout whose engramprof the 'before' arm runs (before/after)")
+    ap.add_argument("--pipeline", type=int, metavar="N",
+                    help="only the recorder's user-space cost per record, stage by stage, on N-record drains")
     a = ap.parse_args()
+    if a.pipeline:
+        with tempfile.NamedTemporaryFile(dir=a.dir, prefix="engramprof-faults-pipeline-") as f:
+            f.write(os.urandom(64 << 20))
+            f.flush()
+            return pipeline_cost(a.pipeline, f.name)
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1
