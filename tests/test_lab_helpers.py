@@ -72,11 +72,13 @@ def test_a_helper_ends_when_its_parent_exits(tmp_path, data):
     count = tmp_path / "drops.count"
     # the parent: a python that starts the dropper, prints its pid and exits once the dropper
     # has dropped once (the helper reads its parent's pid at start: a parent gone before that is
-    # not seen, so the parent stays until then)
+    # not seen, so the parent stays until the count file holds a count)
     code = ("import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', 'engramprof.lab.dropper', "
             f"'--every-ms', '20', '--count-file', {str(count)!r}, {str(data)!r}], stdout=subprocess.DEVNULL, "
             "stderr=subprocess.DEVNULL); print(p.pid, flush=True); end = time.monotonic() + 20\n"
-            f"while time.monotonic() < end and not os.path.exists({str(count)!r}): time.sleep(0.02)\n")
+            f"c = {str(count)!r}\n"
+            "while time.monotonic() < end and not (os.path.exists(c) and open(c).read().strip()):\n"
+            "    time.sleep(0.02)\n")
     pid = int(subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True, timeout=30).stdout)
     try:
         _wait_count(count, 1)
