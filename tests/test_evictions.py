@@ -261,23 +261,37 @@ def test_pages_removed_equal_what_cachestat_shows_leaving(tmp_path):
         holder.wait()
 
 
-def _diagnose(pid: int, markers: str, seconds: int = 6) -> dict:
-    r = subprocess.run(engramprof("diagnose", "--pid", pid, "--duration", seconds, "--json", "--markers", markers),
-                       capture_output=True, text=True, timeout=240)
+def _diagnose(pid: int, markers: str, seconds: int = 6, *extra) -> dict:
+    r = subprocess.run(engramprof("diagnose", "--pid", pid, "--duration", seconds, "--json", "--markers", markers,
+                                  *extra), capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
 
 @pytest.mark.bpf
 @pytest.mark.slow
-def test_dropper_scenario_is_residency_naming_the_dropper():
+def test_dropper_scenario_is_residency_naming_the_dropper(tmp_path):
+    from engramprof import trace
     from engramprof.lab.scenarios import Scenario
 
     # the serial reader: no pool hand-offs to compete with the misses on a loaded machine
+    out = tmp_path / "trace"
     with Scenario("dropper", duration=240, rows=1 << 15, evict_ms=50, reader="serial") as sc:
-        d = _diagnose(sc.pid, sc.markers_path)
+        d = _diagnose(sc.pid, sc.markers_path, 6, "--output", out)
         dropper, cmdline = sc.info["dropper_pid"], sc.info["dropper_cmdline"]
         sc.stop()
+        drops = np.loadtxt(sc.info["dropper_log"], dtype=np.int64, ndmin=2)  # ns, cached before, after
+    # the pages the probe saw the dropper remove equal what cachestat saw each drop remove (the
+    # dropper's own log, drops inside the recorded window), within 5%
+    b = trace.load_bundle(out)
+    start, end = int(b.meta["start_ns"]), int(b.meta["end_ns"])
+    ev = b.samples("evictions")
+    seen = int(ev.loc[(ev["pid"] == dropper) & (ev["context"] == "fadvise") & (ev["ts_ns"] >= start)
+                      & (ev["ts_ns"] <= end), "pages"].sum())
+    inside = drops[(drops[:, 0] >= start) & (drops[:, 0] <= end)]
+    left = int((inside[:, 1] - inside[:, 2]).sum())
+    assert len(inside) >= 20 and left > 1000, (len(inside), left)
+    assert seen == pytest.approx(left, rel=0.05), (seen, left, len(inside))
     assert d["verdict"] == "residency", d["batch_tail"]["share"]
     assert d["batch_tail"]["share"]["residency"] > 0.5, d["batch_tail"]["share"]
     assert d["miss_cause_method"] == misses.METHOD_EVICTIONS

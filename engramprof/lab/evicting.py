@@ -49,8 +49,11 @@ class _Helper:
 
     def __init__(self, cmd: list[str], procs: str | None = None):
         self.cmd = cmd
+        from engramprof.lab.helper_loop import PARENT_ENV
+
+        env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent, close_fds=True)
+                                     preexec_fn=_die_with_parent, close_fds=True, env=env)
         self.result: dict = {}
         if procs is not None:
             try:
@@ -98,6 +101,7 @@ class DropperFault(Fault):
         self.evict_ms = evict_ms
         self.helper: _Helper | None = None
         self.count_file: str | None = None
+        self.log_file: str | None = None
 
     @property
     def table_must_be_droppable(self) -> bool:
@@ -105,8 +109,9 @@ class DropperFault(Fault):
 
     def setup(self, sc: "Scenario") -> list[str]:
         self.count_file = os.path.join(sc.workdir, "dropper.count")
+        self.log_file = os.path.join(sc.workdir, "dropper.log")
         self.helper = _Helper([sys.executable, "-m", "engramprof.lab.dropper", "--every-ms", f"{self.evict_ms:g}",
-                               "--count-file", self.count_file, sc.table_path])
+                               "--count-file", self.count_file, "--log", self.log_file, sc.table_path])
         sc.say(f"dropper pid {self.helper.pid}: drops the table every {self.evict_ms:g} ms (POSIX_FADV_DONTNEED)")
         return []
 
@@ -123,7 +128,7 @@ class DropperFault(Fault):
     def info(self) -> dict:
         h = self.helper
         return {"evict_ms": self.evict_ms, "dropper_pid": h.pid if h else None,
-                "dropper_cmdline": h.cmdline if h else None, **super().info()}
+                "dropper_cmdline": h.cmdline if h else None, "dropper_log": self.log_file, **super().info()}
 
     def halt(self) -> None:
         if self.helper is not None:
@@ -148,6 +153,7 @@ class BootStreamFault(ReclaimFault):
         self.helper: _Helper | None = None
         self.stream_path: str | None = None
         self.count_file: str | None = None
+        self.log_file: str | None = None
 
     @property
     def table_must_be_droppable(self) -> bool:

@@ -16,6 +16,8 @@ import signal
 import sys
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: the pid of the process that started the helper, set by it (lab/evicting.py)
+PARENT_ENV = "ENGRAMPROF_HELPER_PARENT"
 
 
 class HelperLoop:
@@ -29,7 +31,13 @@ class HelperLoop:
         self.count_fd: int | None = None
         self._stopped = False
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # pending until taken below
-        self.parent = os.getppid()
+        # the starter names itself (PARENT_ENV): a parent that died before this line is then
+        # noticed too (getppid() is already the reaper's pid, and PR_SET_PDEATHSIG set after
+        # the parent's death never fires)
+        try:
+            self.parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+        except ValueError:
+            self.parent = os.getppid()
 
     def open(self, path: str, count_file: str | None) -> bool:
         """Open ``path`` read-only and ``count_file`` (new, never through a link); False: an
