@@ -223,6 +223,22 @@ def explain_marker_clock(markers: pd.DataFrame, t0: int, t1: int, meta: dict | N
     )
 
 
+def check_markers_before_recording(path: str | os.PathLike) -> None:
+    """Refuse a markers file before any probe attaches: missing, a directory, unreadable, or
+    holding lines already and not one usable marker among its complete lines (garbage, or a
+    file of another format).  An empty file, or good lines, pass: the server appends markers
+    while the recording runs, and an unfinished last line may be one being written."""
+    df, bad = read_markers(path)
+    if len(df) or not bad:
+        return
+    with open(path, "rb") as f:
+        data = f.read(1 << 20)
+    complete_bad = bad - (0 if data.endswith(b"\n") or not data.strip() else 1)
+    if complete_bad > 0:
+        raise UserError(f"{os.fspath(path)}: no usable marker in its {bad} line(s) (each must be a JSON object "
+                        "with numeric start_ns < end_ns, CLOCK_MONOTONIC): checked before recording")
+
+
 def from_markers(ts: np.ndarray, end: np.ndarray, markers: pd.DataFrame, meta: dict | None = None,
                  bad_lines: int = 0, keep_empty: bool = False) -> Batches:
     """Assign calls (sorted by entry ``ts``) to marker spans.

@@ -174,6 +174,17 @@ def test_bad_markers_file_fails_before_recording(tmp_path):
     r = subprocess.run(engramprof("diagnose", "--pid", "1", "--duration", "30", "--markers", tmp_path),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "directory" in r.stderr and time.monotonic() - t0 < 20
+    # a file of lines none of which is a marker: refused before recording (no "Tracing" line)
+    bad.write_text("nope\n[]\n")
+    r = subprocess.run(engramprof("diagnose", "--pid", "1", "--duration", "30", "--markers", bad),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Tracing" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "no usable marker in its 2 line(s)" in r.stderr and "before recording" in r.stderr
+    # an empty file, or one whose only line is still being written, is a server about to write
+    from engramprof import batches
+    for text in ("", '{"start_ns": 1'):
+        bad.write_text(text)
+        batches.check_markers_before_recording(bad)  # no error
     r = subprocess.run(engramprof("diagnose", "--pid", "1", "--duration", "nan"), capture_output=True, text=True)
     assert r.returncode == 2 and "--duration" in r.stderr
 

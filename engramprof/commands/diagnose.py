@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         validate.duration("--duration", duration)
         validate.positive("--slow-ms", slow_ms)
         if markers is not None:  # a bad markers file fails now, not after the recording
-            batches.read_markers(markers)
+            batches.check_markers_before_recording(markers)
         selection = Selection.parse(pids=pid, children=children, cgroups=cgroup, files=file)
         for p in selection.pids:
             validate.live_process("--pid", p)
