@@ -87,6 +87,19 @@ def test_replay_and_batch_tail_agree_on_the_batch_count(lab, tmp_path):
     assert rp["batches"] == bt["batches"], (rp["batches"], bt["batches"], rp["notes"])
 
 
+def test_compare_at_80(lab):
+    """compare's prose (the matched / unmatched line, warnings, notes) breaks between clauses at
+    80 columns like the other commands; the verdict words and the ratio stay whole."""
+    args = ("compare", "--before", lab["trace"], "--after", lab["trace"], "--markers", lab["markers"],
+            "--markers", lab["markers"])
+    out = engramprof(*args, columns=WIDTH, check=False)  # exit 3 when unmatched (4 batches a side)
+    fits(out)
+    doc = json.loads(engramprof(*args, "--json", columns=WIDTH, check=False))
+    whole(out, "matched:" if doc["matched"] else "unmatched:")
+    if doc["matched"] and doc["overall"]:
+        whole(out, f"{doc['overall']['ratio']:.2f}")
+
+
 def test_residency_at_80(lab):
     out = run("residency", lab["table"], "--tensors", "--ranges", "2")
     fits(out)

@@ -6,14 +6,16 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.text import Text
 
 from engramprof.analysis.verdicts import CAUSES
-from engramprof.render import Col, fit_table
+from engramprof.render import Col, fit_table, say
 from engramprof.report import CAUSE_COLOURS, fmt_ms
 
 
 def _say(con: Console, text: str, style: str | None = None) -> None:
-    con.print(text, style=style, soft_wrap=True, highlight=False)
+    """A sentence at the console's width, broken between clauses (engramprof.render.say)."""
+    say(con, Text(text, style=style or ""))
 
 
 def _short(path: str, keep: int = 28) -> str:
