@@ -8,7 +8,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from engramprof.render import Col, fit_table
+from engramprof.render import Col, fit_table, shorten_left
 
 
 def _fmt_us(v) -> str:
@@ -169,8 +169,12 @@ def print_summary(console: Console, s: dict) -> None:
                  _fmt_us(r["runq_us"])] for r in s["slowest"][:5]]
         title = "slowest calls"
         paths = {r[2] for r in rows}
-        if len(paths) == 1:  # one file: named once, in the title, and not in every row
-            title += f" (all in {paths.pop()})"
+        if len(paths) == 1:  # one file: named once, above the table, and not in every row
+            # a line of its own (a table's title wraps at the table's width, cutting the path
+            # mid-name); a path longer than the line keeps its end, the file's name
+            head = "slowest calls, all in "
+            console.print(Text(head + shorten_left(paths.pop(), max(16, console.width - len(head)))), soft_wrap=True)
+            title = None
             cols.pop(2)
             rows = [r[:2] + r[3:] for r in rows]
         console.print(fit_table(console, cols, rows, title=title))

@@ -146,7 +146,8 @@ def _syscalls_summary(path: str) -> dict:
 
 
 @pytest.mark.parametrize("path", ["/var/tmp/t.st",
-                                  "/data/models/engram/a/very/long/path/to/the/table-of-embeddings.safetensors"])
+                                  "/data/models/engram/a/very/long/path/to/the/table-of-embeddings.safetensors",
+                                  "/tmp/audit11/pt/a-rather-long-directory-name-for-the-table-xx/engram-table.safetensors"])
 def test_syscalls_summary_at_80(path):
     from engramprof import report_syscalls
 
@@ -155,6 +156,10 @@ def test_syscalls_summary_at_80(path):
     out = buf.getvalue()
     fits(out)
     whole(out, "2,271,234,567,890", "18,110,960", "237.0 µs", "1.16 ms", "layers.17.engram.embed.weight")
+    # the one file of the slowest calls: on one line, whole when it fits, else its end (its name)
+    line = next(l for l in out.splitlines() if "slowest calls" in l)
+    assert line.rstrip().endswith(path if len(path) <= WIDTH - len("slowest calls, all in ") else
+                                  path.rsplit("/", 1)[-1]), line
 
 
 def test_diagnose_limits_wrap_under_their_text():
