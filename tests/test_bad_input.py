@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -424,6 +426,9 @@ def test_process_with_only_anonymous_memory(tmp_path):
     # table reads (the analysis leaves them out): one line, "nothing to diagnose", exit 1
     lines = [l for l in err.splitlines() if l.startswith("engramprof:")]
     assert rc == 1 and len(lines) == 1 and "nothing to diagnose" in lines[0], err
+    kept = re.search(r"the recording is kept in (\S+)\)", lines[0])  # kept for the user; the test removes it
+    if kept and os.path.basename(os.path.dirname(kept.group(1))).startswith("engramprof-diagnose-"):
+        shutil.rmtree(os.path.dirname(kept.group(1)), ignore_errors=True)
 
 
 @pytest.mark.bpf
