@@ -19,15 +19,9 @@
  *
  * Cost (issue 13: --cgroup and --file within 10% of one --pid's compare; is_target runs in every
  * hook, system-wide ones included):
- *   --cgroup  a per-CPU memo (`cgroup_memo`, index 0: an inlined array lookup, no hashing) of the
- *             last cgroup id found in `target_cgroups` and the last found not in it; the hash is
- *             looked up only when the current cgroup is neither.  "In" is permanent (user space
- *             never removes an id during a trace and cgroup ids are 64-bit, never reused); "not
- *             in" holds until user space adds ids: it then bumps `target_gen` and clears every
- *             CPU's memo, and does so again at its next sync (engramprof/bpf/targets.py), so a
- *             miss that raced the update cannot leave a stale "not in" behind.  The current
- *             cgroup id is read on every call: a process that moves between cgroups is judged
- *             by the cgroup it is in now.
+ *   --cgroup  bpf_get_current_cgroup_id() and one lookup in `target_cgroups`.  A per-CPU memo of
+ *             the last verdict was tried (2026-12-01) and measured no cheaper
+ *             (benchmarks/RESULTS.md, "Target selectors"), so the plain lookup stays.
  *   --file    task->files->fdt->{max_fds, fd} are direct loads through the BTF pointer of
  *             bpf_get_current_task_btf() (verifier-checked against the running kernel's BTF,
  *             no helper call); the fd slot, the file's f_inode, the inode's i_sb..i_ino span and
@@ -44,12 +38,6 @@ BPF_HASH(target_tgids, u32, u8, MAX_TARGETS);
 #endif
 #if MATCH_CGROUPS
 BPF_HASH(target_cgroups, u64, u8, MAX_CGROUPS);
-struct cgroup_memo {
-	u64 in;           /* a cgroup id known to be in target_cgroups (0: none) */
-	u64 out;          /* a cgroup id known not to be, as of target_gen (0: none) */
-};
-BPF_PERCPU_ARRAY(cgroup_memo, struct cgroup_memo, 1);
-BPF_ARRAY(target_gen, u64, 1);
 #endif
 #if MATCH_FILES
 struct target_file_key {
@@ -142,35 +130,6 @@ static __always_inline int is_target_fd(s32 fd)
 #endif
 }
 
-#if MATCH_CGROUPS
-/* Is the current task's cgroup2 one of target_cgroups?  The per-CPU memo first (see above). */
-static __always_inline int cgroup_is_target(void)
-{
-	u64 cg = bpf_get_current_cgroup_id();
-	int zero = 0;
-	struct cgroup_memo *m = cgroup_memo.lookup(&zero);
-	if (!m)
-		return target_cgroups.lookup(&cg) != 0;
-	if (cg == m->in && cg)
-		return 1;
-	if (cg == m->out && cg)
-		return 0;
-	u64 *gen = target_gen.lookup(&zero);
-	u64 g0 = gen ? *(volatile u64 *)gen : 0;
-	if (target_cgroups.lookup(&cg)) {
-		m->in = cg;
-		return 1;
-	}
-	/* "not in" as of g0: if user space added ids meanwhile, take it back (the locked add is a
-	 * full barrier, so the re-read of target_gen cannot pass the store) */
-	m->out = cg;
-	__sync_fetch_and_add(&m->out, 0);
-	if (gen && *(volatile u64 *)gen != g0)
-		m->out = 0;
-	return 0;
-}
-#endif
-
 static __always_inline int is_target(u64 pid_tgid)
 {
 #if MATCH_TGIDS == 1
@@ -186,7 +145,8 @@ static __always_inline int is_target(u64 pid_tgid)
 		return 0;
 #endif
 #if MATCH_CGROUPS
-	if (!cgroup_is_target())
+	u64 cg = bpf_get_current_cgroup_id();
+	if (!target_cgroups.lookup(&cg))
 		return 0;
 #endif
 	return 1;

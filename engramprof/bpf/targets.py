@@ -60,10 +60,6 @@ class TargetMaps:
                 k = self.files.Key()
                 k.dev, k.ino = dev, ino
                 self.files[k] = ctypes.c_uint8(1)
-        # the per-CPU cgroup memo (targets.h): cleared when ids are added, and again at the next sync
-        self.cgroup_memo = bpf["cgroup_memo"] if self.cgroups is not None else None
-        self.gen = bpf["target_gen"] if self.cgroups is not None else None
-        self.memo_clears_due = 0
         self.tgids_put: set[int] = set()
         self.cgroups_put: set[int] = set()
         self.sync(initial=True)
@@ -84,23 +80,9 @@ class TargetMaps:
                     pass
             self.tgids_put = (self.tgids_put | want) - s.tgids_left(self.tgids_put, want)
         if self.cgroups is not None:
-            added = s.cgroup_ids_now() - self.cgroups_put
-            for c in added:
+            for c in s.cgroup_ids_now() - self.cgroups_put:
                 self.cgroups[ctypes.c_uint64(c)] = one
                 self.cgroups_put.add(c)
-            if added:
-                self.memo_clears_due = 2
-            if self.memo_clears_due:
-                self._forget_cgroup_verdicts()
-                self.memo_clears_due -= 1
-
-    def _forget_cgroup_verdicts(self) -> None:
-        """After target_cgroups gained ids: bump target_gen (a BPF miss that raced the update takes
-        its "not in" back) and clear every CPU's memo.  sync() does it twice, a second apart, so a
-        "not in" written by a program that was already past its hash lookup goes too."""
-        z = ctypes.c_int(0)
-        self.gen[z] = ctypes.c_uint64(self.gen[z].value + 1)
-        self.cgroup_memo[z] = self.cgroup_memo.Leaf()  # zero for every CPU: no verdict held
 
     def live_tgids(self) -> list[int]:
         """The tgids in the kernel's map now (the fork / exit hooks add and remove them)."""
