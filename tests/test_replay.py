@@ -159,13 +159,20 @@ def test_cold_mix_with_allow_evict(lab):
 def test_already_cold_rows_need_no_flag(lab):
     from engramprof.lab import workload
 
-    workload.evict(lab["table"])
-    r = rp.replay(lab["trace"], ["pool", "nowait"], cold_frac=1.0, repeat=1, threads=THREADS, max_batches=1)
-    assert r["mismatches"] == 0
-    for a in r["arms"].values():
-        assert a["evicted_pages"] == 0
-        assert a["cold_frac_observed"] >= 0.95
-    assert r["arms"]["nowait"]["eagain"] > 0  # cold rows: NOWAIT refused at least the first try
+    # cold rows: NOWAIT refuses at least the first try.  Not always: a NOWAIT miss starts
+    # readahead, and when the device answers before the page is checked the kernel returns the
+    # data (on this small table, a window can bring in all of it); CI saw one such run with no
+    # EAGAIN at all.  So up to five cold runs, each judged whole.
+    for _ in range(5):
+        workload.evict(lab["table"])
+        r = rp.replay(lab["trace"], ["pool", "nowait"], cold_frac=1.0, repeat=1, threads=THREADS, max_batches=1)
+        assert r["mismatches"] == 0
+        for a in r["arms"].values():
+            assert a["evicted_pages"] == 0
+            assert a["cold_frac_observed"] >= 0.95
+        if r["arms"]["nowait"]["eagain"] > 0:
+            break
+    assert r["arms"]["nowait"]["eagain"] > 0
 
 
 def _corrupting_preadv(fd, bufs, offset, flags=0):
