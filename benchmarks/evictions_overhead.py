@@ -16,13 +16,14 @@ in one run so the shared machine's noise hits them alike:
   evictions  the eviction probe as `engramprof syscalls` loads it, watching one other file
 
 Prints the worker's CPU time (user + system, from its own clock) per page removed, median and
-best over rounds, the ns each arm adds, and the probe's cost over the empty floor; with
-kernel.bpf_stats_enabled (switched on for the run and back off), the programs' own run time
-per removal.  Needs root.  Usage: benchmarks/evictions_overhead.py [--rounds 7] [--passes 40]
+best over rounds, the ns each arm adds, and the probe's cost over the empty floor; with BPF
+run-time statistics (held on for the run by benchmarks/bpfstats.py's fd, never switched off),
+the programs' own run time per removal.  Needs root.  Usage: benchmarks/evictions_overhead.py [--rounds 7] [--passes 40]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -30,6 +31,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bpfstats import prog_stats_of_bcc, stats_enabled  # noqa: E402
 
 WORKER = r"""
 import os, sys, time
@@ -48,23 +51,6 @@ for line in sys.stdin:
     print(time.process_time_ns() - t0, flush=True)
 """
 
-
-def prog_stats(bpf) -> dict[str, tuple[int, int]]:
-    """{program: (run_time_ns, run_cnt)} of a loaded BCC object (fdinfo; needs bpf_stats)."""
-    out = {}
-    for name, fn in getattr(bpf, "funcs", {}).items():
-        rt = rc = 0
-        try:
-            with open(f"/proc/self/fdinfo/{fn.fd}") as f:
-                for line in f:
-                    if line.startswith("run_time_ns:"):
-                        rt = int(line.split()[1])
-                    elif line.startswith("run_cnt:"):
-                        rc = int(line.split()[1])
-        except OSError:
-            continue
-        out[name.decode() if isinstance(name, bytes) else name] = (rt, rc)
-    return out
 
 
 def empty_text(plan) -> str:
@@ -105,7 +91,8 @@ def main() -> int:
         worker.stdin.flush()
         return int(worker.stdout.readline()) / (args.passes * pages_per_pass)
 
-    stats_on = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
+    stats = contextlib.ExitStack()  # BPF run-time statistics held on for the run (benchmarks/bpfstats.py)
+    stats_on = stats.enter_context(stats_enabled())
     plan = ev.plan(ev.EvictionProbeConfig())
     arms = ("untraced", "empty", "evictions")
     per_page = {a: [] for a in arms}
@@ -126,8 +113,8 @@ def main() -> int:
                     ns = one_round()
                 finally:
                     if prog is not None:
-                        for name, (rt, rc) in prog_stats(prog if arm == "empty" else prog.bpf).items():
-                            acc = run_ns[arm].setdefault(name, [0, 0])
+                        for name, (rt, rc) in prog_stats_of_bcc(prog if arm == "empty" else prog.bpf).items():
+                            acc = run_ns[arm].setdefault(name.decode() if isinstance(name, bytes) else name, [0, 0])
                             acc[0] += rt
                             acc[1] += rc
                     if arm == "evictions":
@@ -140,8 +127,7 @@ def main() -> int:
     finally:
         worker.stdin.close()
         worker.wait()
-        if stats_on:
-            subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
+        stats.close()
         for p in (churn, watched):
             os.unlink(p)
         os.rmdir(work)

@@ -16,13 +16,14 @@ Arms, interleaved round by round in one run so the shared machine's noise hits t
 Prints ns per round trip and per context switch (median and best over rounds; switches
 counted from /proc/PID/status of both processes, voluntary + involuntary) and the ns each arm
 adds per switch.  Wall-clock figures on a shared 2-core VM are noisy, so it also prints the
-programs' own run time per invocation (kernel.bpf_stats_enabled, switched on for the run and
-back off: run_time_ns / run_cnt from the programs' fdinfo), which the machine's scheduling
+programs' own run time per invocation (benchmarks/bpfstats.py: held on by a bpf(BPF_ENABLE_STATS)
+fd for the run; run_time_ns / run_cnt from the programs' fdinfo), which the machine's scheduling
 noise does not touch.  Needs root.  Usage: benchmarks/offcpu_overhead.py [--rounds 7] [--trips 100000]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -31,29 +32,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bpfstats import prog_stats_of_bcc, stats_enabled  # noqa: E402
 
 EMPTY = """
 TRACEPOINT_PROBE(sched, sched_switch) { return 0; }
 TRACEPOINT_PROBE(sched, sched_waking) { return 0; }
 """
 
-
-def prog_stats(bpf) -> dict[str, tuple[int, int]]:
-    """{program: (run_time_ns, run_cnt)} of a loaded BCC object (fdinfo; needs bpf_stats)."""
-    out = {}
-    for name, fn in getattr(bpf, "funcs", {}).items():
-        rt = rc = 0
-        try:
-            with open(f"/proc/self/fdinfo/{fn.fd}") as f:
-                for line in f:
-                    if line.startswith("run_time_ns:"):
-                        rt = int(line.split()[1])
-                    elif line.startswith("run_cnt:"):
-                        rc = int(line.split()[1])
-        except OSError:
-            continue
-        out[name.decode() if isinstance(name, bytes) else name] = (rt, rc)
-    return out
 
 
 def ctx_switches(pid: int) -> int:
@@ -124,7 +110,8 @@ def main() -> int:
     BPF = import_bcc()
     # the probe's target: an idle process that is neither the pair nor this one
     idle = subprocess.Popen(["sleep", "100000"])
-    stats_on = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
+    stats = contextlib.ExitStack()  # BPF run-time statistics held on for the run (benchmarks/bpfstats.py)
+    stats_on = stats.enter_context(stats_enabled())
     run_ns = {"empty": {}, "sched": {}}  # arm -> program -> [time, count]
     pp = PingPong(args.cpu)
     pp.run(args.trips // 10)  # warm up
@@ -144,8 +131,8 @@ def main() -> int:
                     ns, sw = pp.run(args.trips)
                 finally:
                     if prog is not None:
-                        for name, (rt, rc) in prog_stats(prog if arm == "empty" else prog.bpf).items():
-                            acc = run_ns[arm].setdefault(name, [0, 0])
+                        for name, (rt, rc) in prog_stats_of_bcc(prog if arm == "empty" else prog.bpf).items():
+                            acc = run_ns[arm].setdefault(name.decode() if isinstance(name, bytes) else name, [0, 0])
                             acc[0] += rt
                             acc[1] += rc
                     if arm == "sched":
@@ -160,8 +147,7 @@ def main() -> int:
         pp.close()
         idle.kill()
         idle.wait()
-        if stats_on:
-            subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
+        stats.close()
     med = {a: statistics.median(per_trip[a]) for a in arms}
     best = {a: min(per_trip[a]) for a in arms}
     sw = statistics.median([s for a in arms for s in switches[a]])
