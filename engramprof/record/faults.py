@@ -8,7 +8,8 @@ Followed as data (the same pipeline as the syscall records, engramprof/record/__
    ``size`` = one page, ``ret`` null, ``flags`` 0, ``fd`` -1, ``syscall`` = ``fault``) plus the
    fault columns ``major``, ``mapped_pages``, ``address`` (null without page_fault_user);
 2. :class:`MappingPathEnricher` -- device + inode -> ``path`` from ``/proc/PID/maps`` (read at
-   start and again when an unknown file appears), ``path_stale`` when the mapping's file was
+   start and again when an unknown file appears; one they did not name is not looked up again
+   until the maps change or a while has passed), ``path_stale`` when the mapping's file was
    deleted or the path now names another file;
 3. the shared :class:`~.enrich.TensorEnricher` (path + offset -> tensor, row) and
    :class:`~.columns.EventTableBuilder`.
@@ -148,6 +149,9 @@ def _distinct_files(dev: np.ndarray, ino: np.ndarray) -> tuple[list[tuple[int, i
 class MappingPathEnricher:
     """Adds ``path`` and ``path_stale`` from the target's file mappings (device + inode)."""
 
+    #: how long an identity the maps did not name goes without another read of them
+    UNNAMED_TTL_NS = 2_000_000_000
+
     def __init__(self, pid: int, paths: Interner):
         self.pid = pid
         self.paths = paths
@@ -158,10 +162,21 @@ class MappingPathEnricher:
         self.bits = layout.header_defines("FAULT_")
         self.rereads = 0
         self._named: set[str] = set()
+        #: identities the maps were read for and did not name -> when (monotonic ns): a fault-heavy
+        #: trace of a file the maps never name (its mapping gone by the drain, a file of another
+        #: mount namespace) must not re-read /proc/PID/maps every drain.  Forgotten when the maps'
+        #: identities change (a refresh for a new identity) or after ``unnamed_ttl_ns``.
+        self._unnamed: dict[tuple[int, int], int] = {}
+        self.unnamed_ttl_ns = self.UNNAMED_TTL_NS
+        self._identities: frozenset[tuple[int, int]] = frozenset()
         self.refresh()
 
     def refresh(self) -> None:
         maps = read_maps(self.pid)
+        identities = frozenset((m[3], m[4]) for m in maps)
+        if identities != self._identities:  # the maps really changed: look again for everything
+            self._unnamed.clear()
+            self._identities = identities
         if maps:
             r = np.array([m[:5] for m in maps], dtype=np.uint64)
             self.ranges = r[np.argsort(r[:, 0], kind="stable")]
@@ -203,9 +218,9 @@ class MappingPathEnricher:
     def enrich(self, batch: ReadBatch) -> None:
         recs = batch.recs
         pairs, inv = _distinct_files(recs["dev"], recs["ino"])
-        if any(p not in self.files for p in pairs):
-            self.rereads += 1
-            self.refresh()
+        unknown = [p for p in pairs if p not in self.files]
+        if unknown:
+            self._look_up(unknown)
         codes = np.zeros(len(pairs), dtype=np.int32)
         stale = np.zeros(len(pairs), dtype=bool)
         for i, p in enumerate(pairs):
@@ -215,6 +230,21 @@ class MappingPathEnricher:
         batch.cols["path"] = codes[inv]
         batch.cols["path_stale"] = stale[inv]
         self._exact_pages(batch, pairs, inv)
+
+    def _look_up(self, unknown: list[tuple[int, int]]) -> None:
+        """Re-read the maps for identities they did not name, unless every one of them was
+        looked up less than ``unnamed_ttl_ns`` ago; what the new maps still do not name is
+        remembered as looked up."""
+        now = time.monotonic_ns()
+        lately = [t for t in map(self._unnamed.get, unknown) if t is not None and now - t < self.unnamed_ttl_ns]
+        if len(lately) == len(unknown):
+            return
+        self.rereads += 1
+        self.refresh()
+        now = time.monotonic_ns()
+        for p in unknown:
+            if p not in self.files:
+                self._unnamed[p] = now
 
     def _exact_pages(self, batch: ReadBatch, pairs: list[tuple[int, int]], inv: np.ndarray) -> None:
         """A fault served by fault-around alone gives only its window; with the faulting address
