@@ -181,8 +181,9 @@ def open_file(path: str | os.PathLike, *, allow_empty: bool = False) -> OpenFile
             f"for writing; run as the file's owner or root", 1)
     overlay_only = False
     if _on_overlayfs(fd):
-        fd = _layer_fd(p, fd, st2.st_size)
-        overlay_only = _on_overlayfs(fd)
+        layer = _layer_fd(p, fd, st2.st_size)
+        overlay_only = layer == fd  # no layer file found: the overlay fd is all there is
+        fd = layer
     return OpenFile(p, fd, st2.st_size, st2, overlay_only)
 
 
