@@ -31,19 +31,35 @@ def _load_all(traces: list[Path], markers: list[Path | None], slow_ms: float) ->
     return [load.load(t, m, slow_ms=slow_ms) for t, m in zip(traces, markers)]
 
 
-def _rank_labels(traces: list[Path], groups: list[list]) -> list[int]:
-    """``rank=K`` in a bundle's path (one rank per bundle), a process's own rank (a bundle of
+def _rank_labels(traces: list[Path], groups: list[list], known: list[int | None] | None = None) -> list[int]:
+    """A bundle found below a fleet directory: its ``rank=`` partition key (``known``); else
+    ``rank=K`` in a bundle's path (one rank per bundle), a process's own rank (a bundle of
     several processes: its process list or markers), else the position; positions for all when
     two would share a label."""
     from engramprof.compare import load
 
+    known = known or [None] * len(traces)
     labels, i = [], 0
-    for t, group in zip(traces, groups):
+    for t, group, k in zip(traces, groups, known):
         for b in group:
             labels.append(b.rank if len(group) > 1 and b.rank is not None else
-                          load.rank_label(t, i) if len(group) == 1 else i)
+                          (k if k is not None else load.rank_label(t, i)) if len(group) == 1 else i)
             i += 1
     return labels if len(set(labels)) == len(labels) else list(range(len(labels)))
+
+
+def _expand(traces: list[Path], markers: list[Path] | None, *, need_ranks: bool, flag: str) -> list:
+    """TRACE arguments as bundles: a fleet directory (``host=H/rank=R/<bundle>``) as every bundle
+    below it (engramprof.compare.dataset.expand)."""
+    from engramprof.compare import dataset
+
+    fleet = dataset.expand(traces, need_ranks=need_ranks)
+    roots = [b.root for b in fleet if b.root is not None]
+    if markers and roots:
+        raise UserError(f"--markers pairs with bundle paths, and {roots[0]} is a directory of bundles: the bundles "
+                        f"found below a directory use their own markers.jsonl (give {flag} bundle by bundle to pair "
+                        "markers)")
+    return fleet
 
 
 def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_error_ms: float | None = None,
@@ -54,6 +70,8 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
 
     if not traces:
         raise UserError("--ranks needs at least 2 traces (one per rank), or one trace of several processes")
+    fleet = _expand(traces, markers, need_ranks=True, flag="--ranks")
+    traces = [b.path for b in fleet]
     pairs = load.pair_markers(traces, markers)
     _check_all(traces, pairs)
     groups = [load.load_ranks(t, m, slow_ms=slow_ms) for t, m in zip(traces, pairs)]
@@ -62,7 +80,8 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
         raise UserError(f"{traces[0]}: one process, one rank: --ranks needs at least 2 traces (one per rank), or "
                         "one trace of several processes (recorded with --pid A --pid B, or --children)")
     names = [b.trace if b.pid is None or len(g) == 1 else f"{b.trace} (pid {b.pid})" for g in groups for b in g]
-    labels = _rank_labels(traces, groups)
+    labels = _rank_labels(traces, groups, [b.rank for b in fleet])
+    fleet_host = [fb.host for fb, g in zip(fleet, groups) for _ in g]
     for b, name in zip(bundles, names):
         if not len(b.batches):
             raise UserError(f"{name}: no batches")
@@ -71,8 +90,9 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
     W, C = ranks.matrices([b.batches for b in bundles], al.index)
     att = ranks.attribute(W, C)
     doc = ranks.summarise(W, att, labels, [b.trace for b in bundles], [b.batches for b in bundles])
-    for r, b in zip(doc["ranks"], bundles):
+    for r, b, h in zip(doc["ranks"], bundles, fleet_host):
         r["pid"] = b.pid
+        r["host"] = h if h is not None else (str(b.meta["host"]) if b.meta.get("host") else None)
     notes = list(al.notes)
     warn = []
     for g in groups:
@@ -86,7 +106,7 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
             notes.append(f"{b.trace}: {len(g)} processes, one rank each (pids {', '.join(str(x.pid) for x in g)}), "
                          "each analysed on its own as batch-tail does")
         notes.extend(f"{b.trace}: {n}" for n in b.notes if n.startswith(("left out: pid ", load.MARKERS_BY_TID)))
-    hosts = sorted({str(b.meta.get("host")) for b in bundles if b.meta.get("host")})
+    hosts = sorted({r["host"] for r in doc["ranks"] if r["host"]})
     out = {"mode": "ranks", "gating_rank": doc["gating_rank"], "steps": int(len(al.steps)),
            "alignment": al.method, "alignment_error_ms": round(al.error_ms, 6),
            "alignment_error_source": al.error_source,
@@ -102,6 +122,8 @@ def run_before_after(before: list[Path], after: list[Path], markers: list[Path] 
     """``compare --before --after``: the JSON document (``matched`` false: exit 3)."""
     from engramprof.compare import load, strata
 
+    before = [b.path for b in _expand(before, markers, need_ranks=False, flag="--before/--after")]
+    after = [b.path for b in _expand(after, markers, need_ranks=False, flag="--before/--after")]
     pairs = load.pair_markers(list(before) + list(after), markers)
     bundles = _load_all(list(before) + list(after), pairs, slow_ms)
     bb, ab = bundles[:len(before)], bundles[len(before):]

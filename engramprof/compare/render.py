@@ -33,6 +33,8 @@ def ranks(doc: dict, con: Console | None = None) -> None:
     if g is not None:
         where = _short(g["trace"], 40) + (f", pid {g['pid']}" if g.get("pid") is not None and
                                            sum(r["trace"] == g["trace"] for r in doc["ranks"]) > 1 else "")
+        if g.get("host") and len({r.get("host") for r in doc["ranks"]}) > 1:
+            where = f"host {g['host']}, {where}"
         _say(con, f"gating rank: {g['rank']} ({where}) was the slowest in {g['gated_share']:.0%} of "
                   f"steps, {fmt_ms(g['excess_ms'])} ms over the median rank, mostly {g['top_cause'] or '-'}",
              style="bold")
@@ -45,6 +47,10 @@ def ranks(doc: dict, con: Console | None = None) -> None:
     rows = [[str(r["rank"]), r["trace"] + (f" pid {r['pid']}" if r["trace"] in shared and r.get("pid") is not None else ""),
              f"{r['gated_share']:.0%}", fmt_ms(r["excess_ms"]), r["top_cause"] or "-",
              fmt_ms(r["batch_ms"]["p50"]), fmt_ms(r["batch_ms"]["p99"])] for r in doc["ranks"]]
+    if len({r.get("host") for r in doc["ranks"]}) > 1:  # ranks on several hosts: say which
+        cols.insert(1, Col("host", justify="left", min_width=4))
+        for row, r in zip(rows, doc["ranks"]):
+            row.insert(1, r.get("host") or "-")
     con.print(fit_table(con, cols, rows, title="per rank: share of steps gated, time over the median rank"))
     if doc["worst_steps"]:
         cols = [Col("step"), Col("slowest rank"), Col("step ms"), Col("median ms"), Col("excess ms"),
