@@ -4,12 +4,16 @@
     .venv/bin/python benchmarks/compare_speed.py                  # 4 ranks x 5M calls
     .venv/bin/python benchmarks/compare_speed.py --ranks 8 --calls 1e7
     .venv/bin/python benchmarks/compare_speed.py --arms --calls 1e7 --rounds 3
+    .venv/bin/python benchmarks/compare_speed.py --arms --only fragments --calls 1e7 --rounds 4
 
 ``--arms``: how compare should read one rank's events, decided by measurement.  One bundle,
 then, round by round in one run (arms interleaved, each in a fresh child process): ``bundle``
 (engramprof's reader, ``load_bundle(columns=EVENT_READ_COLUMNS, compact=True)``),
 ``bundle-split`` (the same reader without ``tensor`` and ``row``, which only name a batch's
-slowest call: compare's columns),
+slowest call: compare's columns; each part read with ``pyarrow.parquet.read_table``, which
+in pyarrow >= 15 is a one-file ``pyarrow.dataset``), ``fragments`` (the same reader and plan,
+``trace.reader.PART_SCAN = "fragments"``: one ``pyarrow.dataset`` over the bundle's complete
+parts, each part scanned as its fragment with the column projection),
 ``dataset`` (``pyarrow.dataset`` to_table of the same columns, then to_pandas), ``duckdb``
 (``read_parquet`` of the same columns to Arrow, then to pandas), each followed by batch-tail's
 analysis (``engramprof.analysis.analyse``, the cause split); and ``duckdb-sums``: DuckDB
@@ -21,9 +25,11 @@ per-batch table (wall and cause ms) is identical to ``bundle``'s.
 Bundles are built like benchmarks/analysis_speed.py's (decode batches of 96 reads from a
 32-thread pool, ~1 ms each, a 2-20 ms forward pass between; 85% cached, 10% with cold reads,
 5% with a few throttled reads), every rank on the same step timeline with markers carrying a
-shared step id; rank 1 has 3x the cold batches (the straggler).  Then `engramprof compare
---ranks` runs in a child process of its own (the command line as a user runs it, --json), and
-its wall time and peak RSS (getrusage of the child) are printed.
+shared step id (each bundle's own markers.jsonl); rank 1 has 3x the cold batches (the
+straggler).  They are laid out as a fleet directory, DIR/host=hK/rank=R/trace (four ranks a
+host).  Then `engramprof compare --ranks DIR` runs in a child process of its own (the command
+line as a user runs it, --json), and its wall time and peak RSS (getrusage of the child) are
+printed.
 """
 from __future__ import annotations
 
@@ -52,10 +58,12 @@ def build(path: Path, n_calls: int, rank: int, straggler: int, chunk: int = 10_0
     timeline = np.random.default_rng(12345)        # the steps' timeline: the same on every rank
     rng = np.random.default_rng(rank)
     nb_total = max(1, n_calls // PER_BATCH)
+    path.parent.mkdir(parents=True, exist_ok=True)
     w = TraceWriter(path, meta={"pid": 4242, "synthetic": "benchmarks/compare_speed.py", "rank": rank})
     start, step0 = T0, 0
     cold_p = 0.30 if rank == straggler else 0.10
-    with open(path.parent / f"{path.name}.markers.jsonl", "w") as mk:
+    marks = path.parent / f".{path.name}.markers.jsonl"
+    with open(marks, "x") as mk:
         for c0 in range(0, nb_total, chunk):
             nb = min(chunk, nb_total - c0)
             gap = np.exp(timeline.uniform(np.log(4e6), np.log(20e6), nb)).astype(np.int64)
@@ -93,10 +101,16 @@ def build(path: Path, n_calls: int, rank: int, straggler: int, chunk: int = 10_0
                              for i, (s, e) in enumerate(zip(bstart.tolist(), ends.tolist()))))
             step0 += nb
     w.close()
+    marks.rename(path / "markers.jsonl")  # the bundle carries its markers
     return {"calls": nb_total * PER_BATCH, "batches": nb_total}
 
 
-ARMS = ("bundle", "bundle-split", "dataset", "duckdb", "duckdb-sums")
+def bundle_path(d: Path, rank: int) -> Path:
+    """Rank ``rank``'s bundle in the fleet layout (four ranks a host)."""
+    return d / f"host=h{rank // 4}" / f"rank={rank}" / "trace"
+
+
+ARMS = ("bundle", "bundle-split", "fragments", "dataset", "duckdb", "duckdb-sums")
 TEXT = ("path", "tensor", "kind")
 
 
@@ -109,9 +123,11 @@ def _read_arm(arm: str, trace: Path, markers: Path):
 
     if arm == "bundle":
         return load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
-    if arm == "bundle-split":  # without tensor and row: the columns of the cause split only
+    if arm in ("bundle-split", "fragments"):  # without tensor and row: the cause split's columns
         from engramprof.compare.load import SPLIT_COLUMNS
+        from engramprof.trace import reader
 
+        reader.PART_SCAN = "fragments" if arm == "fragments" else "read_table"
         return load_bundle(trace, columns=SPLIT_COLUMNS, compact=True)
     files = [str(h.path) for h in complete_parts(trace / "calls")]
     names = set(complete_parts(trace / "calls")[0].schema_arrow.names)
@@ -176,10 +192,10 @@ def child(arm: str, trace: Path, markers: Path) -> None:
 def arms(d: Path, calls: int, rounds: int, only: list[str] | None = None) -> None:
     import os
 
-    p = d / "rank=0"
+    p = bundle_path(d, 0)
     if not p.exists():
         build(p, calls, 0, straggler=1)
-    m = p.parent / f"{p.name}.markers.jsonl"
+    m = p / "markers.jsonl"
     use = tuple(a for a in ARMS if not only or a in only or a == "bundle")
     res: dict[str, list[dict]] = {a: [] for a in use}
     load = [os.getloadavg()]
@@ -231,15 +247,15 @@ def main() -> None:
         traces = []
         t0 = time.perf_counter()
         for r in range(a.ranks):
-            p = d / f"rank={r}"
+            p = bundle_path(d, r)
             if not p.exists():
                 build(p, int(a.calls), r, straggler=1)
             traces.append(p)
+        stray = sorted(set(d.glob("host=*/rank=*/trace")) - set(traces))
+        if stray:
+            raise SystemExit(f"{d} holds other ranks' bundles ({stray[0]}, ...): give --ranks to match, or another --dir")
         print(f"built {a.ranks} bundles of {int(a.calls):,} calls in {time.perf_counter() - t0:.1f} s", flush=True)
-        argv = [sys.executable, "-m", "engramprof", "compare", "--ranks", *map(str, traces)]
-        for p in traces:
-            argv += ["--markers", str(p.parent / f"{p.name}.markers.jsonl")]
-        argv += ["--json"]
+        argv = [sys.executable, "-m", "engramprof", "compare", "--ranks", str(d), "--json"]  # the fleet directory
         import os
 
         load0 = os.getloadavg()
@@ -251,7 +267,7 @@ def main() -> None:
         if out.returncode != 0:
             raise SystemExit(f"compare failed ({out.returncode}): {out.stderr}")
         doc = json.loads(out.stdout)
-        print(f"compare --ranks, {a.ranks} ranks x {int(a.calls):,} calls: {wall:.1f} s wall, peak RSS {rss:.2f} GiB; "
+        print(f"compare --ranks DIR (a fleet directory), {a.ranks} ranks x {int(a.calls):,} calls: {wall:.1f} s wall, peak RSS {rss:.2f} GiB; "
               f"{doc['steps']:,} steps aligned by {doc['alignment']}; gating rank {doc['gating_rank']} "
               f"({next(r['gated_share'] for r in doc['ranks'] if r['rank'] == doc['gating_rank']):.0%} of steps, "
               f"top cause {next(r['top_cause'] for r in doc['ranks'] if r['rank'] == doc['gating_rank'])}); "

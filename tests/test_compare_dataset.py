@@ -150,3 +150,46 @@ def test_fleet_directory_bad_input(fleet, tmp_path):
     assert "--markers pairs with bundle paths" in _bad("--ranks", fleet, "--markers",
                                                        fleet / "host=b" / "rank=2" / "t-b" / "markers.jsonl")
     assert "given twice" in _bad("--ranks", fleet, fleet / "host=b" / "rank=2" / "t-b")
+
+
+# ------------------------------------- the reader's parts scanned as one pyarrow dataset's fragments --
+
+def test_parts_as_dataset_fragments_read_the_same_frame(tmp_path, monkeypatch):
+    """trace.reader.PART_SCAN = "fragments" (one pyarrow.dataset over the complete parts, each
+    scanned as its fragment) gives load_bundle's frame exactly, on a bundle of several parts,
+    one of them older (without ``runq_ns``: NaN there) and one cut short (skipped, noted)."""
+    import pyarrow.parquet as pq
+
+    from engramprof.compare.load import SPLIT_COLUMNS
+    from engramprof.trace import load_bundle, reader
+
+    t = make_rank(tmp_path / "t", np.arange(40) % 3 == 0, np.random.default_rng(5), 40)
+    calls = t / "calls"
+    (first,) = sorted(calls.glob("part-*.parquet"))
+    tab = pq.read_table(first)
+    later = tab.set_column(0, "ts_ns", pa_add(tab.column("ts_ns"), 10**9))
+    pq.write_table(later, calls / "part-000101.parquet")
+    pq.write_table(later.drop_columns(["runq_ns"]).set_column(0, "ts_ns", pa_add(tab.column("ts_ns"), 2 * 10**9)),
+                   calls / "part-000102.parquet")
+    (calls / "part-000103.parquet").write_bytes((calls / "part-000101.parquet").read_bytes()[:300])
+    got, used = {}, []
+    real = reader._part_fragments
+    monkeypatch.setattr(reader, "_part_fragments", lambda parts, heads: used.append(len(parts)) or real(parts, heads))
+    for scan in ("read_table", "fragments"):
+        monkeypatch.setattr(reader, "PART_SCAN", scan)
+        tr = load_bundle(t, columns=SPLIT_COLUMNS, compact=True)
+        got[scan] = (tr.calls, tr.notes)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(got["read_table"][0], got["fragments"][0])
+    assert used == [3]  # the fragments path ran, once, over the three complete parts
+    assert got["read_table"][1] == got["fragments"][1] and any("part-000103" in n for n in got["fragments"][1])
+    frame = got["fragments"][0]
+    assert len(frame) == 3 * 40 * 32 and frame["runq_ns"].isna().sum() == 40 * 32
+    assert frame["ts_ns"].is_monotonic_increasing
+
+
+def pa_add(col, k: int):
+    import pyarrow.compute as pc
+
+    return pc.add(col, k)
