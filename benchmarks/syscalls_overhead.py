@@ -22,11 +22,19 @@ order of the traced arms rotates from round to round): the loop untraced and und
 made for it, the worker moved in; removed at the end) and by `--file TABLE` (every process's
 reads of the table: the fd followed to its inode in the kernel).  All three arms run with
 `--no-offcpu --sample-hz 0` (--file alone records no off-CPU spans), so they differ only in
-the selector.  Target: --cgroup and --file add within 10% of what --pid adds.  With
-kernel.bpf_stats_enabled it also prints the tracer's BPF program time per call (run_time_ns
+the selector.  Target: --cgroup and --file add within 10% of what --pid adds.  It also
+prints the tracer's BPF program time per call (run_time_ns
 of the programs the tracer process holds, from /proc/PID/fdinfo: blind to scheduling noise),
 the same net of the background (the system-wide hooks' cost for other processes, measured over
 an idle second after each loop), and the worker's own CPU time per call for every arm.
+
+With --selectors it also prints, per program (probe:tracepoint: the tracepoint from
+BPF_TASK_FD_QUERY on the tracer's fds, the probe from the ring buffer among the maps its
+programs share), the program's run time per traced call, its runs per traced call, its run time
+per run, and its background (ns a second over the idle second), every arm side by side, and
+where each selector's extra cost over --pid's sits.  Run-time statistics are held on with
+benchmarks/bpfstats.py (a counted bpf(BPF_ENABLE_STATS) fd: other jobs' benchmarks are not
+switched off, nor switch this one off).
 
 `--baseline TREE` (with --selectors) adds the same three arms run with the engramprof of another
 checkout (arm names ending in @base), interleaved with this tree's: a before/after in one run.
@@ -37,6 +45,7 @@ Needs root.  Usage: benchmarks/syscalls_overhead.py [--rounds 5] [--calls 400000
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +55,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bpfstats import prog_stats_of_pid, stats_enabled  # noqa: E402
 
 PY = sys.executable
 WORKER = r"""
@@ -76,15 +88,10 @@ BPFTRACE = ("tracepoint:syscalls:sys_enter_preadv2 /pid == {pid}/ {{ @s[tid] = n
             "tracepoint:syscalls:sys_exit_preadv2 /@s[tid]/ {{ @h = hist(nsecs - @s[tid]); delete(@s[tid]); }}")
 
 
-def prog_run_ns() -> int | None:
-    """Total run time of every loaded BPF program (kernel.bpf_stats_enabled), or None."""
-    if not shutil.which("bpftool"):
-        return None
-    r = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True)
-    try:
-        return sum(p.get("run_time_ns", 0) for p in json.loads(r.stdout))
-    except ValueError:
-        return None
+def prog_run_ns(pid: int) -> int | None:
+    """Run time of every BPF program process ``pid`` holds (bpfstats: its fds' fdinfo), or None."""
+    st = prog_stats_of_pid(pid)
+    return sum(ns for ns, _cnt in st.values()) if st else None
 
 
 def start_tracer(cmd: list[str], ready: str, stream: str = "stderr", tree: str | None = None) -> subprocess.Popen:
@@ -159,12 +166,13 @@ def main() -> int:
         # BPF program time per call (bpf_stats): immune to the machine's scheduling noise,
         # but leaves out the tracepoint dispatch around the programs
         prog_ns: dict[str, list[float]] = {"engramprof": [], "bpftrace": []}
-        stats = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
+        held = contextlib.ExitStack()
+        stats = held.enter_context(stats_enabled())
 
-        def timed_loop(arm: str) -> float:
-            before = prog_run_ns() if stats else None
+        def timed_loop(arm: str, pid: int) -> float:
+            before = prog_run_ns(pid) if stats else None
             v = loop(a.calls)
-            after = prog_run_ns() if stats else None
+            after = prog_run_ns(pid) if stats else None
             if before is not None and after is not None:
                 prog_ns[arm].append((after - before) / a.calls)
             return v
@@ -175,7 +183,7 @@ def main() -> int:
             out = os.path.join(tmp, f"trace{r}")
             p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(w.pid), "--output", out,
                               "--hook", a.hook], "Tracing")
-            res["engramprof"].append(timed_loop("engramprof"))
+            res["engramprof"].append(timed_loop("engramprof", p.pid))
             stop_tracer(p)
             meta = json.load(open(os.path.join(out, "meta.json")))
             lost.append(meta.get("lost_records"))
@@ -184,7 +192,7 @@ def main() -> int:
             if have_bpftrace:
                 p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=w.pid)], "Attaching", stream="stdout")
                 time.sleep(0.5)
-                res["bpftrace"].append(timed_loop("bpftrace"))
+                res["bpftrace"].append(timed_loop("bpftrace", p.pid))
                 stop_tracer(p)
         med = {k: statistics.median(v) for k, v in res.items() if v}
         print(f"cached RWF_NOWAIT preadv2 loop, {a.calls:,} calls x {a.rounds} rounds (interleaved), median ns/call:")
@@ -197,11 +205,10 @@ def main() -> int:
             print(f"engramprof adds {ea:.0f} ns/call, bpftrace one-liner adds {ba:.0f} ns/call: "
                   f"ratio {ea / ba:.2f} (target <= 0.70)")
         print(f"engramprof lost records per run: {lost}; records written per run: {recorded}")
-        if stats:
-            subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
+        held.close()
         if prog_ns["engramprof"] and prog_ns["bpftrace"]:
             pe, pb = statistics.median(prog_ns["engramprof"]), statistics.median(prog_ns["bpftrace"])
-            print(f"BPF program time per traced call (bpf_stats, all programs incl. sched/block hooks): "
+            print(f"BPF program time per traced call (bpf_stats, the tracer process's programs, its sched/block hooks too): "
                   f"engramprof {pe:.0f} ns, bpftrace {pb:.0f} ns, ratio {pe / pb:.2f}")
 
         if a.rss_seconds:
@@ -238,25 +245,106 @@ def main() -> int:
 
 CGROUP2 = "/sys/fs/cgroup/unified"
 
+# ---- which program is which: the tracepoint each of a process's programs is attached to, and
+# the probe it belongs to (BPF_TASK_FD_QUERY on its perf-event / raw-tracepoint fds; the probe
+# from the ring buffer among the maps its programs share).  No bpftool needed.
+BPF_PROG_GET_FD_BY_ID, BPF_MAP_GET_FD_BY_ID, BPF_OBJ_GET_INFO_BY_FD, BPF_TASK_FD_QUERY = 13, 14, 15, 20
+BPF_MAP_TYPE_RINGBUF = 27
+#: ring buffer name (as the kernel keeps it: 15 characters) -> the probe file it is in
+PROBE_OF_RING = {"call_records": "preadv", "vm_events": "preadv", "fault_records": "faults",
+                 "eviction_record": "evictions", "pagecache_recor": "pagecache", "offcpu_records": "sched"}
 
-def tracer_prog_ns(pid: int) -> int | None:
-    """run_time_ns summed over the BPF programs a tracer process holds (its fds' fdinfo; needs
-    kernel.bpf_stats_enabled=1): in-kernel program time, blind to scheduling noise."""
-    total, seen = 0, False
+
+def _bpf(cmd: int, attr) -> int:
+    import ctypes
+    import platform
+
+    from bpfstats import SYS_BPF
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(SYS_BPF.get(platform.machine(), -1), cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
+def _obj_info(fd: int, size: int, prep=None) -> bytes | None:
+    import ctypes
+
+    info = (ctypes.c_uint8 * size)()
+    if prep:
+        prep(info)
+    attr = (ctypes.c_uint8 * 16)()
+    ctypes.c_uint32.from_buffer(attr, 0).value = fd
+    ctypes.c_uint32.from_buffer(attr, 4).value = size
+    ctypes.c_uint64.from_buffer(attr, 8).value = ctypes.addressof(info)
+    return bytes(info) if _bpf(BPF_OBJ_GET_INFO_BY_FD, attr) == 0 else None
+
+
+def _prog_map_ids(prog_id: int) -> list[int]:
+    import ctypes
+
+    fd = _bpf(BPF_PROG_GET_FD_BY_ID, (ctypes.c_uint32 * 4)(prog_id, 0, 0, 0))
+    if fd < 0:
+        return []
+    ids = (ctypes.c_uint32 * 64)()
+
+    def prep(info):  # struct bpf_prog_info: nr_map_ids at 52, map_ids at 56
+        ctypes.c_uint32.from_buffer(info, 52).value = 64
+        ctypes.c_uint64.from_buffer(info, 56).value = ctypes.addressof(ids)
     try:
-        fds = os.listdir(f"/proc/{pid}/fdinfo")
-    except OSError:
+        info = _obj_info(fd, 256, prep)
+    finally:
+        os.close(fd)
+    if info is None:
+        return []
+    return list(ids[:min(int.from_bytes(info[52:56], "little"), 64)])
+
+
+def _map_type_name(map_id: int) -> tuple[int, str] | None:
+    import ctypes
+
+    fd = _bpf(BPF_MAP_GET_FD_BY_ID, (ctypes.c_uint32 * 4)(map_id, 0, 0, 0))
+    if fd < 0:
         return None
+    try:
+        info = _obj_info(fd, 128)  # struct bpf_map_info: type at 0, name[16] at 24
+    finally:
+        os.close(fd)
+    return None if info is None else (int.from_bytes(info[0:4], "little"), info[24:40].split(b"\0")[0].decode())
+
+
+def prog_names_of_pid(pid: int) -> dict[int, str]:
+    """prog_id -> "probe:tracepoint" for every program process ``pid`` has attached."""
+    import ctypes
+
+    attached: dict[int, str] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return {}
     for fd in fds:
-        try:
-            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                info = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if "prog_type" in info and "run_time_ns" in info:
-            total += int(info["run_time_ns"])
-            seen = True
-    return total if seen else None
+        buf = ctypes.create_string_buffer(256)
+        attr = (ctypes.c_uint8 * 48)()  # union bpf_attr.task_fd_query
+        ctypes.memmove(ctypes.addressof(attr), (ctypes.c_uint32 * 4)(pid, int(fd), 0, 256), 16)
+        ctypes.c_uint64.from_buffer(attr, 16).value = ctypes.addressof(buf)
+        if _bpf(BPF_TASK_FD_QUERY, attr) == 0:
+            attached[ctypes.c_uint32.from_buffer(attr, 24).value] = buf.value.decode()
+    # programs sharing a map are one probe; the probe is named by its ring buffer
+    maps = {p: _prog_map_ids(p) for p in attached}
+    parent: dict[tuple, tuple] = {}
+
+    def root(x: tuple) -> tuple:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+    for p, ids in maps.items():
+        for m in ids:
+            parent[root(("map", m))] = root(("prog", p))
+    info = {m: _map_type_name(m) for ids in maps.values() for m in ids}
+    probe: dict[tuple, str] = {}
+    for p, ids in maps.items():
+        for m in ids:
+            if info[m] and info[m][0] == BPF_MAP_TYPE_RINGBUF:
+                probe.setdefault(root(("prog", p)), PROBE_OF_RING.get(info[m][1], info[m][1]))
+    return {p: f"{probe.get(root(('prog', p)), '?')}:{tp}" for p, tp in attached.items()}
 
 
 def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data: str, a) -> None:
@@ -267,11 +355,14 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
     are charged to it; time other jobs take on the shared cores is not); and the tracer's BPF
     program time per call (bpf_stats), also net of the background: the same tracer's program time
     over an idle second right after the loop (the system-wide hooks firing for other processes),
-    scaled to the loop's length and subtracted."""
+    scaled to the loop's length and subtracted.  Then, per program (probe:tracepoint), its run
+    time per traced call, its invocations per traced call and its run time per invocation, each
+    arm side by side, and its background rate over the idle second: where a selector's cost goes."""
     root = CGROUP2 if os.path.isfile(os.path.join(CGROUP2, "cgroup.procs")) else "/sys/fs/cgroup"
     cg = os.path.join(root, f"engramprof-bench-{os.getpid()}")
     os.mkdir(cg)
     idle_s = 1.0
+    held = contextlib.ExitStack()
     try:
         with open(os.path.join(cg, "cgroup.procs"), "w") as f:
             f.write(str(w.pid))
@@ -284,7 +375,9 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
         lost: dict[str, list] = {k: [] for k in arms}
         prog: dict[str, list[float]] = {k: [] for k in arms}
         net: dict[str, list[float]] = {k: [] for k in arms}
-        stats = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
+        # arm -> "probe:tracepoint" -> per round (ns per traced call, runs per traced call, idle ns per s)
+        per: dict[str, dict[str, list[tuple[float, float, float]]]] = {k: {} for k in arms}
+        stats = held.enter_context(stats_enabled())  # a counted bpf(BPF_ENABLE_STATS) fd
         names = list(arms)
         for r in range(a.rounds):
             res["untraced"].append(loop(a.calls))
@@ -294,20 +387,24 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
                 tree, args = arms[k]
                 p = start_tracer([PY, "-m", "engramprof", "syscalls", *args, "--output", out, "--hook", a.hook,
                                   "--no-offcpu", "--sample-hz", "0"], "Tracing", tree=tree)
-                if stats:  # another job may have turned it off meanwhile
-                    subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"])
-                before = tracer_prog_ns(p.pid) if stats else None
+                pnames = prog_names_of_pid(p.pid) if stats else {}
+                before = prog_stats_of_pid(p.pid) if stats else {}
                 t0 = time.monotonic()
                 res[k].append(loop(a.calls))
                 took = time.monotonic() - t0
                 cpu[k].append(last_cpu[0])
-                after = tracer_prog_ns(p.pid) if stats else None
+                after = prog_stats_of_pid(p.pid) if stats else {}
                 time.sleep(idle_s)  # the worker idle: what the tracer's programs cost without it
-                idle = tracer_prog_ns(p.pid) if stats else None
-                if before is not None and after is not None and after > before:  # 0: stats were off
-                    prog[k].append((after - before) / a.calls)
-                    if idle is not None and idle >= after:
-                        net[k].append((after - before - (idle - after) * took / idle_s) / a.calls)
+                idle = prog_stats_of_pid(p.pid) if stats else {}
+                tb, ta, ti = (sum(ns for ns, _ in d.values()) for d in (before, after, idle))
+                if before and ta > tb:
+                    prog[k].append((ta - tb) / a.calls)
+                    net[k].append((ta - tb - (ti - ta) * took / idle_s) / a.calls)
+                    for pid_, label in pnames.items():
+                        if pid_ in before and pid_ in after and pid_ in idle:
+                            (nb, cb), (na, ca), ni = before[pid_], after[pid_], idle[pid_][0]
+                            row = ((na - nb) / a.calls, (ca - cb) / a.calls, (ni - na) / idle_s)
+                            per[k].setdefault(label, []).append(row)
                 stop_tracer(p)
                 meta = json.load(open(os.path.join(out, "meta.json")))
                 lost[k].append((meta.get("lost_records"), meta.get("calls_written")))
@@ -318,7 +415,7 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
                      + " | prog net " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in net.items() if v) if stats else ""),
                   flush=True)
     finally:
-        subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
+        held.close()
         try:
             with open(os.path.join(root, "cgroup.procs"), "w") as f:
                 f.write(str(w.pid))
@@ -345,8 +442,7 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
     for title, d in (("BPF program time per call (bpf_stats, the tracer's programs, median)", prog),
                      ("BPF program time per call net of the background (idle second after each loop)", net)):
         if not all(d.values()):
-            print(f"{title}: not measured (kernel.bpf_stats_enabled off, or turned off by another job, "
-                  "in some arm's every round)")
+            print(f"{title}: not measured (BPF statistics could not be enabled)")
             continue
         pm = {k: statistics.median(v) for k, v in d.items()}
         print(f"{title}: " + ", ".join(f"{k} {v:.0f} ns" for k, v in pm.items()) + "; rounds: " + "; ".join(
@@ -356,6 +452,46 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
             for k in ("--cgroup" + sfx, "--file" + sfx):
                 print(f"  {k} / --pid{sfx}: median {pm[k] / pm['--pid' + sfx]:.2f}, least round "
                       f"{lo[k]:.0f} / {lo['--pid' + sfx]:.0f} ns = {lo[k] / lo['--pid' + sfx]:.2f} (target <= 1.10)")
+    if any(per.values()):
+        print_per_program(per, names)
+
+
+def print_per_program(per: dict, names: list[str]) -> None:
+    """Per program, arms side by side (medians over rounds): ns per traced call, runs per traced
+    call, ns per run; then the background (ns a second with the worker idle).  Programs that cost
+    under 1 ns a call in every arm and fired under 1 time in 100 calls are summed in one line."""
+    labels = sorted({lb for d in per.values() for lb in d})
+
+    def med(k: str, lb: str, i: int) -> float | None:
+        rows = per[k].get(lb)
+        return statistics.median(r[i] for r in rows) if rows else None
+    cost = {lb: max((med(k, lb, 0) or 0) for k in names) for lb in labels}
+    print("per program (median over rounds): ns per traced call / runs per traced call / ns per run;"
+          " idle: ns a second with the worker idle (the background)")
+    print(f"  {'probe:tracepoint':36s}" + "".join(f" {k:>26s}" for k in names) + "".join(
+        f" {'idle ' + k:>14s}" for k in names))
+    small = {k: 0.0 for k in names}
+    for lb in sorted(labels, key=lambda x: -cost[x]):
+        vals = {k: (med(k, lb, 0), med(k, lb, 1), med(k, lb, 2)) for k in names}
+        if cost[lb] < 1 and all((v[1] or 0) < 0.01 for v in vals.values()):
+            for k in names:
+                small[k] += vals[k][0] or 0
+            continue
+        cells = []
+        for k in names:
+            ns, runs, _idle = vals[k]
+            cells.append(f" {'-':>26s}" if ns is None else
+                         f" {ns:8.1f} / {runs:6.3f} / {(ns / runs if runs else 0):6.1f}")
+        idles = "".join(f" {'-':>14s}" if vals[k][2] is None else f" {vals[k][2] / 1000:11.1f} us" for k in names)
+        print(f"  {lb:36s}" + "".join(cells) + idles)
+    print(f"  {'(the rest, each < 1 ns a call)':36s}" + "".join(f" {small[k]:8.1f}{'':18s}" for k in names))
+    if "--pid" in names:
+        print("  where each selector's extra cost sits (ns per traced call over --pid's, programs over 5 ns):")
+        for k in names:
+            if k == "--pid" or "@" in k:
+                continue
+            diffs = sorted(((med(k, lb, 0) or 0) - (med("--pid", lb, 0) or 0), lb) for lb in labels)
+            print(f"   {k}: " + ", ".join(f"{lb} {d:+.0f}" for d, lb in reversed(diffs) if abs(d) >= 5))
 
 
 def lab_overhead(tmp: str, hook: str) -> None:
