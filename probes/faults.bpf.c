@@ -80,6 +80,11 @@ BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
 BPF_ARRAY(fault_out_bits, u64, TID_WORDS);
 #endif
 BPF_TABLE("lru_hash", struct bio_key, struct bio_start, fault_bio_by_sector, 16384);
+/* entries put in fault_bio_by_sector and not yet taken out: block_rq_complete fires for every
+ * request of the machine (interrupt context: no tgid to test), so with none in flight it returns
+ * before the hash lookup.  Never below the true count (incremented on every insertion, decremented
+ * only when a delete found the entry); an entry the LRU dropped keeps it above: lookups again. */
+BPF_ARRAY(fault_bios_inflight, s64, 1);
 BPF_RINGBUF_OUTPUT(fault_records, RING_PAGES);
 BPF_PERCPU_ARRAY(fault_totals, struct fault_totals, 1);
 BPF_ARRAY(fault_record_layout, struct fault_record, 1);
@@ -346,6 +351,14 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 #endif
 
 #if HAVE_BIO
+static __always_inline void bios_inflight_add(s64 n)
+{
+	int zero = 0;
+	s64 *c = fault_bios_inflight.lookup(&zero);
+	if (c)
+		__sync_fetch_and_add(c, n);
+}
+
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -359,7 +372,8 @@ TRACEPOINT_PROBE(block, block_bio_queue)
 	s->end = now;
 	struct bio_key k = {.dev = args->dev, .sector = args->sector};
 	struct bio_start v = {.ts = now, .fault_ts = s->ts, .tid = (u32)pid_tgid};
-	fault_bio_by_sector.update(&k, &v);
+	if (fault_bio_by_sector.update(&k, &v) == 0)
+		bios_inflight_add(1);
 	return 0;
 }
 
@@ -368,13 +382,18 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
 	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	fault_bio_by_sector.delete(&k);
+	if (fault_bio_by_sector.delete(&k) == 0)
+		bios_inflight_add(-1);
 	return 0;
 }
 
 /* interrupt context: credit the fault that queued the bio if it is still open */
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
+	int zero = 0;
+	s64 *inflight = fault_bios_inflight.lookup(&zero);  /* array: inlined, no helper call */
+	if (!inflight || *inflight <= 0)
+		return 0;  /* no bio of a target in flight: every other request of the machine stops here */
 	struct bio_key k = {.dev = args->dev, .sector = args->sector};
 	struct bio_start *b = fault_bio_by_sector.lookup(&k);
 	if (!b)
@@ -382,7 +401,8 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 	u64 delta = bpf_ktime_get_ns() - b->ts;
 	u32 tid = b->tid;
 	u64 fault_ts = b->fault_ts;
-	fault_bio_by_sector.delete(&k);
+	if (fault_bio_by_sector.delete(&k) == 0)
+		bios_inflight_add(-1);
 	struct fault_state *s = open_fault(tid);
 	if (s && s->ts == fault_ts)
 		__sync_fetch_and_add(&s->bio_ns, delta);
