@@ -1,48 +1,63 @@
 #!/usr/bin/env python3
-"""What does the page-fault probe add to each traced fault of a memory-mapped reader?
+"""What does the page-fault probe add to each traced fault of a memory-mapped reader, and to the
+faults of a process it does not trace?
 
-Two worker processes each map their own copy of a table (numpy.memmap, read-only,
-MADV_RANDOM) and gather one byte from each of K pages 16 pages apart (one fault each, fault-
-around cannot serve the next one):
+Worker processes each map their own copy of a table (numpy.memmap, read-only, MADV_RANDOM) and
+gather one byte from each of K pages 16 pages apart (one fault each, fault-around cannot serve
+the next one):
 
-  cold     the pages evicted first (MADV_DONTNEED on the mapping + POSIX_FADV_DONTNEED): every
-           gather is a major fault with a device read;
+  cold     the pages evicted first (MADV_DONTNEED on the mapping + POSIX_FADV_DONTNEED, then
+           cachestat(2) says how many pages of the file are still cached: must be 0; never by
+           reading): every gather is a major fault with a device read;
   cached   the pages cached but unmapped (MADV_DONTNEED on the mapping only): every gather is a
            minor fault (filemap map_pages), repeated R times: the probe's cost without the I/O.
 
-Arms, interleaved round by round in one run so the shared machine's noise hits them alike:
+The tables live on an ext4 filesystem on a loop device (direct I/O) whose backing file is on
+tmpfs (/dev/shm): a cold fault does real block I/O through the block layer (bio queued, request
+completed, the faulting thread asleep), with a service time that is a memory copy and a loop
+worker's wake-up (~30 us), not a virtio disk's +-100 us.  The loop device, its mount and the
+backing file are removed at the end, on failure too.  (--disk DIR puts the tables on DIR's
+filesystem instead.)  Before each cold gather the eviction is done and settled: the arms wait
+until the recorder's CPU is back to its idle rate (it decodes the eviction's records: that is
+its cost for the eviction, not for the faults), the other arms the same minimum time.
 
-  untraced     nothing attached
+Arms, interleaved round by round in one run so the shared machine's noise hits them alike.
+The target T gathers in:
+
+  untraced     nothing attached (T and the other process O both gather)
   engramprof   `engramprof syscalls --pid T --output TRACE` (every probe, the collector's decode,
                enrichment and Parquet)
-  probes       the preadv, off-CPU and fault probes loaded in this process and drained into the
-               void every 50 ms: the kernel side of the engramprof arm without its user space
+  probes       the preadv, off-CPU, fault, page-cache and eviction probes loaded in this process
+               and drained into the void every 50 ms: the kernel side of the engramprof arm
   fault-probe  the fault probe alone, drained into the void: without the other probes
   bpftrace     a bpftrace one-liner keeping a histogram of the same faults of T:
                page_fault_user -> (mm_filemap_fault | mm_filemap_map_pages) time, in a hist()
                (a cached fault fires only map_pages)
   floor        bpftrace programs that only test `pid == T` on every tracepoint engramprof
-               attaches (the empty-program floor for any other process)
-  before       (with --before-tree DIR) the engramprof arm run from another checkout: a
-               before/after of the recorder measured side by side in the same run
+               attaches (the empty-program floor)
+  before       (with --before-tree DIR) the engramprof arm run from another checkout
 
-The target T is worker 1; worker 2 is the untraced, fault-heavy other process, timed in every
-arm.  The arms' order is reversed every other round (drift in the machine's load hits the
-first and last arms alike), and each arm takes --measurements cached gathers per round (the
-target's and the other process's alternating).  Per fault, median over rounds and measurements: the gather's wall time and the faulting process's CPU
-time (user + system: what the programs cost in its own context, without the time it waited
-for a CPU the collector or anyone else held), what each arm adds, and the ratios to bpftrace
-(target: engramprof <= 0.7x); the ns added to the other process's faults (target: within the
-floor).  With kernel.bpf_stats_enabled=1 (set for the run): the run time of every BPF program
-each tracer holds during the target's gather (from /proc/PID/fdinfo: no bpftool), per program
-for the in-process arms; and the engramprof collector's own CPU per fault (every thread's
-sum_exec_runtime from /proc/PID/task/*/schedstat: ns, not clock ticks), less its idle rate
-(measured over the 0.5 s before the first gather of each arm).
+The untraced, fault-heavy other process O gathers in (the tracer's target is an idle `sleep`,
+so no record is made and the collector has nothing to do: what O pays is the programs' cost):
+
+  idle-engramprof  `engramprof syscalls --pid SLEEP --output TRACE`
+  idle-probes      the probes of the `probes` arm, target SLEEP, in this process
+  idle-empty       empty BCC programs on exactly the tracepoints idle-probes attaches (one each)
+  idle-floor       the floor's bpftrace programs, `pid == SLEEP`
+
+Per fault, median over measurements: the gather's wall time and the faulting process's CPU time
+(user + system), what each arm adds over untraced, and the ratios: engramprof to bpftrace
+(target: <= 0.7x), each round's ratio for the spread; O's added ns against the floors (target:
+within the empty-program floor).  BPF run-time statistics (benchmarks/bpfstats.py: held on by a
+BPF_ENABLE_STATS fd, never switched off): every program's run time during each gather, per
+fault; for idle-probes and idle-empty per program, so that O's cost is also given free of
+scheduling noise (ns of program time per O fault, ours against the empty programs').  The
+engramprof collector's own CPU per fault (schedstat of every thread) less its idle rate.
 
 Needs root and bpftrace.  Usage: benchmarks/faults_overhead.py [--rounds 3] [--pages 1500]
-[--cached-repeat 20] [--measurements 3] [--arms untraced,engramprof,probes,fault-probe,bpftrace,floor]
-[--before-tree DIR]; benchmarks/faults_overhead.py --pipeline 4096: the recorder's user-space
-cost per record alone (no root, no probe).
+[--cached-repeat 20] [--measurements 3] [--cold-measurements 3] [--arms a,b,...]
+[--before-tree DIR] [--disk DIR]; benchmarks/faults_overhead.py --pipeline 4096: the recorder's
+user-space cost per record alone (no root, no probe).
 """
 from __future__ import annotations
 
@@ -57,14 +72,18 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+from bpfstats import prog_stats_of_bcc, prog_stats_of_pid, stats_enabled  # noqa: E402
 from syscalls_overhead import start_tracer, stop_tracer  # noqa: E402
 
 PY = sys.executable
 WORKER = r"""
 import mmap, os, resource, sys, time
 import numpy as np
+from engramprof.cachestat import cachestat
 path = sys.argv[1]
 fd = os.open(path, os.O_RDONLY)
 size = os.fstat(fd).st_size
@@ -76,17 +95,18 @@ rng = np.random.default_rng(int(sys.argv[2]))
 windows = size // (16 * PS)
 for line in sys.stdin:
     cmd = line.split()
+    if cmd[0] == "evict":  # unmapped and out of the page cache; how many pages are still cached
+        raw.madvise(mmap.MADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        print(cachestat(fd, 0, 0).nr_cache, flush=True)
+        continue
     mode, k, rep = cmd[0], int(cmd[1]), int(cmd[2])
     idx = rng.choice(windows, min(k, windows), replace=False) * 16 * PS
-    total = 0
-    cpu = 0
-    faults = 0
+    total = cpu = faults = major = 0
     ru_all = resource.getrusage(resource.RUSAGE_SELF)
     for r in range(rep):
-        raw.madvise(mmap.MADV_DONTNEED)  # unmap: the next touch faults
-        if mode == "cold":
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        else:
+        if mode == "cached":
+            raw.madvise(mmap.MADV_DONTNEED)
             int(mm[idx].sum()); raw.madvise(mmap.MADV_DONTNEED)  # cached, not mapped
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         c = time.process_time_ns()
@@ -96,9 +116,10 @@ for line in sys.stdin:
         cpu += time.process_time_ns() - c
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         faults += (ru1.ru_majflt - ru0.ru_majflt) + (ru1.ru_minflt - ru0.ru_minflt)
+        major += ru1.ru_majflt - ru0.ru_majflt
     ru_end = resource.getrusage(resource.RUSAGE_SELF)
     every = (ru_end.ru_majflt - ru_all.ru_majflt) + (ru_end.ru_minflt - ru_all.ru_minflt)
-    print(f"{total} {cpu} {faults} {every}", flush=True)
+    print(f"{total} {cpu} {faults} {every} {major}", flush=True)
 """
 
 BPFTRACE = ("tracepoint:exceptions:page_fault_user /pid == {pid}/ {{ @s[tid] = nsecs; }} "
@@ -108,35 +129,21 @@ BPFTRACE = ("tracepoint:exceptions:page_fault_user /pid == {pid}/ {{ @s[tid] = n
             "{{ @us = hist((nsecs - @s[tid]) / 1000); delete(@s[tid]); }}")
 #: every tracepoint an engramprof recording attaches that a faulting process can fire
 FLOOR_TPS = ["exceptions:page_fault_user", "filemap:mm_filemap_fault", "filemap:mm_filemap_map_pages",
-             "filemap:mm_filemap_add_to_page_cache", "raw_syscalls:sys_enter", "raw_syscalls:sys_exit",
+             "filemap:mm_filemap_add_to_page_cache", "filemap:mm_filemap_delete_from_page_cache",
+             "raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "rseq:rseq_update",
              "sched:sched_switch", "sched:sched_wakeup", "sched:sched_waking", "block:block_bio_queue",
              "block:block_rq_complete", "vmscan:mm_vmscan_direct_reclaim_begin"]
-ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor", "before"]
-RECORDERS = ("engramprof", "before")  # arms that run `engramprof syscalls`
+TARGET_ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor", "before"]
+IDLE_ARMS = ["idle-engramprof", "idle-probes", "idle-empty", "idle-floor"]
+ARMS = TARGET_ARMS + IDLE_ARMS
+DEFAULT_ARMS = ["untraced", "engramprof", "bpftrace", "floor"] + IDLE_ARMS
+RECORDERS = ("engramprof", "before", "idle-engramprof")  # arms that run `engramprof syscalls`
+ALL_PROBES = ("preadv", "sched", "faults", "pagecache", "evictions")
+SETTLE_MIN_S = 0.3  # after an eviction, before a cold gather: every arm waits at least this
 
 
 def floor_prog(pid: int) -> str:
     return " ".join(f"tracepoint:{tp} /pid == {pid}/ {{ @c{i} = count(); }}" for i, tp in enumerate(FLOOR_TPS))
-
-
-def prog_fd_stats(pid: int) -> dict[int, tuple[int, int]]:
-    """prog_id -> (run_time_ns, run_cnt) of every BPF program fd process ``pid`` holds
-    (kernel.bpf_stats_enabled=1; /proc/PID/fdinfo, no bpftool needed)."""
-    out = {}
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            if "bpf-prog" not in os.readlink(f"/proc/{pid}/fd/{fd}"):
-                continue
-            kv = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/fdinfo/{fd}").read().splitlines()
-                      if ":\t" in line)
-            out[int(kv["prog_id"])] = (int(kv["run_time_ns"]), int(kv["run_cnt"]))
-        except (OSError, KeyError, ValueError):
-            continue
-    return out
 
 
 def cpu_ns(pid: int) -> int:
@@ -153,16 +160,27 @@ def cpu_ns(pid: int) -> int:
 
 
 def prog_total_ns(pid: int) -> int:
-    return sum(v[0] for v in prog_fd_stats(pid).values())
+    return sum(v[0] for v in prog_stats_of_pid(pid).values())
+
+
+def short_name(fn) -> str:
+    fn = fn.decode() if isinstance(fn, bytes) else fn
+    return fn.replace("raw_tracepoint__", "raw:").replace("tracepoint__", "").replace("__", ":")
+
+
+def attach_point(fn) -> str:
+    """'sched:sched_switch' / 'raw:sys_enter' of a BCC function name."""
+    return short_name(fn)
 
 
 class InProcessProbes:
-    """The engramprof probes loaded in this process, drained into the void every 50 ms (the
+    """engramprof probes loaded in this process, drained into the void every 50 ms (the
     recorder's own cadence) with no decode, enrichment or Parquet: the kernel side alone."""
 
     def __init__(self, pid: int, which: tuple[str, ...]):
+        from engramprof.bpf import evictions as ev
         from engramprof.bpf import faults as fp
-        from engramprof.bpf import loader, sched
+        from engramprof.bpf import loader, pagecache, sched
 
         self.probes = {}
         if "preadv" in which:
@@ -171,6 +189,11 @@ class InProcessProbes:
             self.probes["sched"] = sched.LoadedSchedProbe(sched.plan(sched.SchedConfig(tgid=pid)))
         if "faults" in which:
             self.probes["faults"] = fp.LoadedFaultProbe(fp.plan(fp.FaultProbeConfig(tgid=pid)))
+        if "pagecache" in which:
+            self.probes["pagecache"] = pagecache.LoadedPagecacheProbe(
+                pagecache.plan(pagecache.PagecacheProbeConfig(tgid=pid)))
+        if "evictions" in which:
+            self.probes["evictions"] = ev.LoadedEvictionProbe(ev.plan(ev.EvictionProbeConfig(tgid=pid)))
         self.records = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._drain_loop, daemon=True)
@@ -186,16 +209,13 @@ class InProcessProbes:
             if hasattr(p, "vm_ring"):
                 p.vm_ring.drain()
 
+    def attach_points(self) -> list[str]:
+        return sorted({attach_point(fn) for p in self.probes.values() for fn in p.bpf.funcs})
+
     def prog_stats(self) -> dict[str, tuple[int, int]]:
-        """'probe:function' -> (run_time_ns, run_cnt)."""
-        out = {}
-        for name, p in self.probes.items():
-            for fn, f in p.bpf.funcs.items():
-                kv = dict(line.split(":\t", 1) for line in open(f"/proc/self/fdinfo/{f.fd}").read().splitlines()
-                          if ":\t" in line)
-                short = fn.decode().replace("raw_tracepoint__", "raw:").replace("tracepoint__", "").replace("__", ":")
-                out[f"{name} {short}"] = (int(kv["run_time_ns"]), int(kv["run_cnt"]))
-        return out
+        """'probe attach:point' -> (run_time_ns, run_cnt)."""
+        return {f"{name} {short_name(fn)}": v for name, p in self.probes.items()
+                for fn, v in prog_stats_of_bcc(p.bpf).items()}
 
     def close(self):
         self._stop.set()
@@ -205,19 +225,45 @@ class InProcessProbes:
             p.close()
 
 
+class EmptyPrograms:
+    """Empty BCC programs, one on each of the given attach points ('cat:name', 'raw:name')."""
+
+    def __init__(self, points: list[str]):
+        from engramprof.bpf.base import compile_program, import_bcc
+
+        text = "".join(f"RAW_TRACEPOINT_PROBE({p[4:]}) {{ return 0; }}\n" if p.startswith("raw:") else
+                       "TRACEPOINT_PROBE({}, {}) {{ return 0; }}\n".format(*p.split(":")) for p in points)
+        self.bpf = compile_program(import_bcc(), text, "empty programs")
+
+    def prog_stats(self) -> dict[str, tuple[int, int]]:
+        return {f"empty {short_name(fn)}": v for fn, v in prog_stats_of_bcc(self.bpf).items()}
+
+    def close(self):
+        self.bpf.cleanup()
+
+
 class Worker:
     def __init__(self, path: str, seed: int):
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.p = subprocess.Popen([PY, "-c", WORKER, path, str(seed)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True, env=env)
         self.pid = self.p.pid
         self.last_faults = 0
+        self.last_major = 0
+
+    def evict(self) -> int:
+        """Evict the table; the pages of it still cached (cachestat), which must be 0."""
+        self.p.stdin.write("evict\n")
+        self.p.stdin.flush()
+        return int(self.p.stdout.readline())
 
     def run(self, mode: str, k: int, rep: int) -> tuple[float, float]:
         """(wall ns, CPU ns) per fault of one gather batch."""
         self.p.stdin.write(f"{mode} {k} {rep}\n")
         self.p.stdin.flush()
-        ns, cpu, faults, every = map(int, self.p.stdout.readline().split())
+        ns, cpu, faults, every, major = map(int, self.p.stdout.readline().split())
         self.last_faults = every  # every fault of the command (the untimed set-up's too)
+        self.last_major = major
         return ns / max(faults, 1), cpu / max(faults, 1)
 
     def close(self):
@@ -227,6 +273,53 @@ class Worker:
 
 def _med(v):
     return statistics.median(v) if v else float("nan")
+
+
+def _q(v, q):
+    if not v:
+        return float("nan")
+    s = sorted(v)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+class Tables:
+    """The two workers' tables on an ext4 loop device backed by a file on tmpfs (or on --disk)."""
+
+    def __init__(self, size: int, disk: str | None):
+        self.loop = None
+        self.work = tempfile.mkdtemp(prefix="engramprof-faults-bench-", dir=disk or "/dev/shm")
+        where = self.work
+        if disk is None:
+            from engramprof.lab.faults import LoopFilesystem
+
+            self.loop = LoopFilesystem()
+            self.loop.create(self.work, 2 * size + (96 << 20))
+            where = self.loop.mountpoint
+        self.paths = []
+        for i in range(2):
+            p = os.path.join(where, f"table{i}.bin")
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                for _ in range(0, size, 8 << 20):
+                    f.write(os.urandom(min(8 << 20, size - f.tell())))
+                os.fsync(f.fileno())
+            self.paths.append(p)
+
+    def describe(self) -> str:
+        return self.loop.describe() + " (backing file on tmpfs)" if self.loop else f"files under {self.work}"
+
+    def remove(self) -> None:
+        for p in self.paths:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        problems = []
+        if self.loop is not None:
+            _, problems = self.loop.remove()
+        shutil.rmtree(self.work, ignore_errors=True)
+        for p in problems:
+            print(f"cleanup: {p}", file=sys.stderr)
 
 
 def pipeline_cost(n: int, path: str) -> int:
@@ -314,14 +407,32 @@ def pipeline_cost(n: int, path: str) -> int:
     return 0
 
 
+def settle(p, idle_rate: float | None) -> float:
+    """Wait SETTLE_MIN_S, then (a recorder ``p``) until its CPU rate over 0.1 s is back near its
+    idle rate (the eviction's records decoded and written), at most 10 s; the seconds waited."""
+    t0 = time.monotonic()
+    time.sleep(SETTLE_MIN_S)
+    if p is None:
+        return time.monotonic() - t0
+    while time.monotonic() - t0 < 10:
+        c0, w0 = cpu_ns(p.pid), time.monotonic_ns()
+        time.sleep(0.1)
+        rate = (cpu_ns(p.pid) - c0) / (time.monotonic_ns() - w0) * 1e9
+        if rate <= 1.5 * (idle_rate or 0) + 20e6:  # within 2% of a CPU of its idle rate
+            break
+    return time.monotonic() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pages", type=int, default=1500, help="faults per gather (pages 16 apart)")
     ap.add_argument("--cached-repeat", type=int, default=20, help="cached gathers per measurement")
-    ap.add_argument("--dir", default="/var/tmp", help="where the tables go (a disk, not tmpfs: cold faults)")
     ap.add_argument("--measurements", type=int, default=3, help="cached measurements per arm and round")
-    ap.add_argument("--arms", default=",".join(ARMS[:-1]), help=f"comma-separated subset of {','.join(ARMS)}")
+    ap.add_argument("--cold-measurements", type=int, default=3, help="cold measurements per arm and round")
+    ap.add_argument("--disk", metavar="DIR", help="put the tables on DIR's filesystem, not on a loop device on tmpfs")
+    ap.add_argument("--dir", default="/var/tmp", help="where --pipeline's scratch file goes")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     ap.add_argument("--before-tree", help="a checkout whose engramprof the 'before' arm runs (before/after)")
     ap.add_argument("--pipeline", type=int, metavar="N",
                     help="only the recorder's user-space cost per record, stage by stage, on N-record drains")
@@ -337,6 +448,10 @@ def main() -> int:
     if not shutil.which("bpftrace"):
         print("needs bpftrace (scripts/setup.sh installs it)", file=sys.stderr)
         return 1
+    unknown = [x for x in a.arms.split(",") if x not in ARMS]
+    if unknown:
+        print(f"unknown arm(s) {','.join(unknown)}; arms: {','.join(ARMS)}", file=sys.stderr)
+        return 2
     arms = [x for x in ARMS if x in a.arms.split(",")]
     if a.before_tree and "before" not in arms:
         arms.append("before")
@@ -345,156 +460,212 @@ def main() -> int:
         return 2
     if "untraced" not in arms:
         arms.insert(0, "untraced")
-    tmp = tempfile.mkdtemp(prefix="engramprof-faults-bench-", dir=a.dir)
     size = a.pages * 16 * 4096 + (1 << 20)
-    paths = []
-    for i in range(2):
-        p = os.path.join(tmp, f"table{i}.bin")
-        with open(p, "wb") as f:
-            f.write(os.urandom(size))
-            os.fsync(f.fileno())
-        paths.append(p)
-    t, o = Worker(paths[0], 1), Worker(paths[1], 2)
-    modes = [("cold", 1), ("cached", a.cached_repeat)]
-    res = {(arm, who, m): [] for arm in arms for who in ("target", "other") for m, _ in modes}
-    cpu = {(arm, who, m): [] for arm in arms for who in ("target", "other") for m, _ in modes}
-    prog = {(arm, m): [] for arm in arms for m, _ in modes}  # BPF program ns per target fault (all programs)
-    per_prog = {(arm, m): {} for arm in ("probes", "fault-probe") for m, _ in modes}
-    collector = {(arm, m): [] for arm in RECORDERS for m, _ in modes}  # its own CPU per target fault, less idle
+    modes = {"cold": 1, "cached": a.cached_repeat}
+    nmeas = {"cold": a.cold_measurements, "cached": a.measurements}
+    res: dict[tuple, list] = {}  # (arm, who, mode) -> [(round, wall ns, CPU ns, BPF ns) per fault]
+    per_prog: dict[tuple, dict] = {}  # (arm, who, mode) -> program -> [[ns per fault], [runs per fault]]
+    collector: dict[tuple, list] = {}  # (arm, mode) -> its own CPU per fault, less idle
     idle_rate = {arm: [] for arm in RECORDERS}  # the collector's CPU ns per s with nothing to record
-    stats = subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"]).returncode == 0
-    lost = []
+    settled = {arm: [] for arm in arms}  # s waited after each eviction
+    left_cached, major_share, lost = [], [], []
     load0 = os.getloadavg()
+    tables = t = o = idle = None
     try:
-        for w in (t, o):  # warm up: numpy import, first mapping
-            for m, r in modes:
-                w.run(m, a.pages, 1)
-        for rnd in range(a.rounds):
-            for arm in (arms if rnd % 2 == 0 else arms[::-1]):
-                p, out, inproc = None, None, None
-                if arm in RECORDERS:
-                    out = os.path.join(tmp, f"trace{rnd}-{arm}")
-                    tree = a.before_tree if arm == "before" else None
-                    p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(t.pid), "--output", out,
-                                      "--sample-hz", "0"], "Tracing", tree=tree)
-                elif arm == "probes":
-                    inproc = InProcessProbes(t.pid, ("preadv", "sched", "faults"))
-                elif arm == "fault-probe":
-                    inproc = InProcessProbes(t.pid, ("faults",))
-                elif arm == "bpftrace":
-                    p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=t.pid)], "Attaching", stream="stdout")
-                elif arm == "floor":
-                    p = start_tracer(["bpftrace", "-e", floor_prog(t.pid)], "Attaching", stream="stdout")
-                if p is not None or inproc is not None:
+        tables = Tables(size, a.disk)
+        idle = subprocess.Popen(["sleep", "100000"])
+        t, o = Worker(tables.paths[0], 1), Worker(tables.paths[1], 2)
+        with stats_enabled() as stats:
+            for w in (t, o):  # warm up: numpy import, first mapping
+                w.evict()
+                w.run("cold", a.pages, 1)
+                w.run("cached", a.pages, 1)
+            for rnd in range(a.rounds):
+                for arm in (arms if rnd % 2 == 0 else arms[::-1]):
+                    workers = [("target", t), ("other", o)] if arm == "untraced" else \
+                        [("other", o)] if arm.startswith("idle-") else [("target", t)]
+                    traced = idle.pid if arm.startswith("idle-") else t.pid
+                    p, out, inproc = None, None, None
+                    if arm in RECORDERS:
+                        out = os.path.join(tables.work, f"trace{rnd}-{arm}")
+                        tree = a.before_tree if arm == "before" else None
+                        p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(traced), "--output", out,
+                                          "--sample-hz", "0"], "Tracing", tree=tree)
+                    elif arm in ("probes", "idle-probes"):
+                        inproc = InProcessProbes(traced, ALL_PROBES)
+                    elif arm == "idle-empty":
+                        probe = InProcessProbes(idle.pid, ALL_PROBES)
+                        points = probe.attach_points()
+                        probe.close()
+                        inproc = EmptyPrograms(points)
+                    elif arm == "fault-probe":
+                        inproc = InProcessProbes(traced, ("faults",))
+                    elif arm == "bpftrace":
+                        p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=traced)], "Attaching", stream="stdout")
+                    elif arm in ("floor", "idle-floor"):
+                        p = start_tracer(["bpftrace", "-e", floor_prog(traced)], "Attaching", stream="stdout")
                     c0, w0 = (cpu_ns(p.pid), time.monotonic_ns()) if arm in RECORDERS else (0, 0)
                     time.sleep(0.5)
                     if arm in RECORDERS:
                         idle_rate[arm].append((cpu_ns(p.pid) - c0) / (time.monotonic_ns() - w0) * 1e9)
-                for m, r, k in [(m, r, k) for m, r in modes for k in range(a.measurements if m == "cached" else 1)]:
                     holder = p.pid if p is not None else os.getpid()
-                    before = prog_total_ns(holder) if stats and arm != "untraced" else None
-                    pp0 = inproc.prog_stats() if stats and inproc is not None else None
-                    c0, w0 = (cpu_ns(p.pid), time.monotonic_ns()) if arm in RECORDERS else (None, 0)
-                    wall_ns, cpu_ns_ = t.run(m, a.pages, r)
-                    if c0 is not None:
-                        time.sleep(0.3)  # the drains (every 0.25 s at most) of the gather's records
-                        idle = idle_rate[arm][-1] * (time.monotonic_ns() - w0) / 1e9
-                        collector[(arm, m)].append((cpu_ns(p.pid) - c0 - idle) / max(t.last_faults, 1))
-                    res[(arm, "target", m)].append(wall_ns)
-                    cpu[(arm, "target", m)].append(cpu_ns_)
-                    nf = max(t.last_faults, 1)  # BPF time is over the whole command: per fault of it
-                    if before is not None:
-                        prog[(arm, m)].append((prog_total_ns(holder) - before) / nf)
-                    if pp0 is not None:
-                        pp1 = inproc.prog_stats()
-                        for k, (ns, cnt) in pp1.items():
-                            d = per_prog[(arm, m)].setdefault(k, [[], []])
-                            d[0].append((ns - pp0[k][0]) / nf)
-                            d[1].append((cnt - pp0[k][1]) / nf)
-                    wall_ns, cpu_ns_ = o.run(m, a.pages, r)
-                    res[(arm, "other", m)].append(wall_ns)
-                    cpu[(arm, "other", m)].append(cpu_ns_)
-                if inproc is not None:
-                    inproc.close()
-                if p is not None:
-                    stop_tracer(p)
-                if out:
-                    meta = json.load(open(os.path.join(out, "meta.json")))
-                    f = meta.get("faults") or {}
-                    lost.append((arm, f.get("faults"), f.get("major"), f.get("lost_records")))
-                    shutil.rmtree(out, ignore_errors=True)
-            print(f"round {rnd + 1}/{a.rounds} done", file=sys.stderr, flush=True)
+                    for k in range(max(nmeas.values())):
+                        for who, w in workers:
+                            for m in modes:
+                                if k >= nmeas[m]:
+                                    continue
+                                if m == "cold":
+                                    left_cached.append(w.evict())
+                                    settled[arm].append(settle(p if arm in RECORDERS else None,
+                                                               idle_rate[arm][-1] if arm in RECORDERS else None))
+                                before = prog_total_ns(holder) if stats and arm != "untraced" else None
+                                pp0 = inproc.prog_stats() if stats and inproc is not None else None
+                                c0, w0 = (cpu_ns(p.pid), time.monotonic_ns()) if arm in RECORDERS else (None, 0)
+                                wall_ns, cpu_ns_ = w.run(m, a.pages, modes[m])
+                                nf = max(w.last_faults, 1)  # BPF time is over the whole command: per fault of it
+                                if m == "cold":
+                                    major_share.append(w.last_major / max(a.pages, 1))
+                                if c0 is not None:
+                                    time.sleep(0.3)  # the drains (every 0.25 s at most) of the gather's records
+                                    idle_ = idle_rate[arm][-1] * (time.monotonic_ns() - w0) / 1e9
+                                    collector.setdefault((arm, m), []).append((cpu_ns(p.pid) - c0 - idle_) / nf)
+                                bpf_ns = (prog_total_ns(holder) - before) / nf if before is not None else float("nan")
+                                res.setdefault((arm, who, m), []).append((rnd, wall_ns, cpu_ns_, bpf_ns))
+                                if pp0 is not None:
+                                    d = per_prog.setdefault((arm, who, m), {})
+                                    for name, (ns, cnt) in inproc.prog_stats().items():
+                                        e = d.setdefault(name, [[], []])
+                                        e[0].append((ns - pp0[name][0]) / nf)
+                                        e[1].append((cnt - pp0[name][1]) / nf)
+                    if inproc is not None:
+                        inproc.close()
+                    if p is not None:
+                        stop_tracer(p)
+                    if out:
+                        meta = json.load(open(os.path.join(out, "meta.json")))
+                        f = meta.get("faults") or {}
+                        lost.append((arm, f.get("faults"), f.get("major"), f.get("lost_records")))
+                        shutil.rmtree(out, ignore_errors=True)
+                print(f"round {rnd + 1}/{a.rounds} done (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
     finally:
-        t.close()
-        o.close()
-        if stats:
-            subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"])
-        shutil.rmtree(tmp, ignore_errors=True)
+        for w in (t, o):
+            if w is not None:
+                w.close()
+        if idle is not None:
+            idle.kill()
+            idle.wait()
+        if tables is not None:
+            tables.remove()
     load1 = os.getloadavg()
+    report(a, arms, modes, res, per_prog, collector, idle_rate, settled, left_cached, major_share, lost,
+           load0, load1, tables.describe(), stats)
+    return 0
 
-    med = {k: _med(v) for k, v in res.items()}
-    mcpu = {k: _med(v) for k, v in cpu.items()}
-    print(f"memmap gathers of {a.pages:,} pages 16 apart (one fault each), {a.rounds} rounds interleaved; "
-          f"cached: {a.cached_repeat} gathers per measurement, {a.measurements} measurements per arm and round; "
-          f"load average {load0[0]:.2f} at start, "
-          f"{load1[0]:.2f} at end (1 min).")
-    print("Median ns per fault, wall [CPU time of the faulting process] (added over untraced):")
-    for m, _ in modes:
+
+def report(a, arms, modes, res, per_prog, collector, idle_rate, settled, left_cached, major_share, lost,
+           load0, load1, where, stats) -> None:
+    col = {"wall": 1, "cpu": 2, "bpf": 3}
+
+    def vals(arm, who, m, what, rnd=None):
+        return [r[col[what]] for r in res.get((arm, who, m), []) if rnd is None or r[0] == rnd]
+
+    def added(arm, who, m, what, rnd=None):
+        """this arm's values less the median of the same round's untraced"""
+        rounds = sorted({r[0] for r in res.get((arm, who, m), [])}) if rnd is None else [rnd]
+        out = []
+        for r in rounds:
+            base = _med(vals("untraced", who, m, what, r))
+            out += [v - base for v in vals(arm, who, m, what, r)]
+        return out
+
+    print(f"memmap gathers of {a.pages:,} pages 16 apart (one fault each) on {where}; {a.rounds} rounds, arms "
+          f"interleaved (order reversed every other round); per arm and round {a.cold_measurements} cold gathers "
+          f"(each after an eviction, settled) and {a.measurements} cached measurements of {a.cached_repeat} "
+          f"gathers; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end (1 min)")
+    print(f"eviction check (cachestat): at most {max(left_cached, default=0)} page(s) of a table still cached after "
+          f"an eviction; major faults per cold gather: {min(major_share, default=0):.3f}-{max(major_share, default=0):.3f}"
+          f" of the pages")
+    for arm in arms:
+        if settled[arm] and arm in RECORDERS:
+            print(f"  {arm}: waited {_med(settled[arm]):.2f} s (max {max(settled[arm]):.2f}) after each eviction "
+                  f"for the collector to drain it (the other arms {SETTLE_MIN_S:.1f} s)")
+    print("Median ns per fault, wall [CPU time of the faulting process]; (added over the same round's untraced, "
+          "median, and its 25-75% range over measurements):")
+    for m in modes:
         for who in ("target", "other"):
-            base, cbase = med[("untraced", who, m)], mcpu[("untraced", who, m)]
-            cells = [f"untraced {base:,.0f} [{cbase:,.0f}]"] + [
-                f"{arm} {med[(arm, who, m)]:,.0f} ({med[(arm, who, m)] - base:+,.0f}) "
-                f"[{mcpu[(arm, who, m)]:,.0f} ({mcpu[(arm, who, m)] - cbase:+,.0f})]" for arm in arms[1:]]
-            print(f"  {m:6s} {who:6s}  " + "   ".join(cells))
-    for m, _ in modes:
-        base, cbase = med[("untraced", "target", m)], mcpu[("untraced", "target", m)]
-        if "bpftrace" in arms:
-            ba, bc = med[("bpftrace", "target", m)] - base, mcpu[("bpftrace", "target", m)] - cbase
-            for arm in ("engramprof", "before", "probes", "fault-probe"):
-                if arm not in arms:
+            base, cbase = _med(vals("untraced", who, m, "wall")), _med(vals("untraced", who, m, "cpu"))
+            print(f"  {m:6s} {who:6s} untraced {base:,.0f} [{cbase:,.0f}]")
+            for arm in arms[1:]:
+                if not res.get((arm, who, m)):
                     continue
-                ea, ec = med[(arm, "target", m)] - base, mcpu[(arm, "target", m)] - cbase
-                r = f"{ea / ba:.2f}" if ba > 0 else "n/a (bpftrace added nothing measurable)"
-                rc = f"{ec / bc:.2f}" if bc > 0 else "n/a"
-                print(f"{m}: target fault: {arm} adds {ea:+,.0f} ns wall [{ec:+,.0f} CPU], bpftrace one-liner "
-                      f"{ba:+,.0f} [{bc:+,.0f}]: ratio {r} wall, {rc} CPU (target <= 0.70)")
-        if "floor" in arms:
-            fo = med[("floor", "other", m)] - med[("untraced", "other", m)]
-            for arm in ("engramprof", "before", "probes", "fault-probe"):
-                if arm in arms:
-                    eo = med[(arm, "other", m)] - med[("untraced", "other", m)]
-                    print(f"{m}: other process's fault: {arm} adds {eo:+,.0f} ns, the empty-program floor "
-                          f"{fo:+,.0f} ns (target: within the floor)")
-    if stats:
-        print("BPF program time per target fault (bpf_stats: run_time_ns of every program the tracer holds, "
-              "during the target's gather; includes every other process's events those programs saw):")
-        for m, _ in modes:
-            print(f"  {m:6s} " + "   ".join(f"{arm} {_med(prog[(arm, m)]):,.0f} ns" for arm in arms[1:]
-                                            if prog[(arm, m)]))
-        for (arm, m), d in per_prog.items():
-            if not d:
+                aw, ac = added(arm, who, m, "wall"), added(arm, who, m, "cpu")
+                print(f"      {arm:16s} {_med(vals(arm, who, m, 'wall')):9,.0f} ({_med(aw):+7,.0f}; "
+                      f"{_q(aw, .25):+,.0f}..{_q(aw, .75):+,.0f})   [{_med(vals(arm, who, m, 'cpu')):8,.0f} "
+                      f"({_med(ac):+7,.0f}; {_q(ac, .25):+,.0f}..{_q(ac, .75):+,.0f})]")
+    for m in modes:
+        if "bpftrace" not in arms:
+            break
+        for arm in ("engramprof", "before", "probes", "fault-probe"):
+            if arm not in arms:
                 continue
+            for what in ("wall", "cpu"):
+                ea, ba = _med(added(arm, "target", m, what)), _med(added("bpftrace", "target", m, what))
+                per_round = []
+                for r in range(a.rounds):
+                    e_r, b_r = _med(added(arm, "target", m, what, r)), _med(added("bpftrace", "target", m, what, r))
+                    per_round.append(f"{e_r / b_r:.2f}" if b_r > 0 else "n/a")
+                ratio = f"{ea / ba:.2f}" if ba > 0 else "n/a (bpftrace added nothing measurable)"
+                print(f"{m}: target fault, {what}: {arm} adds {ea:+,.0f} ns, bpftrace's histogram {ba:+,.0f}: "
+                      f"ratio {ratio} (target <= 0.70); each round: {' '.join(per_round)}")
+    for m in modes:
+        floors = [f for f in ("idle-floor", "idle-empty", "floor") if res.get((f, "other", m))]
+        for arm in ("idle-engramprof", "idle-probes"):
+            if not res.get((arm, "other", m)):
+                continue
+            for what in ("wall", "cpu"):
+                eo = _med(added(arm, "other", m, what))
+                fl = ", ".join(f"{f} {_med(added(f, 'other', m, what)):+,.0f}" for f in floors)
+                print(f"{m}: other process's fault (tracer on an idle target), {what}: {arm} adds {eo:+,.0f} ns; "
+                      f"empty-program floors: {fl} (target: within the floor)")
+    if stats:
+        print("BPF program time per fault of the gathering process (bpf_stats: run_time_ns of every program the "
+              "tracer holds over the command, every other process's events those programs saw included):")
+        for m in modes:
+            for who in ("target", "other"):
+                cells = [f"{arm} {_med(vals(arm, who, m, 'bpf')):,.0f}" for arm in arms[1:]
+                         if res.get((arm, who, m))]
+                if cells:
+                    print(f"  {m:6s} {who:6s} " + "   ".join(cells))
+        for (arm, who, m), d in sorted(per_prog.items()):
             rows = sorted(d.items(), key=lambda kv: -_med(kv[1][0]))
-            print(f"  {arm} {m}: per program, ns per target fault (runs per target fault):")
+            print(f"  {arm} ({who} gathers), {m}: per program, ns per fault (runs per fault, ns a run):")
             for k, (ns, cnt) in rows:
                 if _med(cnt) > 0.001:
-                    print(f"      {k:55s} {_med(ns):8,.0f} ns  ({_med(cnt):.2f} runs, "
+                    print(f"      {k:55s} {_med(ns):8,.1f} ns  ({_med(cnt):.2f} runs, "
                           f"{_med(ns) / max(_med(cnt), 1e-9):,.0f} ns a run)")
+        for m in modes:  # ours against the empty programs, by attach point, for the other process
+            ours, empty = per_prog.get(("idle-probes", "other", m)), per_prog.get(("idle-empty", "other", m))
+            if not ours or not empty:
+                continue
+            by_point = {}
+            for k, (ns, cnt) in ours.items():
+                e = by_point.setdefault(k.split(" ", 1)[1], [0.0, 0.0, 0])
+                e[0] += _med(ns)
+                e[2] += 1
+            for k, (ns, cnt) in empty.items():
+                by_point.setdefault(k.split(" ", 1)[1], [0.0, 0.0, 0])[1] += _med(ns)
+            tot_o, tot_e = sum(v[0] for v in by_point.values()), sum(v[1] for v in by_point.values())
+            print(f"  {m}: other process, program time per fault by tracepoint, ours (programs) vs empty (one): "
+                  f"total {tot_o:,.1f} vs {tot_e:,.1f} ns")
+            for pt, (o_, e_, n) in sorted(by_point.items(), key=lambda kv: -(kv[1][0] - kv[1][1])):
+                if o_ > 0.05 or e_ > 0.05:
+                    print(f"      {pt:45s} ours {o_:7,.1f} ({n})   empty {e_:7,.1f}   {o_ - e_:+7,.1f}")
     for arm in RECORDERS:
-        if idle_rate[arm]:
-            print(f"{arm} collector CPU (every thread: drain, decode, enrich, Parquet; schedstat ns) per target fault, "
-                  f"over the gather + 0.3 s, less its idle rate ({_med(idle_rate[arm]) / 1e6:.1f} ms/s): "
-                  + ", ".join(f"{m} {_med(collector[(arm, m)]):,.0f} ns" for m, _ in modes if collector[(arm, m)]))
-    if "bpftrace" in arms:  # the spread behind the medians: what each round's arm added (its own round's untraced)
-        for m, _ in modes:
-            n = len(res[("untraced", "target", m)])
-            rows = []
-            for arm in [x for x in arms if x != "untraced"]:
-                added = [res[(arm, "target", m)][i] - res[("untraced", "target", m)][i] for i in range(n)]
-                rows.append(f"{arm} " + "/".join(f"{v / 1000:+.1f}" for v in added))
-            print(f"  {m} target, us added per fault, each measurement: " + "   ".join(rows))
+        if idle_rate.get(arm):
+            print(f"{arm} collector CPU (every thread: drain, decode, enrich, Parquet; schedstat ns) per fault, over "
+                  f"the gather + 0.3 s, less its idle rate ({_med(idle_rate[arm]) / 1e6:.1f} ms/s): "
+                  + ", ".join(f"{m} {_med(collector[(arm, m)]):,.0f} ns" for m in modes if collector.get((arm, m))))
     print(f"engramprof fault totals per run (arm, faults, major, lost records): {lost}")
-    return 0
 
 
 if __name__ == "__main__":
