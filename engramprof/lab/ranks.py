@@ -72,10 +72,15 @@ SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
 
 
 def signals_to_events(stop: threading.Event, go: threading.Event) -> threading.Thread:
-    """SIGTERM / SIGINT set ``stop`` (and ``go``), SIGUSR1 sets ``go``, from a thread of their own
-    (sigwait; the signals are blocked in the calling thread and every thread it starts later).
-    A Python signal handler calling Event.set() can deadlock: it runs in the main thread, which
-    may be inside that Event's wait() holding its lock (the ranks wait on it between steps)."""
+    """A rank's signals: SIGTERM / SIGINT set ``stop`` (and ``go``), SIGUSR1 sets ``go``, from a
+    thread of their own (sigwait; the signals are blocked in the calling thread and every thread
+    it starts later).  A Python signal handler calling Event.set() can deadlock: it runs in the
+    main thread, which may be inside that Event's wait() holding its lock (the ranks wait on it
+    between steps).  sigwait is sound only where no thread has the signals unblocked: a rank,
+    forked with them blocked and with no thread but the forking one (its numpy threads start
+    later, blocked too).  The parent has numpy's threads from before it could block anything
+    (the kernel gives them its signals, whose Python handler then waits for the main thread):
+    it uses commands/signals.events_on_signals, the wakeup pipe."""
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
     def wait_loop():
@@ -157,8 +162,12 @@ class _Rank:
 
 def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.Event, run_kwargs: dict) -> dict:
     """Fork the ranks, pass signals on, wait for all; the combined summary."""
+    from engramprof.commands.signals import events_on_signals
+
     ranks: list[_Rank] = []
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # no handler runs while forking
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # each rank starts with them blocked
+    # the parent's signals, whichever of its threads the kernel gives them to (numpy's too)
+    undo_events = events_on_signals(stop, go)
     if stop.is_set():
         go.set()
     parent = os.getpid()
@@ -172,6 +181,9 @@ def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.E
             if pid == 0:  # the rank
                 code = 1
                 try:
+                    wakeup = signal.set_wakeup_fd(-1)  # the parent's pipe: its reader waits for every writer
+                    if wakeup >= 0:
+                        os.close(wakeup)
                     os.close(ready_r)
                     os.close(result_r)
                     for other in ranks:
@@ -182,7 +194,7 @@ def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.E
             os.close(ready_w)
             os.close(result_w)
             ranks.append(_Rank(p, pid, ready_r, result_r))
-        signals_to_events(stop, go)  # the parent's signals, from here on, without handler deadlocks
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # the parent's main thread takes them again
         _wait_ready(ranks)
         _say(f"lab: pid {os.getpid()}")
         for r in ranks:
@@ -197,6 +209,7 @@ def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.E
         raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        undo_events()
     results = [r.result() for r in ranks]
     errors = [x["error"] for x in results if "error" in x]
     if errors:
