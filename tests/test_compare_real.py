@@ -108,6 +108,22 @@ def test_the_cold_rank_gates_most_steps_with_cause_residency(tables, tmp_path):
     assert doc["gating_rank"] == 2, doc["ranks"]
     r2 = next(r for r in doc["ranks"] if r["rank"] == 2)
     assert r2["gated_share"] > 0.5 and r2["top_cause"] == "residency", r2
+    # the same recordings moved into a fleet directory (host=H/rank=R/<bundle>, each bundle
+    # carrying its markers): `compare --ranks ROOT` finds them and gives the same answer
+    root = tmp_path / "fleet"
+    for i, n in enumerate(names):
+        dest = root / f"host=h{i // 2}" / f"rank={i}" / "trace"
+        dest.parent.mkdir(parents=True)
+        g[n][0].rename(dest)
+        g[n][1].rename(dest / "markers.jsonl")
+    p = compare("--ranks", root, "--json")
+    assert p.returncode == 0, p.stderr
+    fleet = json.loads(p.stdout)
+    assert [r["rank"] for r in fleet["ranks"]] == [0, 1, 2, 3] and [r["host"] for r in fleet["ranks"]] == \
+        ["h0", "h0", "h1", "h1"]
+    key = ("gated_steps", "excess_ms", "top_cause")
+    assert fleet["steps"] == doc["steps"] and fleet["gating_rank"] == 2
+    assert [[r[k] for k in key] for r in fleet["ranks"]] == [[r[k] for k in key] for r in doc["ranks"]]
 
 
 def test_without_a_fault_no_rank_gates_more_than_its_fair_share(tables, tmp_path):

@@ -16,6 +16,7 @@ EPILOG = (
     "engramprof compare --ranks r0 r1 --markers m0.jsonl --markers m1.jsonl\n"
     "engramprof compare --ranks h1/t h2/t --clock-error-ms 2 --plot /tmp/r.png\n"
     "engramprof compare --ranks tp     # one trace of 2+ pids: a rank per pid\n"
+    "engramprof compare --ranks fleet  # every host=H/rank=R/<bundle> below it\n"
     "engramprof compare --before t_old --after t_new --json | jq .overall\n"
     "engramprof compare --before a1 --before a2 --after b1 --after b2\n\n"
     "--markers: once per TRACE, in order (before traces first). Exit 3:\n"
@@ -27,10 +28,10 @@ EPILOG = (
 def register(app: typer.Typer) -> None:
     @app.command("compare", epilog=EPILOG)
     def compare(
-        traces: Optional[List[Path]] = typer.Argument(None, help="With --ranks: one bundle per rank, or one bundle of several processes (one rank per pid)."),
+        traces: Optional[List[Path]] = typer.Argument(None, help="With --ranks: one bundle per rank, or one bundle of several processes (one rank per pid); a directory of bundles (ROOT/host=H/rank=R/<bundle>) stands for every bundle below it, ranked by rank=."),
         ranks: bool = typer.Option(False, "--ranks", help="Compare ranks of one job: which rank gates each step, and why."),
-        before: Optional[List[Path]] = typer.Option(None, "--before", help="A bundle of the control / old side (repeat for several)."),
-        after: Optional[List[Path]] = typer.Option(None, "--after", help="A bundle of the canary / new side (repeat for several)."),
+        before: Optional[List[Path]] = typer.Option(None, "--before", help="A bundle of the control / old side, or a directory of bundles (repeat for several)."),
+        after: Optional[List[Path]] = typer.Option(None, "--after", help="A bundle of the canary / new side, or a directory of bundles (repeat for several)."),
         markers: Optional[List[Path]] = typer.Option(None, "--markers", help="Batch markers, once per TRACE in order (a bundle's own markers.jsonl is used when none are given)."),
         clock_error_ms: Optional[float] = typer.Option(None, "--clock-error-ms", help="--ranks by clock: the clocks' error to assume (default: from the bundles' NTP state)."),
         slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this is 'slow' (batch-tail's threshold)."),
