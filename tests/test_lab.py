@@ -604,3 +604,38 @@ def test_cli_run_workers_survives_a_storm_of_signals(tbl):
         res = json.loads(out)
         assert res["pid"] == proc.pid and res["workers"] == 2
         assert all(r["steps"] >= 1 for r in res["ranks"]), res["ranks"]  # they started on SIGUSR1, not after 60 s
+
+
+def test_ranks_distinct_rows_is_over_the_union_of_their_rows(tmp_path):
+    """The parent's distinct_rows counts a row read by two ranks once (per table file: two
+    names of one file are one table), and rows of different tables apart."""
+    from engramprof.lab import ranks
+
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"a")
+    b.write_bytes(b"b")
+    os.link(a, tmp_path / "a2.bin")
+
+    def rank(table, offsets):
+        return {"steps": 1, "distinct_rows": len(offsets), "distinct_offsets": sorted(offsets), "table": str(table)}
+
+    out = ranks.combine([rank(a, {0, 64, 128}), rank(tmp_path / "a2.bin", {64, 128, 192}), rank(b, {0, 64})])
+    assert out["distinct_rows"] == 4 + 2
+    assert all("distinct_offsets" not in r for r in out["ranks"])
+    assert [r["distinct_rows"] for r in out["ranks"]] == [3, 3, 2]  # each rank's own, as it read them
+
+
+def test_cli_run_workers_reading_one_table_whole_counts_its_rows_once(tbl):
+    """Two ranks given the same --rank-table (the same seed: the same rows) read the same
+    distinct rows; the parent's distinct_rows is theirs, not twice it.  Shards of one table
+    are disjoint: there it is the ranks' sum."""
+    r = _cli("lab", "run", "--table", str(tbl), "--workers", "2", "--rank-table", f"0:{tbl}", "--rank-table",
+             f"1:{tbl}", "--steps", "10", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    own = [x["distinct_rows"] for x in res["ranks"]]
+    assert own[0] == own[1] > 0 and res["distinct_rows"] == own[0]
+    r = _cli("lab", "run", "--table", str(tbl), "--workers", "2", "--steps", "10", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["distinct_rows"] == sum(x["distinct_rows"] for x in res["ranks"]) > 0

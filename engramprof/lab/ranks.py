@@ -28,7 +28,7 @@ import numpy as np
 from engramprof.errors import UserError
 
 MAX_WORKERS = 64
-SUMMED = ("steps", "rows", "unique_rows", "distinct_rows", "calls", "eagain", "fallback_rows")
+SUMMED = ("steps", "rows", "unique_rows", "distinct_rows", "calls", "eagain", "fallback_rows")  # distinct: a union
 
 
 @dataclass
@@ -120,7 +120,7 @@ def _rank_main(p: RankPlan, ready_w: int, result_w: int, stop: threading.Event, 
                 f.write(str(os.getpid()))
         result = workload.run_workload(
             p.table, p.reader, cache=p.cache, shard=p.shard, stop=stop, start_event=go,
-            marker_extra={"pid": os.getpid(), "rank": p.rank}, marker_flush_s=0.0, keep_batch_ns=True,
+            marker_extra={"pid": os.getpid(), "rank": p.rank}, marker_flush_s=0.0, keep_batch_ns=True, keep_distinct=True,
             on_ready=lambda: os.write(ready_w, b"r"), **run_kwargs)
         result["rank"] = p.rank
         result["shard"] = list(p.shard) if p.shard else None
@@ -268,12 +268,40 @@ def _supervise(ranks: list[_Rank], stop: threading.Event, go: threading.Event) -
         stop.wait(0.02)
 
 
+def distinct_over_ranks(results: list[dict]) -> int:
+    """Distinct rows read by any rank: the union of the ranks' ``distinct_offsets`` per table
+    file (taken out of each summary).  Not a sum of the ranks' ``distinct_rows``: ranks that
+    share a table read disjoint shards of it, but a ``--rank-table`` naming that table (or two
+    naming one file) reads rows another rank reads too.  A summary without offsets counts its
+    own ``distinct_rows``."""
+    by_table: dict[object, set[int]] = {}
+    alone = 0
+    for x in results:
+        offsets = x.pop("distinct_offsets", None)
+        if offsets is None:
+            alone += int(x.get("distinct_rows") or 0)
+            continue
+        by_table.setdefault(_file_identity(x.get("table")), set()).update(offsets)
+    return alone + sum(len(s) for s in by_table.values())
+
+
+def _file_identity(path) -> object:
+    """(device, inode) of a table (two names of one file are one table), else its path."""
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return path
+    return st.st_dev, st.st_ino
+
+
 def combine(results: list[dict]) -> dict:
-    """The parent's summary: counts summed, batch times over every rank's batches, ``ranks``."""
+    """The parent's summary: counts summed (distinct rows over the union of the ranks' rows),
+    batch times over every rank's batches, ``ranks``."""
     ms = np.concatenate([np.asarray(x.pop("batch_ns", []), dtype=np.float64) for x in results]) / 1e6 \
         if results else np.array([])
     pct = (lambda q: round(float(np.percentile(ms, q)), 4)) if len(ms) else (lambda q: None)
-    out = {k: sum(int(x.get(k) or 0) for x in results) for k in SUMMED}
+    distinct = distinct_over_ranks(results)
+    out = {k: distinct if k == "distinct_rows" else sum(int(x.get(k) or 0) for x in results) for k in SUMMED}
     out["nowait_unsupported"] = any(x.get("nowait_unsupported") for x in results)
     out["batch_ms"] = {"p50": pct(50), "p99": pct(99), "mean": round(float(ms.mean()), 4) if len(ms) else None,
                        "max": round(float(ms.max()), 4) if len(ms) else None}

@@ -183,6 +183,7 @@ def run_workload(
     marker_extra: dict | None = None,
     marker_flush_s: float = 1.0,
     keep_batch_ns: bool = False,
+    keep_distinct: bool = False,
 ) -> dict:
     """Run steps until ``steps`` batches, ``duration`` seconds or ``stop`` is set.
 
@@ -195,7 +196,9 @@ def run_workload(
     them; steps before the lead are not hinted).  ``shard`` (i, n): only the i-th of n equal row
     ranges of each tensor; ``marker_extra``: keys added to every marker (a rank's ``pid``,
     ``rank``); ``marker_flush_s`` 0: one write(2) per marker line (several processes appending
-    to one file); ``keep_batch_ns``: also ``batch_ns``, every batch's time (engramprof/lab/ranks.py).
+    to one file); ``keep_batch_ns``: also ``batch_ns``, every batch's time; ``keep_distinct``:
+    also ``distinct_offsets``, the sorted file offsets of the distinct rows read (a rank's, for
+    its parent's distinct rows over every rank: engramprof/lab/ranks.py).
     """
     if steps is None and duration is None:
         steps = 200
@@ -246,6 +249,8 @@ def run_workload(
         result["reads"] = tally.reads
     if keep_batch_ns:
         result["batch_ns"] = tally.batch_ns
+    if keep_distinct:
+        result["distinct_offsets"] = sorted(tally.distinct)
     return result
 
 
