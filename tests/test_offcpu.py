@@ -87,6 +87,34 @@ def _non_overlapping(df) -> bool:
     return True
 
 
+def _preempts_kernel_code() -> bool | None:
+    """Whether this kernel preempts kernel code (preemption model full, lazy or RT), None when it
+    cannot be told: debugfs's sched/preempt, else the preempt= boot option, else the kernel's
+    config (its default model)."""
+    try:
+        mode = next(w.strip("()") for w in Path("/sys/kernel/debug/sched/preempt").read_text().split()
+                    if w.startswith("("))
+    except (OSError, StopIteration):
+        cmdline = Path("/proc/cmdline").read_text().split()
+        mode = next((w.split("=", 1)[1] for w in cmdline if w.startswith("preempt=")), None)
+    if mode is None:
+        import gzip
+
+        try:
+            config = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode().splitlines()
+        except OSError:
+            try:
+                config = Path(f"/boot/config-{os.uname().release}").read_text().splitlines()
+            except OSError:
+                return None
+        for line, model in (("CONFIG_PREEMPT_NONE=y", "none"), ("CONFIG_PREEMPT_VOLUNTARY=y", "voluntary"),
+                            ("CONFIG_PREEMPT=y", "full"), ("CONFIG_PREEMPT_LAZY=y", "lazy"), ("CONFIG_PREEMPT_RT=y", "rt")):
+            if line in config:
+                mode = model
+                break
+    return None if mode is None else mode not in ("none", "voluntary")
+
+
 @pytest.mark.bpf
 def test_pool_reader_spans_threads_counts_and_wakers(tmp_path, table):
     run = traced_lab(tmp_path, table, "--reader", "pool", "--duration", "4", "--tokens", "4", "--gap-ms", "2", "--warm",
@@ -131,8 +159,25 @@ def test_pool_reader_spans_threads_counts_and_wakers(tmp_path, table):
     vol = spans[spans["tid"].isin(workers) & ~spans["preempted"]]
     assert len(vol) > 500
     assert (vol["waker_pid"] == pid).mean() > 0.5, vol["waker_pid"].value_counts().head()
-    # a preempted span is never woken (it was runnable all along)
-    assert (spans.loc[spans["preempted"], "waker_tid"] == -1).mean() > 0.99
+    # A preempted span was runnable all along, so nothing wakes it, but for two kinds.  A new
+    # thread's first wait (sched_wakeup_new) is preempted and woken by its creator, by design:
+    # the pool starts its threads at the first batch, after the probes are armed, so one such
+    # span a pool thread (at load 3: 32 of ~3,800 preempted spans, all of them: the 0.99 share
+    # this checked before fell under 0.99 where fewer preemptions came to outnumber them).
+    pre = spans[spans["preempted"]]
+    first = pre["start_ns"] == spans.groupby("tid")["start_ns"].transform("min")[pre.index]
+    born = pre[first & (pre["waker_tid"] != -1)]
+    assert (born["waker_pid"] == pid).all() and born["tid"].is_unique, born
+    # And a thread preempted between announcing a sleep (set_current_state) and schedule(): the
+    # switch reports a preemption, the wake-up that follows finds it asleep.  Only a kernel that
+    # preempts kernel code does that (full / lazy; none or voluntary never does: this VM's):
+    # a preemption must land in the few instructions of that window, a few in ten thousand.
+    rest = pre[~pre.index.isin(born.index)]
+    woken = int((rest["waker_tid"] != -1).sum())
+    if _preempts_kernel_code() is False:
+        assert woken == 0, rest[rest["waker_tid"] != -1]
+    else:
+        assert woken <= 0.005 * len(rest) + 2, (woken, len(rest))
 
 
 @pytest.mark.bpf
