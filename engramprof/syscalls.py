@@ -34,7 +34,7 @@ from engramprof import trace
 from engramprof.bpf import loader
 from engramprof.fdmap import FdResolver
 from engramprof.record.columns import EventTableBuilder
-from engramprof.record.decode import CallDecoder, VmEventDecoder
+from engramprof.record.decode import CallDecoder, LostRecords, VmEventDecoder
 from engramprof.record.enrich import FdPaths, TensorEnricher
 from engramprof.record.offcpu import OffcpuRecorder
 from engramprof.record.identity import FileIdentities
@@ -104,9 +104,7 @@ class SyscallTracer:
         self.calls: CallDecoder | None = None
         self.vm_events = VmEventDecoder()
         self.sink = TraceSink(None, self.notes)
-        self.lost_seen = 0  # the kernel's lost_records total at the last drain
-        self.lost_checked_ns = 0  # when it was read
-        self.lost_intervals = 0
+        self.lost = LostRecords("lost_records")  # the call ring's (checked from its arming on)
         #: test hook: while set, run() does not drain (the ring fills up and records are lost)
         self.pause_draining = threading.Event()
 
@@ -158,7 +156,7 @@ class SyscallTracer:
         self._arm_deferred()
         self.state.started_ns = time.monotonic_ns()
         self._begin_window(self.state.started_ns)
-        self.lost_checked_ns = self.probe.armed_ns
+        self.lost.checked_ns = self.probe.armed_ns
         if self.writer:
             self.writer.update_meta(start_ns=self.state.started_ns)
             self.writer.flush_meta()
@@ -450,7 +448,7 @@ class SyscallTracer:
             try:
                 self.writer.close(end_ns=end_ns, end_reason=self.end_reason, totals=totals,
                                   lost_records=totals.get("lost_records", 0), notes=self.notes,
-                                  lost_record_intervals=self.lost_intervals,
+                                  lost_record_intervals=self.lost.intervals,
                                   calls_not_written=self.sink.dropped_rows,
                                   partial_at_start=self.partial_at_start,
                                   **self._fd_history(),
@@ -504,7 +502,7 @@ class SyscallTracer:
         if self.evictions is not None:
             self.sink.put_meta(evictions=self.evictions.summary())
         self.sink.put_meta(totals=totals, totals_ns=time.monotonic_ns(), lost_records=totals.get("lost_records", 0),
-                           lost_record_intervals=self.lost_intervals, notes=list(self.notes))
+                           lost_record_intervals=self.lost.intervals, notes=list(self.notes))
 
     # ---- data path --------------------------------------------------------------------
     def drain(self) -> None:
@@ -523,7 +521,7 @@ class SyscallTracer:
         if kswapd is not None:
             self.sink.add_samples("kswapd_events", kswapd)
         recs = self.probe.ring.drain()
-        self._check_lost()
+        self.lost.check(self.sink, self.probe.lost_records())
         if self.evictions is not None:
             self.evictions.drain(self.sink)
         batch = self.calls.decode(recs)
@@ -537,17 +535,6 @@ class SyscallTracer:
             self.sink.put_table("files", self.identities.table())
         self.account.add(batch)
         self.sink.add_events(self.tables.build(batch))
-
-    def _check_lost(self) -> None:
-        """One ``lost_records`` row when the kernel's count grew since the last drain."""
-        lost = self.probe.lost_records()
-        now = time.monotonic_ns()
-        if lost > self.lost_seen:
-            self.sink.add_samples("lost_records", trace.lost_records_table([self.lost_checked_ns], [now],
-                                                                           [lost - self.lost_seen]))
-            self.lost_intervals += 1
-            self.lost_seen = lost
-        self.lost_checked_ns = now
 
     def flush(self) -> None:
         """Hand the pending tables to the writer thread (one Parquet part)."""
