@@ -18,9 +18,9 @@ parts, each part scanned as its fragment with the column projection),
 (``read_parquet`` of the same columns to Arrow, then to pandas), each followed by batch-tail's
 analysis (``engramprof.analysis.analyse``, the cause split); and ``duckdb-sums``: DuckDB
 making only the per-batch sums (calls, pages, I/O and off-CPU ms per marked batch, an ASOF
-join on the markers) without any cause split.  Printed per arm: median read and analysis
-seconds, peak RSS (the child's getrusage), their ratios to ``bundle``, and whether the
-per-batch table (wall and cause ms) is identical to ``bundle``'s.
+join on the markers) without any cause split.  Printed per arm: median read seconds (wall and
+the child's CPU), analysis seconds, peak RSS (the child's getrusage), their ratios to
+``bundle``, and whether the per-batch table (wall and cause ms) is identical to ``bundle``'s.
 
 Bundles are built like benchmarks/analysis_speed.py's (decode batches of 96 reads from a
 32-thread pool, ~1 ms each, a 2-20 ms forward pass between; 85% cached, 10% with cold reads,
@@ -175,9 +175,9 @@ def child(arm: str, trace: Path, markers: Path) -> None:
     from engramprof.analysis import analyse
     from engramprof.compare.ranks import MS_COLS
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     got = _read_arm(arm, trace, markers)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     digest, n = None, len(got) if arm == "duckdb-sums" else None
     if arm != "duckdb-sums":
         mdf, bad = batches.read_markers(markers)
@@ -185,7 +185,8 @@ def child(arm: str, trace: Path, markers: Path) -> None:
         n = len(table)
         digest = hashlib.sha1(np.round(table[["wall_ms", *MS_COLS]].to_numpy(np.float64), 9).tobytes()).hexdigest()[:12]
     t2 = time.perf_counter()
-    print(json.dumps({"arm": arm, "read_s": t1 - t0, "analyse_s": t2 - t1, "batches": n, "digest": digest,
+    print(json.dumps({"arm": arm, "read_s": t1 - t0, "read_cpu_s": c1 - c0, "analyse_s": t2 - t1, "batches": n,
+                      "digest": digest,
                       "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 
 
@@ -207,21 +208,23 @@ def arms(d: Path, calls: int, rounds: int, only: list[str] | None = None) -> Non
                 raise SystemExit(f"arm {arm} failed: {out.stderr[-2000:]}")
             res[arm].append(json.loads(out.stdout.strip().splitlines()[-1]))
         load.append(os.getloadavg())
-    med = {a: {k: float(np.median([x[k] for x in v])) for k in ("read_s", "analyse_s", "rss_gib")} for a, v in res.items()}
+    med = {a: {k: float(np.median([x[k] for x in v])) for k in ("read_s", "read_cpu_s", "analyse_s", "rss_gib")}
+           for a, v in res.items()}
     ref = med["bundle"]
     print(f"one bundle of {calls:,} calls ({res['bundle'][0]['batches']:,} batches), {rounds} round(s), arms "
           f"interleaved; load average (1 min) from {min(x[0] for x in load):.1f} to {max(x[0] for x in load):.1f}")
-    print(f"{'arm':<12} {'read s':>7} {'analyse s':>9} {'total s':>8} {'peak GiB':>8}   vs bundle: read  total  peak"
-          "   table")
+    print(f"{'arm':<12} {'read s':>7} {'read cpu':>8} {'analyse s':>9} {'total s':>8} {'peak GiB':>8}   vs bundle: read"
+          "  read cpu  total  peak   table")
     for a in use:
         x = med[a]
         tot, rtot = x["read_s"] + x["analyse_s"], ref["read_s"] + ref["analyse_s"]
         same = ("no split (sums only)" if a == "duckdb-sums" else
                 "identical" if {r["digest"] for r in res[a]} == {res["bundle"][0]["digest"]} else "DIFFERENT")
-        print(f"{a:<12} {x['read_s']:7.1f} {x['analyse_s']:9.1f} {tot:8.1f} {x['rss_gib']:8.2f}   "
-              f"{x['read_s'] / ref['read_s']:14.2f} {tot / rtot:6.2f} {x['rss_gib'] / ref['rss_gib']:5.2f}   {same}")
-    print("rounds (read s / peak GiB): " + "; ".join(
-        f"{a} " + ", ".join(f"{r['read_s']:.1f}/{r['rss_gib']:.2f}" for r in res[a]) for a in use))
+        print(f"{a:<12} {x['read_s']:7.2f} {x['read_cpu_s']:8.2f} {x['analyse_s']:9.1f} {tot:8.1f} {x['rss_gib']:8.2f}   "
+              f"{x['read_s'] / ref['read_s']:14.2f} {x['read_cpu_s'] / max(ref['read_cpu_s'], 1e-9):9.2f} "
+              f"{tot / rtot:6.2f} {x['rss_gib'] / ref['rss_gib']:5.2f}   {same}")
+    print("rounds (read s / read CPU s / peak GiB): " + "; ".join(
+        f"{a} " + ", ".join(f"{r['read_s']:.2f}/{r['read_cpu_s']:.2f}/{r['rss_gib']:.2f}" for r in res[a]) for a in use))
 
 
 def main() -> None:
