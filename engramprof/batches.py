@@ -141,15 +141,52 @@ def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
     ``rank`` (which process the batch belongs to) are kept when present (NaN where a line lacks
     them); other keys are ignored.
     """
+    df, bad, _complete = read_markers_and_ending(path)
+    return df, bad
+
+
+def read_markers_and_ending(path: str | os.PathLike) -> tuple[pd.DataFrame, int, bool]:
+    """:func:`read_markers` and whether the file, as read, ends in a newline (or a blank line):
+    False when its last line is unfinished (a writer may be inside it).
+
+    One open: the writer's own reader parses a duplicate of this fd (they share the file
+    offset, so where it stopped is where the file ended for it), and the byte before that
+    offset tells how the last line it parsed ended (bytes appended since are not looked at)."""
     p = Path(path)
     try:
-        raw, bad = read_markers_df(p)
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise UserError(f"{p}: no such markers file") from None
     except IsADirectoryError:
         raise UserError(f"{p}: is a directory, not a markers file (JSON lines)") from None
     except OSError as exc:
         raise UserError(f"{p}: cannot read markers file: {exc.strerror}") from None
+    try:
+        raw, bad = read_markers_df(os.dup(fd))  # open() takes an fd (and closes it)
+        complete = _ends_complete(fd)
+    except IsADirectoryError:
+        raise UserError(f"{p}: is a directory, not a markers file (JSON lines)") from None
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read markers file: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    return _marker_frame(raw), int(bad), complete
+
+
+def _ends_complete(fd: int, tail: int = 1 << 16) -> bool:
+    """Whether what was read of ``fd`` (up to its offset) ends in a newline or a blank line:
+    its last line is not one being written.  Not seekable (a pipe): taken as complete."""
+    try:
+        end = os.lseek(fd, 0, os.SEEK_CUR)
+        start = max(0, end - tail)
+        last = os.pread(fd, end - start, start).rsplit(b"\n", 1)[-1]
+    except OSError:
+        return True
+    return not last.strip()
+
+
+def _marker_frame(raw: pd.DataFrame) -> pd.DataFrame:
+    """The markers' columns as the analysis takes them (see :func:`read_markers`)."""
     df = raw[["start_ns", "end_ns"]].astype("int64").reset_index(drop=True)
     if "tid" in raw.columns:
         tid = pd.to_numeric(raw["tid"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
@@ -159,7 +196,7 @@ def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
     for key in ("pid", "rank"):  # whose batch it is (several processes: analysis/processes.py)
         if key in raw.columns:
             df[key] = pd.to_numeric(raw[key], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    return df, int(bad)
+    return df
 
 
 def recording_window(meta: dict | None) -> tuple[int, int] | None:
@@ -228,12 +265,10 @@ def check_markers_before_recording(path: str | os.PathLike) -> None:
     holding lines already and not one usable marker among its complete lines (garbage, or a
     file of another format).  An empty file, or good lines, pass: the server appends markers
     while the recording runs, and an unfinished last line may be one being written."""
-    df, bad = read_markers(path)
+    df, bad, complete = read_markers_and_ending(path)
     if len(df) or not bad:
         return
-    with open(path, "rb") as f:
-        data = f.read(1 << 20)
-    complete_bad = bad - (0 if data.endswith(b"\n") or not data.strip() else 1)
+    complete_bad = bad - (0 if complete else 1)
     if complete_bad > 0:
         raise UserError(f"{os.fspath(path)}: no usable marker in its {bad} line(s) (each must be a JSON object "
                         "with numeric start_ns < end_ns, CLOCK_MONOTONIC): checked before recording")
