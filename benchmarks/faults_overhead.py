@@ -12,12 +12,19 @@ the next one):
   cached   the pages cached but unmapped (MADV_DONTNEED on the mapping only): every gather is a
            minor fault (filemap map_pages), repeated R times: the probe's cost without the I/O.
 
-The tables live on an ext4 filesystem on a loop device (direct I/O) whose backing file is on
-tmpfs (/dev/shm): a cold fault does real block I/O through the block layer (bio queued, request
-completed, the faulting thread asleep), with a service time that is a memory copy and a loop
-worker's wake-up (~30 us), not a virtio disk's +-100 us.  The loop device, its mount and the
-backing file are removed at the end, on failure too.  (--disk DIR puts the tables on DIR's
-filesystem instead.)  Before each cold gather the eviction is done and settled: the arms wait
+The tables live on an ext4 filesystem of their own, on a block device whose service time is
+steady, not a virtio disk's +-100 us: --device zram (the default where the kernel has zram: a
+device of its own from zram-control/hot_add) serves a cold fault's bio in the faulting thread's
+context (a copy: ~10 us of CPU, +-15%, no sleep, no request, no interrupt); --device loop (an
+ext4 loop device, direct I/O, backing file on tmpfs) takes the NVMe-like path (a request the
+loop worker serves, completed by interrupt, the faulting thread asleep meanwhile), but on a
+loaded 2-core machine its wake-ups wait for a CPU: +-100 us a fault at load 3-5.  The device,
+its mount and the backing file are removed at the end, on failure too.  (--disk DIR puts the
+tables on DIR's filesystem instead.)  Cold gathers run at SCHED_FIFO priority 10 (--cold-other: not): on a
+loaded 2-core machine a woken reader otherwise waits for a CPU after every page, which swamps a
+fault's cost (loop device, load 3: 22-110 us a cold fault at FIFO, 215-470 us without); the
+price is that the collector's CPU then delays the reader only when the reader is not ready to
+run (on zram it never sleeps, so it runs until it is done).  Before each cold gather the eviction is done and settled: the arms wait
 until the recorder's CPU is back to its idle rate (it decodes the eviction's records: that is
 its cost for the eviction, not for the faults), the other arms the same minimum time.
 
@@ -100,8 +107,10 @@ for line in sys.stdin:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         print(cachestat(fd, 0, 0).nr_cache, flush=True)
         continue
-    mode, k, rep = cmd[0], int(cmd[1]), int(cmd[2])
+    mode, k, rep, fifo = cmd[0], int(cmd[1]), int(cmd[2]), cmd[3] == "fifo"
     idx = rng.choice(windows, min(k, windows), replace=False) * 16 * PS
+    if fifo:  # woken at once when its page is read, not after whoever holds the CPU
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
     total = cpu = faults = major = 0
     ru_all = resource.getrusage(resource.RUSAGE_SELF)
     for r in range(rep):
@@ -117,6 +126,8 @@ for line in sys.stdin:
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         faults += (ru1.ru_majflt - ru0.ru_majflt) + (ru1.ru_minflt - ru0.ru_minflt)
         major += ru1.ru_majflt - ru0.ru_majflt
+    if fifo:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     ru_end = resource.getrusage(resource.RUSAGE_SELF)
     every = (ru_end.ru_majflt - ru_all.ru_majflt) + (ru_end.ru_minflt - ru_all.ru_minflt)
     print(f"{total} {cpu} {faults} {every} {major}", flush=True)
@@ -132,7 +143,7 @@ FLOOR_TPS = ["exceptions:page_fault_user", "filemap:mm_filemap_fault", "filemap:
              "filemap:mm_filemap_add_to_page_cache", "filemap:mm_filemap_delete_from_page_cache",
              "raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "rseq:rseq_update",
              "sched:sched_switch", "sched:sched_wakeup", "sched:sched_waking", "block:block_bio_queue",
-             "block:block_rq_complete", "vmscan:mm_vmscan_direct_reclaim_begin"]
+             "block:block_rq_complete", "block:block_bio_complete", "vmscan:mm_vmscan_direct_reclaim_begin"]
 TARGET_ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor", "before"]
 IDLE_ARMS = ["idle-engramprof", "idle-probes", "idle-empty", "idle-floor"]
 ARMS = TARGET_ARMS + IDLE_ARMS
@@ -257,9 +268,9 @@ class Worker:
         self.p.stdin.flush()
         return int(self.p.stdout.readline())
 
-    def run(self, mode: str, k: int, rep: int) -> tuple[float, float]:
-        """(wall ns, CPU ns) per fault of one gather batch."""
-        self.p.stdin.write(f"{mode} {k} {rep}\n")
+    def run(self, mode: str, k: int, rep: int, fifo: bool = False) -> tuple[float, float]:
+        """(wall ns, CPU ns) per fault of one gather batch (fifo: at SCHED_FIFO priority 10)."""
+        self.p.stdin.write(f"{mode} {k} {rep} {'fifo' if fifo else 'other'}\n")
         self.p.stdin.flush()
         ns, cpu, faults, every, major = map(int, self.p.stdout.readline().split())
         self.last_faults = every  # every fault of the command (the untimed set-up's too)
@@ -282,31 +293,98 @@ def _q(v, q):
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-class Tables:
-    """The two workers' tables on an ext4 loop device backed by a file on tmpfs (or on --disk)."""
+class ZramFilesystem:
+    """An ext4 filesystem on a zram device of its own (``hot_add``: never one someone else set
+    up), mounted under a private directory; :meth:`remove` unmounts, resets and removes it."""
 
-    def __init__(self, size: int, disk: str | None):
-        self.loop = None
+    CONTROL = "/sys/class/zram-control"
+
+    def __init__(self):
+        self.n: int | None = None
+        self.mountpoint: str | None = None
+
+    @classmethod
+    def available(cls) -> bool:
+        return os.path.exists(os.path.join(cls.CONTROL, "hot_add"))
+
+    def create(self, workdir: str, size: int) -> None:
+        with open(os.path.join(self.CONTROL, "hot_add")) as f:
+            self.n = int(f.read())
+        sysd = f"/sys/block/zram{self.n}"
+        with open(f"{sysd}/comp_algorithm") as f:
+            algs = f.read().replace("[", "").replace("]", "").split()
+        if "lz4" in algs:
+            with open(f"{sysd}/comp_algorithm", "w") as f:
+                f.write("lz4")
+        with open(f"{sysd}/disksize", "w") as f:
+            f.write(str(size))
+        dev = f"/dev/zram{self.n}"
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev],
+                       check=True)
+        mp = os.path.join(workdir, "mnt")
+        os.mkdir(mp)
+        subprocess.run(["mount", "-t", "ext4", "-o", "noatime,nosuid,nodev", dev, mp], check=True)
+        self.mountpoint = mp
+
+    def describe(self) -> str:
+        return f"zram device /dev/zram{self.n} (its own, hot_add) ext4 mounted at {self.mountpoint}"
+
+    def remove(self) -> tuple[list[str], list[str]]:
+        problems = []
+        if self.mountpoint and subprocess.run(["umount", self.mountpoint]).returncode != 0:
+            problems.append(f"cannot unmount {self.mountpoint}")
+        if self.n is not None:
+            try:
+                with open(f"/sys/block/zram{self.n}/reset", "w") as f:
+                    f.write("1")
+                with open(os.path.join(self.CONTROL, "hot_remove"), "w") as f:
+                    f.write(str(self.n))
+            except OSError as exc:
+                problems.append(f"cannot remove /dev/zram{self.n}: {exc.strerror}")
+        return [], problems
+
+
+class Tables:
+    """The two workers' tables on an ext4 filesystem of their own: on a zram device (a cold
+    fault's read is a bio the device serves in the faulting thread's context, a copy: ~10 us,
+    steady), or on a loop device backed by a file on tmpfs (the bio goes to the loop worker and
+    completes by interrupt; the faulting thread sleeps: the NVMe-like path, but its wake-ups
+    wait for a CPU on a loaded machine), or in --disk DIR."""
+
+    def __init__(self, size: int, device: str, disk: str | None):
+        self.fs = None
+        self.paths = []
         self.work = tempfile.mkdtemp(prefix="engramprof-faults-bench-", dir=disk or "/dev/shm")
+        try:
+            self._create(size, device, disk)
+        except BaseException:
+            self.remove()  # a device, mount or file made before the failure
+            raise
+
+    def _create(self, size: int, device: str, disk: str | None) -> None:
         where = self.work
         if disk is None:
-            from engramprof.lab.faults import LoopFilesystem
+            if device == "zram":
+                self.fs = ZramFilesystem()
+            else:
+                from engramprof.lab.faults import LoopFilesystem
 
-            self.loop = LoopFilesystem()
-            self.loop.create(self.work, 2 * size + (96 << 20))
-            where = self.loop.mountpoint
-        self.paths = []
+                self.fs = LoopFilesystem()
+            self.fs.create(self.work, 2 * size + (96 << 20))
+            where = self.fs.mountpoint
         for i in range(2):
             p = os.path.join(where, f"table{i}.bin")
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            self.paths.append(p)
             with os.fdopen(fd, "wb") as f:
                 for _ in range(0, size, 8 << 20):
                     f.write(os.urandom(min(8 << 20, size - f.tell())))
                 os.fsync(f.fileno())
-            self.paths.append(p)
 
     def describe(self) -> str:
-        return self.loop.describe() + " (backing file on tmpfs)" if self.loop else f"files under {self.work}"
+        if isinstance(self.fs, ZramFilesystem):
+            return self.fs.describe()
+        return self.fs.describe() + " (backing file on tmpfs)" if self.fs else f"files under {self.work}"
 
     def remove(self) -> None:
         for p in self.paths:
@@ -315,8 +393,8 @@ class Tables:
             except OSError:
                 pass
         problems = []
-        if self.loop is not None:
-            _, problems = self.loop.remove()
+        if self.fs is not None:
+            _, problems = self.fs.remove()
         shutil.rmtree(self.work, ignore_errors=True)
         for p in problems:
             print(f"cleanup: {p}", file=sys.stderr)
@@ -430,7 +508,11 @@ def main() -> int:
     ap.add_argument("--cached-repeat", type=int, default=20, help="cached gathers per measurement")
     ap.add_argument("--measurements", type=int, default=3, help="cached measurements per arm and round")
     ap.add_argument("--cold-measurements", type=int, default=3, help="cold measurements per arm and round")
-    ap.add_argument("--disk", metavar="DIR", help="put the tables on DIR's filesystem, not on a loop device on tmpfs")
+    ap.add_argument("--cold-other", dest="cold_fifo", action="store_false",
+                    help="cold gathers at the normal scheduling class (default: SCHED_FIFO 10, see above)")
+    ap.add_argument("--device", choices=("zram", "loop"), default="zram" if ZramFilesystem.available() else "loop",
+                    help="the tables' block device (default zram where the kernel has it, else loop)")
+    ap.add_argument("--disk", metavar="DIR", help="put the tables on DIR's filesystem, not on a device of their own")
     ap.add_argument("--dir", default="/var/tmp", help="where --pipeline's scratch file goes")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     ap.add_argument("--before-tree", help="a checkout whose engramprof the 'before' arm runs (before/after)")
@@ -472,7 +554,7 @@ def main() -> int:
     load0 = os.getloadavg()
     tables = t = o = idle = None
     try:
-        tables = Tables(size, a.disk)
+        tables = Tables(size, a.device, a.disk)
         idle = subprocess.Popen(["sleep", "100000"])
         t, o = Worker(tables.paths[0], 1), Worker(tables.paths[1], 2)
         with stats_enabled() as stats:
@@ -521,7 +603,7 @@ def main() -> int:
                                 before = prog_total_ns(holder) if stats and arm != "untraced" else None
                                 pp0 = inproc.prog_stats() if stats and inproc is not None else None
                                 c0, w0 = (cpu_ns(p.pid), time.monotonic_ns()) if arm in RECORDERS else (None, 0)
-                                wall_ns, cpu_ns_ = w.run(m, a.pages, modes[m])
+                                wall_ns, cpu_ns_ = w.run(m, a.pages, modes[m], fifo=m == "cold" and a.cold_fifo)
                                 nf = max(w.last_faults, 1)  # BPF time is over the whole command: per fault of it
                                 if m == "cold":
                                     major_share.append(w.last_major / max(a.pages, 1))
@@ -581,7 +663,8 @@ def report(a, arms, modes, res, per_prog, collector, idle_rate, settled, left_ca
     print(f"memmap gathers of {a.pages:,} pages 16 apart (one fault each) on {where}; {a.rounds} rounds, arms "
           f"interleaved (order reversed every other round); per arm and round {a.cold_measurements} cold gathers "
           f"(each after an eviction, settled) and {a.measurements} cached measurements of {a.cached_repeat} "
-          f"gathers; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end (1 min)")
+          f"gathers; cold gathers {'at SCHED_FIFO 10' if a.cold_fifo else 'at SCHED_OTHER'}; "
+          f"load average {load0[0]:.2f} at start, {load1[0]:.2f} at end (1 min)")
     print(f"eviction check (cachestat): at most {max(left_cached, default=0)} page(s) of a table still cached after "
           f"an eviction; major faults per cold gather: {min(major_share, default=0):.3f}-{max(major_share, default=0):.3f}"
           f" of the pages")
@@ -660,6 +743,24 @@ def report(a, arms, modes, res, per_prog, collector, idle_rate, settled, left_ca
             for pt, (o_, e_, n) in sorted(by_point.items(), key=lambda kv: -(kv[1][0] - kv[1][1])):
                 if o_ > 0.05 or e_ > 0.05:
                     print(f"      {pt:45s} ours {o_:7,.1f} ({n})   empty {e_:7,.1f}   {o_ - e_:+7,.1f}")
+            # the arms ran at different moments, so the machine's other events differ in number:
+            # ns a run of each tracepoint's programs, weighted by the empty arm's runs per fault
+            runs = {k.split(" ", 1)[1]: _med(c) for k, (ns, c) in empty.items()}
+            per_run_o, per_run_e = {}, {}
+            for k, (ns, c) in ours.items():
+                pt = k.split(" ", 1)[1]
+                if _med(c) > 0:
+                    per_run_o[pt] = per_run_o.get(pt, 0.0) + _med(ns) / _med(c)
+            for k, (ns, c) in empty.items():
+                if _med(c) > 0:
+                    per_run_e[k.split(" ", 1)[1]] = _med(ns) / _med(c)
+            rows = [(pt, per_run_o.get(pt, 0.0), per_run_e[pt], runs[pt]) for pt in per_run_e if runs.get(pt, 0) > 0.005]
+            ow = sum(o_ * r for _, o_, _, r in rows)
+            ew = sum(e_ * r for _, _, e_, r in rows)
+            print(f"  {m}: the same, at the empty arm's runs per fault (ns a run x runs): ours {ow:,.0f} ns, "
+                  f"empty {ew:,.0f} ns per fault ({ow - ew:+,.0f}); by tracepoint, ns a run (all our programs on it):")
+            for pt, o_, e_, r in sorted(rows, key=lambda x: -(x[1] - x[2]) * x[3]):
+                print(f"      {pt:45s} ours {o_:5,.0f}   empty {e_:5,.0f}   x {r:5.2f} runs = {(o_ - e_) * r:+7,.0f} ns")
     for arm in RECORDERS:
         if idle_rate.get(arm):
             print(f"{arm} collector CPU (every thread: drain, decode, enrich, Parquet; schedstat ns) per fault, over "

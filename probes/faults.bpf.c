@@ -387,17 +387,19 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
 	return 0;
 }
 
-/* interrupt context: credit the fault that queued the bio if it is still open */
-TRACEPOINT_PROBE(block, block_rq_complete)
+/* A bio the fault probe saw queued has completed: credit the fault that queued it if it is still
+ * open.  Interrupt (or the device's own) context: no tgid to test, so the in-flight count comes
+ * first and every other completion of the machine stops there. */
+static __always_inline void bio_done(u32 dev, u64 sector)
 {
 	int zero = 0;
 	s64 *inflight = fault_bios_inflight.lookup(&zero);  /* array: inlined, no helper call */
 	if (!inflight || *inflight <= 0)
-		return 0;  /* no bio of a target in flight: every other request of the machine stops here */
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+		return;
+	struct bio_key k = {.dev = dev, .sector = sector};
 	struct bio_start *b = fault_bio_by_sector.lookup(&k);
 	if (!b)
-		return 0;
+		return;
 	u64 delta = bpf_ktime_get_ns() - b->ts;
 	u32 tid = b->tid;
 	u64 fault_ts = b->fault_ts;
@@ -406,6 +408,23 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 	struct fault_state *s = open_fault(tid);
 	if (s && s->ts == fault_ts)
 		__sync_fetch_and_add(&s->bio_ns, delta);
+}
+
+/* request-based devices (NVMe, SCSI, virtio, loop): the request's first sector is the bio's */
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	bio_done(args->dev, args->sector);
+	return 0;
+}
+
+/* bio-based devices (zram, device-mapper, md, NVMe multipath's head) complete the bio itself and
+ * make no request: without this their bios never left fault_bio_by_sector, which then filled up,
+ * and every insertion paid the LRU's eviction (~900 ns a bio, measured on zram).  For a request-
+ * based device the bio's sector has advanced by then: no match, no harm.  (As old as
+ * block_bio_queue: compiled with HAVE_BIO.) */
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	bio_done(args->dev, args->sector);
 	return 0;
 }
 #endif
