@@ -559,49 +559,44 @@ def test_cli_run_survives_a_storm_of_signals(tbl):
     the kernel gave them to numpy's native thread, whose Python handler waits for the main
     thread to run bytecode, asleep in its 60 s wait.  The wakeup pipe has no such hole."""
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, "-m", "engramprof", "lab", "run", "--table", str(tbl),
-                                 "--duration", "60", "--gap-ms", "1", "--start-delay", "60", "--json"],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        res, pid = _signal_storm(tbl)
+        assert res["pid"] == pid and res["steps"] >= 1  # it started on SIGUSR1, not after 60 s
+
+
+def test_cli_run_workers_survives_a_storm_of_signals(tbl):
+    """`lab run --workers 2`: the ranks' parent (numpy's native threads too, started before it
+    could block anything) takes a storm of SIGUSR1 while the ranks wait to start (--start-delay
+    60), then of SIGTERM: it passes both on and ends at once with the ranks' summary, whichever
+    of its threads the kernel gives each signal to."""
+    for _ in range(3):
+        res, pid = _signal_storm(tbl, "--workers", "2", stops=100)
+        assert res["pid"] == pid and res["workers"] == 2
+        assert all(r["steps"] >= 1 for r in res["ranks"]), res["ranks"]  # they started on SIGUSR1, not after 60 s
+
+
+def _signal_storm(tbl, *lab_args: str, stops: int = 1) -> tuple[dict, int]:
+    """`lab run --start-delay 60 LAB_ARGS`: 30 SIGUSR1 once it is ready, then ``stops`` SIGTERM
+    (a stop signal the kernel may give any thread while it winds down); its JSON summary and pid.
+    It must end at once with status 0 (killed, and its ranks with it, if it hangs)."""
+    proc = subprocess.Popen([sys.executable, "-m", "engramprof", "lab", "run", "--table", str(tbl), *lab_args,
+                             "--duration", "60", "--gap-ms", "1", "--start-delay", "60", "--json"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
         while not proc.stderr.readline().startswith("lab: ready"):
             assert proc.poll() is None
         for _ in range(30):
             proc.send_signal(signal.SIGUSR1)
             time.sleep(0.002)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
+        for _ in range(stops):
+            proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
-        assert proc.returncode == 0, err
-        res = json.loads(out)
-        assert res["pid"] == proc.pid and res["steps"] >= 1  # it started on SIGUSR1, not after 60 s
-
-
-def test_cli_run_workers_survives_a_storm_of_signals(tbl):
-    """`lab run --workers 2`: the ranks' parent (numpy's native threads too, started before it
-    could block anything) takes a storm of SIGUSR1 while the ranks wait to start (--start-delay
-    60), then SIGTERM: it passes both on and ends at once with the ranks' summary, whichever
-    of its threads the kernel gives each signal to."""
-    for _ in range(3):
-        proc = subprocess.Popen([sys.executable, "-m", "engramprof", "lab", "run", "--table", str(tbl), "--workers",
-                                 "2", "--duration", "60", "--gap-ms", "1", "--start-delay", "60", "--json"],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            while not proc.stderr.readline().startswith("lab: ready"):
-                assert proc.poll() is None
-            for _ in range(30):
-                proc.send_signal(signal.SIGUSR1)
-                time.sleep(0.002)
-            time.sleep(0.3)
-            for _ in range(100):  # a stop signal the kernel may give any thread, while the parent winds down
-                proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=20)
-        finally:
-            if proc.poll() is None:  # hung: take the ranks down with it (PR_SET_PDEATHSIG)
-                proc.kill()
-                proc.communicate()
-        assert proc.returncode == 0, err
-        res = json.loads(out)
-        assert res["pid"] == proc.pid and res["workers"] == 2
-        assert all(r["steps"] >= 1 for r in res["ranks"]), res["ranks"]  # they started on SIGUSR1, not after 60 s
+    finally:
+        if proc.poll() is None:  # hung (the ranks die with it: PR_SET_PDEATHSIG)
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    return json.loads(out), proc.pid
 
 
 def test_ranks_distinct_rows_is_over_the_union_of_their_rows(tmp_path):
