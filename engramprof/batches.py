@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.errors import UserError
-from engramprof.markers import read_markers_df
+from engramprof.markers import markers_frame, read_marker_lines
 
 # ---- thresholds of the gap inference (docs/model.md, "Batches") ----------------------------------
 #: a split threshold is never inferred below this: a forward pass shorter than 0.25 ms is not
@@ -147,42 +147,17 @@ def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
 
 def read_markers_and_ending(path: str | os.PathLike) -> tuple[pd.DataFrame, int, bool]:
     """:func:`read_markers` and whether the file, as read, ends in a newline (or a blank line):
-    False when its last line is unfinished (a writer may be inside it).
-
-    One open: the writer's own reader parses a duplicate of this fd (they share the file
-    offset, so where it stopped is where the file ended for it), and the byte before that
-    offset tells how the last line it parsed ended (bytes appended since are not looked at)."""
+    False when its last line is unfinished (a writer may be inside it).  One read of the file."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        recs, bad, complete = read_marker_lines(p)
     except FileNotFoundError:
         raise UserError(f"{p}: no such markers file") from None
     except IsADirectoryError:
         raise UserError(f"{p}: is a directory, not a markers file (JSON lines)") from None
     except OSError as exc:
         raise UserError(f"{p}: cannot read markers file: {exc.strerror}") from None
-    try:
-        raw, bad = read_markers_df(os.dup(fd))  # open() takes an fd (and closes it)
-        complete = _ends_complete(fd)
-    except IsADirectoryError:
-        raise UserError(f"{p}: is a directory, not a markers file (JSON lines)") from None
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read markers file: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    return _marker_frame(raw), int(bad), complete
-
-
-def _ends_complete(fd: int, tail: int = 1 << 16) -> bool:
-    """Whether what was read of ``fd`` (up to its offset) ends in a newline or a blank line:
-    its last line is not one being written.  Not seekable (a pipe): taken as complete."""
-    try:
-        end = os.lseek(fd, 0, os.SEEK_CUR)
-        start = max(0, end - tail)
-        last = os.pread(fd, end - start, start).rsplit(b"\n", 1)[-1]
-    except OSError:
-        return True
-    return not last.strip()
+    return _marker_frame(markers_frame(recs)), int(bad), complete
 
 
 def _marker_frame(raw: pd.DataFrame) -> pd.DataFrame:

@@ -159,9 +159,17 @@ def _valid_ns(v) -> bool:
 def read_markers(path: str | os.PathLike) -> tuple[list[dict], int]:
     """(markers, bad_line_count). A line is bad when it is not a JSON object with integer
     ``0 <= start_ns <= end_ns < 2**63``; blank lines are skipped and not counted."""
-    out, bad = [], 0
+    recs, bad, _complete = read_marker_lines(path)
+    return recs, bad
+
+
+def read_marker_lines(path: str | os.PathLike) -> tuple[list[dict], int, bool]:
+    """:func:`read_markers` and whether the last line read is finished (ends in a newline, or
+    is blank): False when a writer may still be inside it."""
+    out, bad, complete = [], 0, True
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
+            complete = line.endswith("\n") or not line.strip()
             if not line.strip():
                 continue
             try:
@@ -178,15 +186,20 @@ def read_markers(path: str | os.PathLike) -> tuple[list[dict], int]:
                 out.append(rec)
             else:
                 bad += 1
-    return out, bad
+    return out, bad, complete
 
 
 def read_markers_df(path: str | os.PathLike):
     """(pandas DataFrame with int64 ``start_ns``/``end_ns`` plus any extra keys, bad_line_count)."""
+    recs, bad = read_markers(path)
+    return markers_frame(recs), bad
+
+
+def markers_frame(recs: list[dict]):
+    """The markers of :func:`read_markers` as a DataFrame with int64 ``start_ns``/``end_ns``."""
     import pandas as pd
 
-    recs, bad = read_markers(path)
     df = pd.DataFrame.from_records(recs) if recs else pd.DataFrame({"start_ns": [], "end_ns": []})
     df["start_ns"] = df["start_ns"].astype("int64")
     df["end_ns"] = df["end_ns"].astype("int64")
-    return df, bad
+    return df
