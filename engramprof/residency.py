@@ -182,7 +182,9 @@ def open_file(path: str | os.PathLike, *, allow_empty: bool = False) -> OpenFile
     overlay_only = False
     if _on_overlayfs(fd):
         layer = _layer_fd(p, fd, st2.st_size)
-        overlay_only = layer == fd  # no layer file found: the overlay fd is all there is
+        # no layer file found (the overlay fd is all there is), or the layer is itself on an
+        # overlay (stacked lower layers): cachestat would count an empty mapping either way
+        overlay_only = layer == fd or _on_overlayfs(layer)
         fd = layer
     return OpenFile(p, fd, st2.st_size, st2, overlay_only)
 
