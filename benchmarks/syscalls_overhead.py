@@ -94,18 +94,37 @@ def prog_run_ns(pid: int) -> int | None:
     return sum(ns for ns, _cnt in st.values()) if st else None
 
 
+# `python -c RUN_TREE TREE ARGS...`: `python -m engramprof ARGS...` with TREE's engramprof and TREE/probes
+RUN_TREE = """
+import importlib.util, os, runpy, sys
+tree = sys.argv.pop(1)
+sys.path.insert(0, tree)
+init = os.path.join(tree, "probes", "__init__.py")
+spec = importlib.util.spec_from_file_location("engramprof.probes", init,
+                                              submodule_search_locations=[os.path.dirname(init)])
+mod = importlib.util.module_from_spec(spec)
+sys.modules["engramprof.probes"] = mod
+spec.loader.exec_module(mod)
+sys.argv[0] = "engramprof"
+runpy.run_module("engramprof", run_name="__main__", alter_sys=True)
+"""
+
+
 def start_tracer(cmd: list[str], ready: str, stream: str = "stderr", tree: str | None = None) -> subprocess.Popen:
     """Start a tracer and return once it printed `ready` (engramprof: stderr; bpftrace: stdout);
-    tree: run the engramprof of that checkout instead of this one."""
+    tree: run the engramprof of that checkout instead of this one (cmd: [PY, "-m", "engramprof", ...])."""
     if stream == "stderr":
-        env = dict(os.environ, PYTHONPATH=tree) if tree else None
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tree, env=env)
+        if tree:  # its probes too: the editable install maps engramprof.probes to this tree's probes/
+            cmd = [cmd[0], "-c", RUN_TREE, tree, *cmd[3:]]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tree)
     else:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    said = []
     for line in getattr(p, stream):
         if ready in line:
             return p
-    raise RuntimeError(f"tracer did not start: {cmd}")
+        said = (said + [line.rstrip()])[-5:]
+    raise RuntimeError(f"tracer did not start: {cmd}: " + " | ".join(said))
 
 
 def stop_tracer(p: subprocess.Popen) -> None:

@@ -354,9 +354,12 @@ class SyscallTracer:
         return not any(pid_state(t) not in (None, "Z", "X") for t in self.probe.targets.live_tgids())
 
     def sync_targets(self) -> None:
-        """New sub-groups of a v2 cgroup, the processes of a v1 cgroup: into every probe's maps."""
+        """New sub-groups of a v2 cgroup, the processes of a v1 cgroup, an overlay --file's copy-up:
+        into every probe's maps."""
+        from engramprof.bpf import targets as target_maps
+
         s = self.selection
-        if not (s.cgroups_v2 or s.cgroups_v1):
+        if not target_maps.needs_sync(s):
             return
         for probe in (self.probe, self.faults.probe if self.faults else None,
                       self.offcpu.probe if self.offcpu else None,

@@ -5,8 +5,15 @@
  *                    2: the processes in the `target_tgids` hash (filled from user space right
  *                    after load, before the recording is armed; --pid repeated, --children,
  *                    the processes of a cgroup v1 path)
- *   MATCH_CGROUPS    1: the current task's cgroup2 id (bpf_get_current_cgroup_id) must be in
- *                    `target_cgroups` (a --cgroup v2 directory and its sub-groups, by inode)
+ *   MATCH_CGROUPS    2: the current task's cgroup2 must be a --cgroup v2 directory or below one:
+ *                    bpf_get_current_ancestor_cgroup_id(CG_LEVEL_i) == CG_ID_i for one of the
+ *                    CGROUP_SLOTS_USED (<= 8) directories (level in the hierarchy, inode number):
+ *                    constants, so a sub-group made later matches from its first event;
+ *                    1: (more directories, or a tracer in a cgroup namespace, where levels are
+ *                    not known) its cgroup2 id (bpf_get_current_cgroup_id) must be in
+ *                    `target_cgroups` (the directories and their sub-groups, synced every second)
+ *   TRACER_TGID      the tracer's own process: never a target (with --file or --cgroup alone its
+ *                    own reads of the table, the identity and layout reads, would pass)
  *   FOLLOW_CHILDREN  1: a process forked by a target becomes a target (sched_process_fork);
  *                    it is forgotten when its thread group dies (sched_process_exit)
  *   HAVE_GROUP_DEAD  sched_process_exit has group_dead (else: when the leader exits)
@@ -19,9 +26,11 @@
  *
  * Cost (issue 13: --cgroup and --file within 10% of one --pid's compare; is_target runs in every
  * hook, system-wide ones included):
- *   --cgroup  bpf_get_current_cgroup_id() and one lookup in `target_cgroups`.  A per-CPU memo of
- *             the last verdict was tried (2026-12-01) and measured no cheaper
- *             (benchmarks/RESULTS.md, "Target selectors"), so the plain lookup stays.
+ *   --cgroup  one bpf_get_current_ancestor_cgroup_id() and a compare per directory (a helper that
+ *             reads current->cgroups->dfl_cgrp->ancestors[level]->kn->id): about as cheap as the
+ *             one-pid compare, where a hash lookup cost 50-80 ns more an event (measured side by
+ *             side, benchmarks/RESULTS.md "Target selectors").  A per-CPU memo of the last verdict
+ *             (2026-12-01) measured no cheaper than the lookup; the lookup stays for MATCH_CGROUPS 1.
  *   --file    task->files->fdt->{max_fds, fd} are direct loads through the BTF pointer of
  *             bpf_get_current_task_btf() (verifier-checked against the running kernel's BTF,
  *             no helper call); the fd slot, the file's f_inode, the inode's i_sb..i_ino span and
@@ -36,8 +45,12 @@
 #if MATCH_TGIDS == 2
 BPF_HASH(target_tgids, u32, u8, MAX_TARGETS);
 #endif
-#if MATCH_CGROUPS
+#if MATCH_CGROUPS == 1
 BPF_HASH(target_cgroups, u64, u8, MAX_CGROUPS);
+#endif
+#if MATCH_CGROUPS == 2
+/* slot i (a constant; unused slots compile away) */
+#define IN_CG_SLOT(i) (CGROUP_SLOTS_USED > i && bpf_get_current_ancestor_cgroup_id(CG_LEVEL_##i) == CG_ID_##i)
 #endif
 #if MATCH_FILES
 struct target_file_key {
@@ -135,7 +148,11 @@ static __always_inline int is_target(u64 pid_tgid)
 #if MATCH_TGIDS == 1
 	if ((pid_tgid >> 32) != TARGET_TGID)
 		return 0;
-#elif MATCH_TGIDS == 2
+#else
+	if ((pid_tgid >> 32) == TRACER_TGID)
+		return 0;
+#endif
+#if MATCH_TGIDS == 2
 	u32 tgid = pid_tgid >> 32;
 	if (!target_tgids.lookup(&tgid))
 		return 0;
@@ -144,9 +161,13 @@ static __always_inline int is_target(u64 pid_tgid)
 	if ((u32)pid_tgid != TARGET_TID)
 		return 0;
 #endif
-#if MATCH_CGROUPS
+#if MATCH_CGROUPS == 1
 	u64 cg = bpf_get_current_cgroup_id();
 	if (!target_cgroups.lookup(&cg))
+		return 0;
+#elif MATCH_CGROUPS == 2
+	if (!(IN_CG_SLOT(0) || IN_CG_SLOT(1) || IN_CG_SLOT(2) || IN_CG_SLOT(3) ||
+	      IN_CG_SLOT(4) || IN_CG_SLOT(5) || IN_CG_SLOT(6) || IN_CG_SLOT(7)))
 		return 0;
 #endif
 	return 1;

@@ -522,3 +522,133 @@ def test_file_fd_closed_reopened_as_another_file_and_dup2_back_judged_on_every_c
             tracer.p.kill()
             tracer.p.wait()
         r.close()
+
+
+def _cgroup_mode(*dirs: Path) -> str:
+    """How targets.h matches these --cgroup directories: 'slots' (ancestor id constants) or 'hash'."""
+    from engramprof.bpf import targets
+    from engramprof.record.selection import Selection
+
+    return "slots" if targets.cgroup_slots(Selection.parse(cgroups=[str(d) for d in dirs])) else "hash"
+
+
+@pytest.mark.bpf
+def test_cgroup2_subgroups_made_during_the_trace_are_traced_from_their_first_call(tmp_path, two_files):
+    """--cgroup A --cgroup B as (level, id) constants (bpf_get_current_ancestor_cgroup_id): a process
+    moved into a sub-group of A made after the start, then a sub-group of that, is traced from its
+    first call there (nothing to sync from user space); into B: traced; back to the root: not.
+    Exact counts per phase."""
+    a, _ = two_files
+    cg, other = _cgroup_dir("/sys/fs/cgroup/unified", "slotsA"), _cgroup_dir("/sys/fs/cgroup/unified", "slotsB")
+    made: list[Path] = []
+    r = Phased(a)
+    tracer = None
+    try:
+        if _cgroup_mode(cg, other) != "slots":
+            pytest.skip("the cgroup levels are not known here (a cgroup namespace): the hash is used")
+        root_procs = Path("/sys/fs/cgroup/unified/cgroup.procs")
+        tracer, out = trace_of(tmp_path, "slots", "--cgroup", str(cg), "--cgroup", str(other))
+        r.do("open", "t", 0)
+        r.do("read", "t", 1, 300)                   # outside: not traced
+        sub = cg / "later"
+        sub.mkdir()
+        made.append(sub)
+        (sub / "cgroup.procs").write_text(str(r.proc.pid))
+        r.do("read", "t", 2, 700)                   # a sub-group made just now: every call
+        deeper = sub / "deeper"
+        deeper.mkdir()
+        made.append(deeper)
+        (deeper / "cgroup.procs").write_text(str(r.proc.pid))
+        r.do("read", "t", 3, 500)                   # two levels below A: every call
+        (other / "cgroup.procs").write_text(str(r.proc.pid))
+        r.do("read", "t", 4, 400)                   # the other --cgroup: every call
+        root_procs.write_text(str(r.proc.pid))
+        r.do("read", "t", 5, 200)                   # out: none
+        import time
+        time.sleep(1.5)                             # the last calls drained
+        tracer.p.send_signal(signal.SIGINT)
+        rc, _, err = tracer.finish()
+        assert rc == 0, err
+        got = _phases(out, r.proc.pid)
+        assert {k: got.get(k, 0) for k in range(1, 6)} == {1: 0, 2: 700, 3: 500, 4: 400, 5: 0}, got
+    finally:
+        if tracer is not None and tracer.p.poll() is None:
+            tracer.p.kill()
+            tracer.p.wait()
+        r.close()
+        for d in reversed(made):
+            _remove_cgroup(d)
+        _remove_cgroup(other)
+        _remove_cgroup(cg)
+
+
+@pytest.mark.bpf
+def test_cgroup2_more_directories_than_slots_are_matched_by_the_hash(tmp_path, two_files):
+    """Nine --cgroup directories (one more than targets.h's constant slots): the id hash
+    (bpf_get_current_cgroup_id, synced every second) judges them; a process moved into one of them
+    and into a sub-group of it that existed at the start is traced, outside it is not."""
+    a, _ = two_files
+    dirs = [_cgroup_dir("/sys/fs/cgroup/unified", f"hash{i}") for i in range(9)]
+    sub = dirs[4] / "sub"
+    sub.mkdir()
+    r = Phased(a)
+    tracer = None
+    try:
+        assert _cgroup_mode(*dirs) == "hash"
+        tracer, out = trace_of(tmp_path, "hash", *(x for d in dirs for x in ("--cgroup", str(d))))
+        r.do("open", "t", 0)
+        r.do("read", "t", 1, 300)                   # outside: none
+        (dirs[4] / "cgroup.procs").write_text(str(r.proc.pid))
+        r.do("read", "t", 2, 600)                   # inside: every call
+        (sub / "cgroup.procs").write_text(str(r.proc.pid))
+        r.do("read", "t", 3, 400)                   # its sub-group: every call
+        Path("/sys/fs/cgroup/unified/cgroup.procs").write_text(str(r.proc.pid))
+        r.do("read", "t", 4, 200)                   # out: none
+        import time
+        time.sleep(1.5)
+        tracer.p.send_signal(signal.SIGINT)
+        rc, _, err = tracer.finish()
+        assert rc == 0, err
+        got = _phases(out, r.proc.pid)
+        assert {k: got.get(k, 0) for k in range(1, 5)} == {1: 0, 2: 600, 3: 400, 4: 0}, got
+    finally:
+        if tracer is not None and tracer.p.poll() is None:
+            tracer.p.kill()
+            tracer.p.wait()
+        r.close()
+        _remove_cgroup(sub)
+        for d in dirs:
+            _remove_cgroup(d)
+
+
+@pytest.mark.bpf
+def test_file_alone_never_records_the_tracers_own_reads_of_the_file(tmp_path, two_files):
+    """--file T selects every process's reads of T but the tracer's own: once it sees T read it
+    reads T's first MiB (O_DIRECT, the file's identity) with preadv while tracing (targets.h
+    TRACER_TGID).  The reader's calls are all there, the tracer's none."""
+    a, b = two_files
+    r = two_file_reader(a, b, 300, 100)
+    tracer = None
+    try:
+        tracer, out = trace_of(tmp_path, "own", "--file", str(a))
+        (did,) = _run_readers([r])
+        import time
+        time.sleep(2.5)                             # drained, the fd named, T identified meanwhile
+        tracer.p.send_signal(signal.SIGINT)
+        rc, _, err = tracer.finish()
+        assert rc == 0, err
+        _release_readers([r])
+        files = tracefmt.load_bundle(out).table("files")
+        assert files is not None, "the tracer identified no file"
+        row = files[files["path"] == str(a)]
+        # the tracer did read T (preadv or pread64: O_DIRECT, or the cached pages) while its
+        # probes were attached (non-vacuity)
+        assert len(row) == 1 and row["method"].iloc[0] in ("O_DIRECT", "resident pages"), row
+        assert row["head_sha256"].iloc[0], row
+        assert counts_by_pid(out) == {did["pid"]: did["a"]}
+        assert tracer.pid not in set(tracefmt.load(out)["pid"])
+    finally:
+        for p in (r, tracer):
+            if p is not None and p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()

@@ -253,3 +253,49 @@ def test_file_on_overlay_sees_pread_and_mmap_readers_of_the_merged_path(tmp_path
     assert _ident(ovl.real("table")) in matched, meta["files"]
     notes = json.loads(summary)["notes"]
     assert any("1 on overlayfs, matched by its real file too" in n for n in notes), notes
+
+
+@pytest.mark.bpf
+def test_a_copy_up_during_the_trace_is_matched_from_then_on(tmp_path):
+    """MERGED/table read from the lower layer at the start, copied up while `syscalls --file
+    MERGED/table` runs: its pages now belong to the upper copy, a new inode, which the recorder
+    adds to every probe's target_files within about a second (Selection.copied_up_keys,
+    TargetMaps.sync).  An mmap reader of the merged path after the copy-up: its faults (they carry
+    the upper inode) are recorded page for page."""
+    import time
+
+    ovl = Overlay(tmp_path / "ovl")
+    table = ovl.merged / "table"
+    r = tracer = None
+    try:
+        r = reader("mmap", ovl, TOUCHES)
+        out = tmp_path / "trace"
+        tracer = Proc(engramprof("syscalls", "--file", table, "--output", out, "--json", "--sample-hz", "0",
+                                 "--no-offcpu", "--duration", "120"))
+        tracer.wait_line("Tracing", timeout=240)
+        assert not (ovl.upper / "table").exists()
+        os.close(os.open(table, os.O_WRONLY))  # the copy-up
+        assert (ovl.upper / "table").is_file()
+        evict(ovl.upper / "table")
+        time.sleep(2.5)  # the recorder's refresh (about once a second)
+        os.kill(r.pid, signal.SIGUSR1)
+        did = json.loads(r.p.stdout.readline())
+        time.sleep(1.5)  # drained
+        tracer.p.send_signal(signal.SIGINT)
+        rc, _, err = tracer.finish()
+        assert rc == 0, err
+        os.kill(r.pid, signal.SIGUSR1)
+        assert r.finish()[0] == 0
+    finally:
+        for p in (r, tracer):
+            if p is not None and p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+        ovl.umount()
+    ev = tracefmt.load(out)
+    f = ev[ev["kind"] == "fault"]
+    assert set(f["pid"]) == {did["pid"]}, f["pid"].value_counts()
+    assert sorted((f["offset"] // PAGE).tolist()) == did["pages"], f["offset"].tolist()
+    assert int(f["major"].sum()) == did["majflt"] > 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert _ident(ovl.lower / "table") in {(m["dev"], m["ino"]) for m in meta["files"][0]["identities"]}
