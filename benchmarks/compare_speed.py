@@ -247,17 +247,19 @@ def main() -> None:
         if a.arms:
             arms(d, int(a.calls), a.rounds, a.only)
             return
-        traces = []
+        traces, built = [], 0
         t0 = time.perf_counter()
         for r in range(a.ranks):
             p = bundle_path(d, r)
             if not p.exists():
                 build(p, int(a.calls), r, straggler=1)
+                built += 1
             traces.append(p)
         stray = sorted(set(d.glob("host=*/rank=*/trace")) - set(traces))
         if stray:
             raise SystemExit(f"{d} holds other ranks' bundles ({stray[0]}, ...): give --ranks to match, or another --dir")
-        print(f"built {a.ranks} bundles of {int(a.calls):,} calls in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"{a.ranks} bundles of {int(a.calls):,} calls: built {built} in {time.perf_counter() - t0:.1f} s"
+              + (f", {a.ranks - built} already in {d}" if built < a.ranks else ""), flush=True)
         argv = [sys.executable, "-m", "engramprof", "compare", "--ranks", str(d), "--json"]  # the fleet directory
         import os
 
