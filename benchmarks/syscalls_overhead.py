@@ -36,11 +36,16 @@ where each selector's extra cost over --pid's sits.  Run-time statistics are hel
 benchmarks/bpfstats.py (a counted bpf(BPF_ENABLE_STATS) fd: other jobs' benchmarks are not
 switched off, nor switch this one off).
 
+`--checks` instead measures the target checks alone (one --pid's compare, --cgroup's ancestor
+id and its id hash, a tgid hash), each as its own program on raw_syscalls:sys_enter, all attached
+at once, in both attach orders: ns per run side by side.
+
 `--baseline TREE` (with --selectors) adds the same three arms run with the engramprof of another
 checkout (arm names ending in @base), interleaved with this tree's: a before/after in one run.
 
 Needs root.  Usage: benchmarks/syscalls_overhead.py [--rounds 5] [--calls 400000] [--rss-seconds 120] [--lab]
                     benchmarks/syscalls_overhead.py --selectors [--rounds 5] [--calls 400000] [--baseline TREE]
+                    benchmarks/syscalls_overhead.py --checks [--rounds 5] [--calls 300000]
 """
 from __future__ import annotations
 
@@ -149,6 +154,7 @@ def main() -> int:
     ap.add_argument("--selectors", action="store_true", help="compare --pid, --cgroup and --file (only that)")
     ap.add_argument("--baseline", metavar="TREE", help="with --selectors: also run each selector with the engramprof "
                     "of another checkout (e.g. `git archive OLD | tar -x -C TREE`), interleaved with this one's")
+    ap.add_argument("--checks", action="store_true", help="the target checks alone, side by side (only that)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
@@ -176,6 +182,11 @@ def main() -> int:
             return wall
 
         loop(50_000)  # warm up
+        if a.checks:
+            check_costs(w, loop, a)
+            w.stdin.close()
+            w.wait()
+            return 0
         if a.selectors:
             selector_overhead(tmp, w, loop, last_cpu, data, a)
             w.stdin.close()
@@ -511,6 +522,92 @@ def print_per_program(per: dict, names: list[str]) -> None:
                 continue
             diffs = sorted(((med(k, lb, 0) or 0) - (med("--pid", lb, 0) or 0), lb) for lb in labels)
             print(f"   {k}: " + ", ".join(f"{lb} {d:+.0f}" for d, lb in reversed(diffs) if abs(d) >= 5))
+
+
+#: targets.h's ways of telling a target (and the empty floor), as a C expression
+CHECKS = {
+    "empty": "0",
+    "one --pid (compare)": "(bpf_get_current_pid_tgid() >> 32) == TGID",
+    "--cgroup (ancestor id)": "bpf_get_current_ancestor_cgroup_id(CG_LEVEL) == CG_ID",
+    "--cgroup (id hash)": "({u64 c = bpf_get_current_cgroup_id(); target_cgroups.lookup(&c) != 0;})",
+    "--pid set (tgid hash)": "({u32 t = bpf_get_current_pid_tgid() >> 32; target_tgids.lookup(&t) != 0;})",
+}
+CHECK_PROGRAM = r"""
+BPF_HASH(target_cgroups, u64, u8, 4096);
+BPF_HASH(target_tgids, u32, u8, 16384);
+BPF_PERCPU_ARRAY(passed, u64, 1);
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	int zero = 0;
+	u64 *n = passed.lookup(&zero);
+	if (n)
+		*n += (CHECK);
+	return 0;
+}
+"""
+
+
+def check_costs(w: subprocess.Popen, loop, a) -> None:
+    """What each target check costs a hook, alone: one program per check on raw_syscalls:sys_enter
+    (every syscall of every task; the worker's preadv2 calls are most of them and pass every
+    check), all attached at once so they share every round; ns per run from bpf_stats.  Programs
+    on one tracepoint run in attach order and the first pays more (cold caches): a second pass
+    attaches them in the reverse order, and the figure is the mean of the two passes' medians."""
+    import ctypes
+
+    from bcc import BPF
+
+    from bpfstats import prog_stats_of_bcc
+    from engramprof.bpf import targets
+
+    root = CGROUP2 if os.path.isfile(os.path.join(CGROUP2, "cgroup.procs")) else "/sys/fs/cgroup"
+    cg = os.path.join(root, f"engramprof-bench-{os.getpid()}")
+    os.mkdir(cg)
+    per: dict[str, list[float]] = {k: [] for k in CHECKS}
+    try:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(w.pid))
+        level, cg_id = targets.cgroup_level(cg), os.stat(cg).st_ino
+        if level is None:
+            print("--checks: cgroup levels not known here (a cgroup namespace)")
+            return
+        with stats_enabled():
+            for order in (list(CHECKS), list(reversed(CHECKS))):
+                objs = {}
+                for name in order:
+                    text = CHECK_PROGRAM.replace("(CHECK)", f"({CHECKS[name]})")
+                    b = BPF(text=text.encode(), cflags=[f"-DTGID={w.pid}", f"-DCG_ID={cg_id}", f"-DCG_LEVEL={level}"])
+                    b["target_cgroups"][ctypes.c_uint64(cg_id)] = ctypes.c_uint8(1)
+                    b["target_tgids"][ctypes.c_uint32(w.pid)] = ctypes.c_uint8(1)
+                    objs[name] = b
+                rounds: dict[str, list[float]] = {k: [] for k in CHECKS}
+                for _ in range(a.rounds):
+                    before = {k: next(iter(prog_stats_of_bcc(b).values())) for k, b in objs.items()}
+                    loop(a.calls)
+                    for k, b in objs.items():
+                        (n0, c0), (n1, c1) = before[k], next(iter(prog_stats_of_bcc(b).values()))
+                        rounds[k].append((n1 - n0) / max(c1 - c0, 1))
+                for k in CHECKS:
+                    per[k].append(statistics.median(rounds[k]))
+                    print(f"  {'forward' if order[0] == 'empty' else 'reverse'} {k:24s} ns per run, rounds: "
+                          + ", ".join(f"{x:.1f}" for x in rounds[k]), flush=True)
+                for b in objs.values():
+                    b.cleanup()
+    finally:
+        try:
+            with open(os.path.join(root, "cgroup.procs"), "w") as f:
+                f.write(str(w.pid))
+        except OSError:
+            pass
+        os.rmdir(cg)
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    mean = {k: statistics.mean(v) for k, v in per.items()}
+    print(f"target checks on raw_syscalls:sys_enter, {a.calls:,} worker calls x {a.rounds} rounds x 2 attach orders; "
+          f"load average at the end {load}; ns per run (mean of the two orders' medians), and over the empty program:")
+    for k, v in mean.items():
+        extra = "" if k == "empty" else f"  (+{v - mean['empty']:.1f}; over one --pid's {v - mean['one --pid (compare)']:+.1f})"
+        print(f"  {k:24s} {v:6.1f}{extra}")
 
 
 def lab_overhead(tmp: str, hook: str) -> None:

@@ -60,8 +60,9 @@ struct target_file_key {
 };
 BPF_HASH(target_files, struct target_file_key, u8, MAX_FILES);
 /* per-CPU memo of the last verdict of is_target_fd: (superblock, inode number) -> in target_files
- * or not.  target_files is fixed for the whole trace, so a verdict never goes stale; only syscall
- * entry hooks (preemption off, they do not nest) call is_target_fd, so an entry is never torn. */
+ * or not.  target_files only grows (an overlay file's copy-up, engramprof/bpf/targets.py), and user
+ * space clears the memo after adding; only syscall entry hooks (preemption off, they do not nest)
+ * call is_target_fd, so an entry is never torn. */
 struct file_memo {
 	u64 sb;           /* struct super_block *; 0: empty */
 	u64 ino;
