@@ -553,6 +553,7 @@ def main() -> int:
     left_cached, major_share, lost = [], [], []
     load0 = os.getloadavg()
     tables = t = o = idle = None
+    running = []  # the tracer of the arm under way: stopped on the way out, on failure too
     try:
         tables = Tables(size, a.device, a.disk)
         idle = subprocess.Popen(["sleep", "100000"])
@@ -586,6 +587,8 @@ def main() -> int:
                         p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=traced)], "Attaching", stream="stdout")
                     elif arm in ("floor", "idle-floor"):
                         p = start_tracer(["bpftrace", "-e", floor_prog(traced)], "Attaching", stream="stdout")
+                    if p is not None:
+                        running.append(p)
                     c0, w0 = (cpu_ns(p.pid), time.monotonic_ns()) if arm in RECORDERS else (0, 0)
                     time.sleep(0.5)
                     if arm in RECORDERS:
@@ -622,7 +625,7 @@ def main() -> int:
                     if inproc is not None:
                         inproc.close()
                     if p is not None:
-                        stop_tracer(p)
+                        stop_tracer(running.pop())
                     if out:
                         meta = json.load(open(os.path.join(out, "meta.json")))
                         f = meta.get("faults") or {}
@@ -630,6 +633,8 @@ def main() -> int:
                         shutil.rmtree(out, ignore_errors=True)
                 print(f"round {rnd + 1}/{a.rounds} done (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
     finally:
+        for p in running:
+            stop_tracer(p)
         for w in (t, o):
             if w is not None:
                 w.close()
