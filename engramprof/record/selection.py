@@ -9,11 +9,13 @@ resolved to its processes, which join the ``--pid`` set.)
 * ``--children``: those pids and every descendant: the ones alive at start (from /proc) go into
   the hash; the kernel adds every process a target forks (sched_process_fork) and removes it
   when its thread group dies (sched_process_exit).
-* ``--cgroup`` (cgroup2): the directory's and every sub-group's id (the directory's inode
-  number) in the ``target_cgroups`` hash, matched with bpf_get_current_cgroup_id(); the tree is
-  walked again every second for new sub-groups.  (bpf_current_task_under_cgroup would also see
-  sub-groups made later at once, but takes one cgroup-array slot per cgroup and a helper call
-  per event; one hash lookup is the same cost as the tgid filter.)  A cgroup v1 directory
+* ``--cgroup`` (cgroup2): up to 8 directories are compiled into the probes as (level, id)
+  constants and tested with bpf_get_current_ancestor_cgroup_id(level), so sub-groups made
+  during the trace match from their first event, at about the cost of one pid's compare
+  (benchmarks/RESULTS.md, "Target selectors").  With more directories, or a tracer inside a
+  cgroup namespace, the ids of the directories and of their sub-groups (each directory's inode
+  number) go in the ``target_cgroups`` hash, matched with bpf_get_current_cgroup_id(), and the
+  tree is walked again every second for new sub-groups.  A cgroup v1 directory
   (the hybrid layout's controllers) cannot be matched in the kernel: its processes
   (cgroup.procs, sub-groups included) are read at start and again every second.
 * ``--file``: device + inode of each file (a directory: every regular file under it), in the
