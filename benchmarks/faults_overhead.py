@@ -486,7 +486,8 @@ def pipeline_cost(n: int, path: str) -> int:
 
 
 def settle(p, idle_rate: float | None) -> float:
-    """Wait SETTLE_MIN_S, then (a recorder ``p``) until its CPU rate over 0.1 s is back near its
+    """Wait SETTLE_MIN_S, then (a recorder ``p``) until its CPU rate over 0.3 s (longer than its
+    0.25 s drain cadence: a quiet window is not just the gap before a drain) is back near its
     idle rate (the eviction's records decoded and written), at most 10 s; the seconds waited."""
     t0 = time.monotonic()
     time.sleep(SETTLE_MIN_S)
@@ -494,7 +495,7 @@ def settle(p, idle_rate: float | None) -> float:
         return time.monotonic() - t0
     while time.monotonic() - t0 < 10:
         c0, w0 = cpu_ns(p.pid), time.monotonic_ns()
-        time.sleep(0.1)
+        time.sleep(0.3)
         rate = (cpu_ns(p.pid) - c0) / (time.monotonic_ns() - w0) * 1e9
         if rate <= 1.5 * (idle_rate or 0) + 20e6:  # within 2% of a CPU of its idle rate
             break
