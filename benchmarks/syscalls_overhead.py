@@ -377,6 +377,16 @@ def prog_names_of_pid(pid: int) -> dict[int, str]:
     return {p: f"{probe.get(root(('prog', p)), '?')}:{tp}" for p, tp in attached.items()}
 
 
+def _leave_cgroup(root: str, cg: str, pid: int) -> None:
+    """Move the worker back to ``root`` and remove the benchmark's cgroup ``cg``."""
+    try:
+        with open(os.path.join(root, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    except OSError:
+        pass
+    os.rmdir(cg)
+
+
 def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data: str, a) -> None:
     """ns/call the tracer adds selecting the worker by --pid, by --cgroup and by --file.
 
@@ -446,12 +456,7 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
                   flush=True)
     finally:
         held.close()
-        try:
-            with open(os.path.join(root, "cgroup.procs"), "w") as f:
-                f.write(str(w.pid))
-        except OSError:
-            pass
-        os.rmdir(cg)
+        _leave_cgroup(root, cg, w.pid)
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
     print(f"cached RWF_NOWAIT preadv2 loop, {a.calls:,} calls x {a.rounds} rounds (interleaved, traced arms "
@@ -594,12 +599,7 @@ def check_costs(w: subprocess.Popen, loop, a) -> None:
                 for b in objs.values():
                     b.cleanup()
     finally:
-        try:
-            with open(os.path.join(root, "cgroup.procs"), "w") as f:
-                f.write(str(w.pid))
-        except OSError:
-            pass
-        os.rmdir(cg)
+        _leave_cgroup(root, cg, w.pid)
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
     mean = {k: statistics.mean(v) for k, v in per.items()}
