@@ -76,6 +76,11 @@ struct bio_wait {
 BPF_TASK_STORAGE(inflight_by_task, struct inflight);
 BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
 BPF_TABLE("lru_hash", struct bio_key, struct bio_start, bio_start_by_sector, 16384);
+/* entries put in bio_start_by_sector and not yet taken out: the completion hooks fire for every
+ * request / bio of the machine (interrupt context: no tgid to test), so with none in flight they
+ * return before the hash lookup.  Never below the true count (incremented on every insertion,
+ * decremented only when a delete found the entry); an entry the LRU dropped keeps it above. */
+BPF_ARRAY(bios_inflight, s64, 1);
 BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
 BPF_RINGBUF_OUTPUT(call_records, RING_PAGES);
 BPF_RINGBUF_OUTPUT(vm_events, 16);
@@ -331,6 +336,14 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
  * bio_ns).  bio_ns counts only bios that completed while their call was still in flight: the
  * I/O the call actually waited for.  Bios held by a throttle are queued later from a worker
  * thread and are not attributed (the wait appears as off-CPU time). */
+static __always_inline void bios_inflight_add(s64 n)
+{
+	int zero = 0;
+	s64 *c = bios_inflight.lookup(&zero);
+	if (c)
+		__sync_fetch_and_add(c, n);
+}
+
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
 	if (!is_target(bpf_get_current_pid_tgid()))
@@ -341,7 +354,8 @@ TRACEPOINT_PROBE(block, block_bio_queue)
 	s->bio_count++;
 	struct bio_key k = {.dev = args->dev, .sector = args->sector};
 	struct bio_start v = {.ts = bpf_ktime_get_ns(), .call_ts = s->ts, .tid = (u32)bpf_get_current_pid_tgid()};
-	bio_start_by_sector.update(&k, &v);
+	if (bio_start_by_sector.update(&k, &v) == 0)
+		bios_inflight_add(1);
 	return 0;
 }
 
@@ -350,20 +364,26 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
 	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	bio_start_by_sector.delete(&k);
+	if (bio_start_by_sector.delete(&k) == 0)
+		bios_inflight_add(-1);
 	return 0;
 }
 
-TRACEPOINT_PROBE(block, block_rq_complete)
+static __always_inline void bio_done(u32 dev, u64 sector)
 {
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
+	int zero = 0;
+	s64 *inflight = bios_inflight.lookup(&zero);  /* array: inlined, no helper call */
+	if (!inflight || *inflight <= 0)
+		return;
+	struct bio_key k = {.dev = dev, .sector = sector};
 	struct bio_start *b = bio_start_by_sector.lookup(&k);
 	if (!b)
-		return 0;
+		return;
 	u64 delta = bpf_ktime_get_ns() - b->ts;
 	u32 tid = b->tid;
 	u64 call_ts = b->call_ts;
-	bio_start_by_sector.delete(&k);
+	if (bio_start_by_sector.delete(&k) == 0)
+		bios_inflight_add(-1);
 	u32 slot = bpf_log2l(delta);
 	if (slot >= LAT_SLOTS)
 		slot = LAT_SLOTS - 1;
@@ -378,10 +398,27 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 		bio_wait_by_tid.update(&tid, &fresh);
 		w = bio_wait_by_tid.lookup(&tid);
 		if (!w)
-			return 0;
+			return;
 	}
 	__sync_fetch_and_add(&w->ns, delta);
 	__sync_fetch_and_add(&w->count, 1);
+}
+
+/* request-based devices (NVMe, SCSI, virtio, loop): the request's first sector is the bio's */
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	bio_done(args->dev, args->sector);
+	return 0;
+}
+
+/* bio-based devices (device-mapper / LVM, md, zram, NVMe multipath's head) complete the bio
+ * itself and make no request: without this their bios never left bio_start_by_sector (no bio
+ * time for the call, and a map that fills up, after which every insertion pays the LRU's
+ * eviction).  For a request-based device the bio's sector has advanced by then: no match.
+ * (As old as block_bio_queue: compiled with HAVE_BIO.) */
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	bio_done(args->dev, args->sector);
 	return 0;
 }
 #endif

@@ -134,3 +134,61 @@ def test_cold_faults_get_their_bio_time_and_the_in_flight_count_returns_to_zero(
     # every bio queued by a fault completed and left the map (single-page reads 64 KiB apart:
     # nothing merged)
     assert (inflight, left) == (0, 0)
+
+
+PREADER = r"""
+import os, sys
+path = sys.argv[1]
+fd = os.open(path, os.O_RDONLY)
+size = os.fstat(fd).st_size
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: one page, one bio a call
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+print("ready", flush=True)
+sys.stdin.readline()
+n = 0
+for off in range(0, size, 16 * os.sysconf("SC_PAGE_SIZE")):
+    n += os.preadv(fd, [bytearray(os.sysconf("SC_PAGE_SIZE"))], off)
+print(n, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_cold_syscall_reads_get_their_bio_time_and_the_in_flight_count_returns_to_zero(table_dir):
+    """The syscall probe (probes/preadv.bpf.c) on the same two device kinds: cold preadv calls
+    carry their bio's queue -> complete time, and its in-flight count and bio map end empty."""
+    from engramprof.bpf import loader
+
+    table = os.path.join(table_dir, "table.bin")
+    with open(table, "xb") as f:
+        f.write(os.urandom(PAGES * 16 * PAGE))
+        os.fsync(f.fileno())
+    w = subprocess.Popen([sys.executable, "-c", PREADER, table], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    probe = None
+    try:
+        assert w.stdout.readline().strip() == "ready"
+        probe = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=w.pid)))
+        if not probe.plan.features.get("HAVE_BIO"):
+            pytest.skip("this kernel lacks the block tracepoints: no bio evidence to check")
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert int(w.stdout.readline()) == PAGES * PAGE
+        w.stdin.write("end\n")
+        w.stdin.flush()
+        w.wait(timeout=30)
+        recs = probe.ring.drain()
+        inflight = probe.bpf["bios_inflight"][0].value
+        left = len(probe.bpf["bio_start_by_sector"].items())
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+        if probe is not None:
+            probe.close()
+    assert len(recs) >= PAGES, len(recs)
+    with_bio = recs[recs["bio_count"] > 0]
+    assert len(with_bio) >= 0.9 * PAGES, (len(recs), len(with_bio))
+    timed = with_bio[with_bio["bio_ns"] > 0]
+    assert len(timed) >= 0.9 * len(with_bio), (len(with_bio), len(timed))
+    assert (timed["bio_ns"] <= timed["dur_ns"]).mean() >= 0.9
+    assert (inflight, left) == (0, 0)

@@ -30,7 +30,8 @@ RECLAIM_FEATURES = {
 }
 #: the evidence hooks every read probe has (preadv, faults, export): bios, reclaim, off-CPU time
 EVIDENCE_FEATURES = {
-    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete"],
+    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete",
+                 "block:block_bio_complete"],
     **RECLAIM_FEATURES,
     "HAVE_SCHED": ["sched:sched_switch", "sched:sched_wakeup"],
 }
