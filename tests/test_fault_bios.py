@@ -91,36 +91,47 @@ def table_dir(request, tmp_path):
         z.close()
 
 
-def test_cold_faults_get_their_bio_time_and_the_in_flight_count_returns_to_zero(table_dir):
-    from engramprof.bpf import faults as fp
-
+def _cold_run(table_dir, script: str, load_probe, inflight_map: str, bio_map: str):
+    """Write a table, start ``script`` on it (it evicts the table and says ready), load the probe
+    with ``load_probe(pid)``, let the script read once and exit; returns (records, the script's
+    answer line, the probe's in-flight count, entries left in its bio map)."""
     table = os.path.join(table_dir, "table.bin")
     with open(table, "xb") as f:
         f.write(os.urandom(PAGES * 16 * PAGE))
         os.fsync(f.fileno())
-    w = subprocess.Popen([sys.executable, "-c", GATHER, table], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    w = subprocess.Popen([sys.executable, "-c", script, table], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
     probe = None
     try:
         assert w.stdout.readline().strip() == "ready"
-        probe = fp.LoadedFaultProbe(fp.plan(fp.FaultProbeConfig(tgid=w.pid)))
+        probe = load_probe(w.pid)
         if not probe.plan.features.get("HAVE_BIO"):
             pytest.skip("this kernel lacks the block tracepoints: no bio evidence to check")
         w.stdin.write("go\n")
         w.stdin.flush()
-        assert w.stdout.readline().strip().isdigit()
+        answer = w.stdout.readline().strip()
         w.stdin.write("end\n")  # its next syscall closes the last fault
         w.stdin.flush()
         w.wait(timeout=30)
         recs = probe.ring.drain()
-        inflight = probe.bpf["fault_bios_inflight"][0].value
-        left = len(probe.bpf["fault_bio_by_sector"].items())
+        inflight = probe.bpf[inflight_map][0].value
+        left = len(probe.bpf[bio_map].items())
     finally:
         if w.poll() is None:
             w.kill()
             w.wait()
         if probe is not None:
             probe.close()
+    return recs, answer, inflight, left
+
+
+def test_cold_faults_get_their_bio_time_and_the_in_flight_count_returns_to_zero(table_dir):
+    from engramprof.bpf import faults as fp
+
+    recs, answer, inflight, left = _cold_run(
+        table_dir, GATHER, lambda pid: fp.LoadedFaultProbe(fp.plan(fp.FaultProbeConfig(tgid=pid))),
+        "fault_bios_inflight", "fault_bio_by_sector")
+    assert answer.isdigit()
     bits = layout.header_defines("FAULT_")
     major = recs[(recs["flags"] & bits["MAJOR"]) != 0]
     with_bio = major[major["bio_count"] > 0]
@@ -158,33 +169,10 @@ def test_cold_syscall_reads_get_their_bio_time_and_the_in_flight_count_returns_t
     carry their bio's queue -> complete time, and its in-flight count and bio map end empty."""
     from engramprof.bpf import loader
 
-    table = os.path.join(table_dir, "table.bin")
-    with open(table, "xb") as f:
-        f.write(os.urandom(PAGES * 16 * PAGE))
-        os.fsync(f.fileno())
-    w = subprocess.Popen([sys.executable, "-c", PREADER, table], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
-    probe = None
-    try:
-        assert w.stdout.readline().strip() == "ready"
-        probe = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=w.pid)))
-        if not probe.plan.features.get("HAVE_BIO"):
-            pytest.skip("this kernel lacks the block tracepoints: no bio evidence to check")
-        w.stdin.write("go\n")
-        w.stdin.flush()
-        assert int(w.stdout.readline()) == PAGES * PAGE
-        w.stdin.write("end\n")
-        w.stdin.flush()
-        w.wait(timeout=30)
-        recs = probe.ring.drain()
-        inflight = probe.bpf["bios_inflight"][0].value
-        left = len(probe.bpf["bio_start_by_sector"].items())
-    finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
-        if probe is not None:
-            probe.close()
+    recs, answer, inflight, left = _cold_run(
+        table_dir, PREADER, lambda pid: loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid))),
+        "bios_inflight", "bio_start_by_sector")
+    assert int(answer) == PAGES * PAGE
     assert len(recs) >= PAGES, len(recs)
     with_bio = recs[recs["bio_count"] > 0]
     assert len(with_bio) >= 0.9 * PAGES, (len(recs), len(with_bio))
