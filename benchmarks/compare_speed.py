@@ -4,16 +4,15 @@
     .venv/bin/python benchmarks/compare_speed.py                  # 4 ranks x 5M calls
     .venv/bin/python benchmarks/compare_speed.py --ranks 8 --calls 1e7
     .venv/bin/python benchmarks/compare_speed.py --arms --calls 1e7 --rounds 3
-    .venv/bin/python benchmarks/compare_speed.py --arms --only fragments --calls 1e7 --rounds 4
 
 ``--arms``: how compare should read one rank's events, decided by measurement.  One bundle,
 then, round by round in one run (arms interleaved, each in a fresh child process): ``bundle``
 (engramprof's reader, ``load_bundle(columns=EVENT_READ_COLUMNS, compact=True)``),
 ``bundle-split`` (the same reader without ``tensor`` and ``row``, which only name a batch's
 slowest call: compare's columns; each part read with ``pyarrow.parquet.read_table``, which
-in pyarrow >= 15 is a one-file ``pyarrow.dataset``), ``fragments`` (the same reader and plan,
-``trace.reader.PART_SCAN = "fragments"``: one ``pyarrow.dataset`` over the bundle's complete
-parts, each part scanned as its fragment with the column projection),
+in pyarrow >= 15 is a one-file ``pyarrow.dataset``; a ``fragments`` arm, one dataset over the
+bundle's parts each scanned as its fragment, was measured not cheaper and removed with the
+reader's switch for it: benchmarks/RESULTS.md "Compare speed", commit 19b3e45),
 ``dataset`` (``pyarrow.dataset`` to_table of the same columns, then to_pandas), ``duckdb``
 (``read_parquet`` of the same columns to Arrow, then to pandas), each followed by batch-tail's
 analysis (``engramprof.analysis.analyse``, the cause split); and ``duckdb-sums``: DuckDB
@@ -110,7 +109,7 @@ def bundle_path(d: Path, rank: int) -> Path:
     return d / f"host=h{rank // 4}" / f"rank={rank}" / "trace"
 
 
-ARMS = ("bundle", "bundle-split", "fragments", "dataset", "duckdb", "duckdb-sums")
+ARMS = ("bundle", "bundle-split", "dataset", "duckdb", "duckdb-sums")
 TEXT = ("path", "tensor", "kind")
 
 
@@ -123,11 +122,9 @@ def _read_arm(arm: str, trace: Path, markers: Path):
 
     if arm == "bundle":
         return load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
-    if arm in ("bundle-split", "fragments"):  # without tensor and row: the cause split's columns
+    if arm == "bundle-split":  # without tensor and row: the cause split's columns
         from engramprof.compare.load import SPLIT_COLUMNS
-        from engramprof.trace import reader
 
-        reader.PART_SCAN = "fragments" if arm == "fragments" else "read_table"
         return load_bundle(trace, columns=SPLIT_COLUMNS, compact=True)
     files = [str(h.path) for h in complete_parts(trace / "calls")]
     names = set(complete_parts(trace / "calls")[0].schema_arrow.names)

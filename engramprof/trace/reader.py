@@ -59,31 +59,8 @@ class Trace:
 READ_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 
-#: how the side-by-side read decodes a part: ``"fragments"`` (one pyarrow.dataset over the
-#: bundle's complete parts, each part scanned as its fragment) or ``"read_table"``
-#: (pyarrow.parquet.read_table per part, itself a one-file pyarrow dataset in pyarrow >= 15);
-#: benchmarks/compare_speed.py --arms measures both side by side (benchmarks/RESULTS.md, "Compare speed")
-PART_SCAN = "read_table"
-
-
-def _part_fragments(parts: list[Path], heads: list) -> list | None:
-    """One pyarrow dataset over the complete parts (its schema the first part's footer, no file
-    opened to infer it): its fragments, one per part, in the parts' order."""
-    import pyarrow.dataset as ds
-
+def _read_part(p: Path, columns: list[str] | None, use_threads: bool = True) -> pa.Table:
     try:
-        frags = list(ds.dataset([str(p) for p in parts], format="parquet", schema=heads[0].schema_arrow).get_fragments())
-    except (pa.ArrowException, OSError) as exc:
-        raise UserError(f"{parts[0].parent}: corrupt trace part ({exc})") from None
-    return frags if [Path(f.path) for f in frags] == [Path(p) for p in parts] else None
-
-
-def _read_part(p: Path, columns: list[str] | None, use_threads: bool = True, fragment=None,
-               schema: pa.Schema | None = None) -> pa.Table:
-    try:
-        if fragment is not None:  # ``schema``: this part's own (an older part may lack a column)
-            return fragment.to_table(schema=schema, columns=[c for c in columns if c in schema.names],
-                                     use_threads=use_threads)
         if columns is None:
             return pq.read_table(p, use_threads=use_threads)
         have = set(pq.read_schema(p).names)
@@ -245,13 +222,11 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
     for c, v in const.items():
         out[c].fill(v)
     decode = [c for c in present if c not in const]
-    frags = _part_fragments(parts, heads) if PART_SCAN == "fragments" and decode else None
 
     def read(i: int) -> dict:
         if not decode:
             return {}
-        tab = (_read_part(parts[i], decode, use_threads=False) if frags is None else
-               _read_part(parts[i], decode, use_threads=False, fragment=frags[i], schema=heads[i].schema_arrow))
+        tab = _read_part(parts[i], decode, use_threads=False)
         lo, m = int(starts[i]), tab.num_rows
         if m != rows[i]:
             raise UserError(f"{parts[i]}: corrupt trace part ({m} rows, its footer says {rows[i]})")
