@@ -5,9 +5,10 @@
  * removes the folio (Linux 6.18, /work/shared/KERNEL.md): reclaim from kswapd or from the
  * allocating task inside mm_vmscan_{direct,memcg}_reclaim_begin..end, posix_fadvise(DONTNEED)
  * in the calling task, a write to /proc/sys/vm/drop_caches in the writing task, truncation in
- * the truncating task.  The hot path is one hash lookup: the folio's (device, inode) must be in
- * `watched_files`, which user space fills with the files the target reads (its open fds and
- * file mappings at start, then every file it is seen reading; engramprof/record/evictions.py).
+ * the truncating task.  The hot path is one array lookup: the folio's (device, inode) must have
+ * its `watched_bits` slot set (probes/watched.h), then be in `watched_files`, which user space
+ * fills with the files the target reads (its open fds and file mappings at start, then every
+ * file it is seen reading; engramprof/record/evictions.py), setting the slot after each key.
  *
  * The removing context is per-task state (`ctx_by_tid`) set by:
  *   - mm_vmscan_direct_reclaim_begin / _end, mm_vmscan_memcg_reclaim_begin / _end (reclaim: it
@@ -20,18 +21,12 @@
  * No state and the task's comm is "kswapd*": kswapd; "kdamond*" (DAMON): proactive reclaim.  Otherwise: unknown (a kernel thread, or
  * another syscall), with the task's pid and comm.
  *
- * Constants filled in before load (-D): RING_PAGES, MAX_FILES, MAX_TASKS, FADV_DONTNEED,
+ * Constants filled in before load (-D): RING_PAGES, MAX_FILES, MAX_TASKS, WATCH_BITS, FADV_DONTNEED,
  * HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_FADVISE, HAVE_WRITE, HAVE_TRUNCATE, HAVE_FTRUNCATE,
  * HAVE_FALLOCATE, HAVE_UNLINK, HAVE_UNLINKAT, HAVE_MADVISE, HAVE_PROCESS_MADVISE, MADV_PAGEOUT_,
  * MADV_REMOVE_, and targets.h's (the EVICT_BY_TARGET flag).
  */
 #include "engramprof.h"
-
-struct file_key {
-	u32 dev;
-	u32 __pad0;
-	u64 ino;
-};
 
 struct evict_ctx {
 	u64 sys_ts;       /* syscall entry; 0 = not in a watched syscall */
@@ -41,6 +36,8 @@ struct evict_ctx {
 	u16 reclaim_kind; /* EVICT_DIRECT / _MEMCG */
 };
 
+/* struct file_key, watched_bits (the pre-filter of watched_files), watch_bit(): probes/watched.h */
+#include "watched.h"
 BPF_HASH(watched_files, struct file_key, u8, MAX_FILES);
 BPF_HASH(ctx_by_tid, u32, struct evict_ctx, MAX_TASKS);
 BPF_RINGBUF_OUTPUT(eviction_records, RING_PAGES);
@@ -66,6 +63,8 @@ static __always_inline struct eviction_totals *totals(void)
 
 TRACEPOINT_PROBE(filemap, mm_filemap_delete_from_page_cache)
 {
+	if (!maybe_watched(args->s_dev, args->i_ino))
+		return 0;
 	struct file_key k = {.dev = args->s_dev, .__pad0 = 0, .ino = args->i_ino};
 	if (!watched_files.lookup(&k))
 		return 0;

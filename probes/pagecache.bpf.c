@@ -26,6 +26,7 @@
  *              through the target's mappings (engramprof/record/pagecache.py).
  *
  * Constants filled in before load (-D, engramprof/bpf/pagecache.py): RING_PAGES, MAX_WATCHED,
+ * WATCH_BITS (probes/watched.h: the array slot tested before the watched_files lookup),
  * HAVE_RA_SYNC (sync + async), HAVE_RA_ORDER, HAVE_RA_UNBOUNDED, HAVE_FADVISE, HAVE_MADVISE,
  * HAVE_READAHEAD (the syscall), and targets.h's (TARGET_TGID, MATCH_TGIDS, ...).
  *
@@ -83,12 +84,6 @@ struct pagecache_totals {
 	u64 runs_untracked;   /* open_runs full: an insertion written as its own run */
 };
 
-struct file_key {
-	u32 dev;
-	u32 __pad0;
-	u64 ino;
-};
-
 struct run_state {
 	u64 ts;           /* first insertion */
 	u64 last_ts;
@@ -112,6 +107,8 @@ struct hint_state {
 	u16 __pad0;
 };
 
+/* struct file_key, watched_bits (the pre-filter of watched_files), watch_bit(): probes/watched.h */
+#include "watched.h"
 BPF_HASH(watched_files, struct file_key, u8, MAX_WATCHED);
 BPF_HASH(open_runs, u32, struct run_state, 16384);
 BPF_HASH(hint_by_tid, u32, struct hint_state, 16384);
@@ -183,21 +180,28 @@ static __always_inline void close_run(u32 tid)
 		write_run(s, tid);
 }
 
-/* 1 when the file is watched; a target's first event on a file makes it watched. */
+/* 1 when the file is watched; a target's first event on a file makes it watched.  Another
+ * process's insertion into a file whose watched_bits slot is clear returns after one array
+ * lookup (probes/watched.h); a set slot sends it to the hash. */
 static __always_inline int watch_file(u32 dev, u64 ino, int target)
 {
+	u8 *set = watched_slot(dev, ino);
+	if (!set || (!*set && !target))
+		return 0;
 	struct file_key k = {.dev = dev, .ino = ino};
-	if (watched_files.lookup(&k))
-		return 1;
-	if (!target)
-		return 0;
-	u8 one = 1;
-	if (watched_files.update(&k, &one)) {
-		struct pagecache_totals *t = totals();
-		if (t)
-			t->watched_full++;
-		return 0;
+	if (!watched_files.lookup(&k)) {
+		if (!target)
+			return 0;
+		u8 one = 1;
+		if (watched_files.update(&k, &one)) {
+			struct pagecache_totals *t = totals();
+			if (t)
+				t->watched_full++;
+			return 0;
+		}
 	}
+	if (!*set)
+		*set = 1;  /* after the key: a set slot's file is in the hash or about to be */
 	return 1;
 }
 

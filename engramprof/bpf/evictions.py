@@ -4,21 +4,21 @@ The same scheme as :mod:`engramprof.bpf.loader`: constants written into the prog
 before it is compiled, each context hook's tracepoint probed in tracefs first and compiled out
 when missing (its evictions then show as ``unknown``), the record layout parsed from
 probes/engramprof.h checked against what clang compiled.  The probe is system-wide; its
-``watched_files`` hash (device + inode) decides which pages are recorded, and
-:meth:`LoadedEvictionProbe.watch` fills it.
+``watched_files`` hash (device + inode) decides which pages are recorded, behind the
+``watched_bits`` slots of probes/watched.h, and :meth:`LoadedEvictionProbe.watch` fills both
+(engramprof/bpf/watched.py).
 
 Without ``filemap:mm_filemap_delete_from_page_cache`` there is nothing to load:
 :func:`required_available` says so and the recorder keeps the proportional refault estimate.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from dataclasses import dataclass, field
 
 from engramprof import tracepoints as tp
-from engramprof.bpf import layout, targets
+from engramprof.bpf import layout, targets, watched
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.loader import RECLAIM_FEATURES
 from engramprof.errors import UserError
@@ -59,6 +59,7 @@ class EvictionProbeConfig:
     max_files: int = 4096
     max_tasks: int = 16384
     selection: object = None  # engramprof.record.selection.Selection (the EVICT_BY_TARGET flag)
+    watch_bits: int = watched.WATCH_BITS  # probes/watched.h's slots in front of watched_files
 
 
 @dataclass
@@ -94,10 +95,10 @@ def plan(config: EvictionProbeConfig, tracefs_root=None) -> EvictionProbePlan:
 
 def program_text(p: EvictionProbePlan) -> str:
     src = (layout.probe_dir() / PROBE_FILE).read_text()
-    src = targets.inline(src.replace('#include "engramprof.h"', layout.header_text()))
+    src = watched.inline(targets.inline(src.replace('#include "engramprof.h"', layout.header_text())))
     c = p.config
     defines = {**targets.defines(c.selection, c.tgid, c.tid), "RING_PAGES": c.ring_pages,
-               "MAX_FILES": c.max_files, "MAX_TASKS": c.max_tasks,
+               "MAX_FILES": c.max_files, "MAX_TASKS": c.max_tasks, "WATCH_BITS": watched.check_bits(c.watch_bits),
                "FADV_DONTNEED": getattr(os, "POSIX_FADV_DONTNEED", 4),
                "MADV_PAGEOUT_": MADV_PAGEOUT, "MADV_REMOVE_": MADV_REMOVE,
                **{k: int(v) for k, v in p.features.items()}}
@@ -127,7 +128,7 @@ class LoadedEvictionProbe(LoadedBpf):
         page = os.sysconf("SC_PAGE_SIZE")
         self.ring = RingBufferReader(self.bpf["eviction_records"].map_fd, p.config.ring_pages * page,
                                      self.record_dtype)
-        self._files = self.bpf["watched_files"]
+        self._files = watched.WatchedFiles(self.bpf, p.config.watch_bits)
         self.watched: set[tuple[int, int]] = set()
         self.watch_full = False
 
@@ -136,10 +137,8 @@ class LoadedEvictionProbe(LoadedBpf):
         key = (int(dev), int(ino))
         if key in self.watched:
             return True
-        k = self._files.Key()
-        k.dev, k.ino = key
         try:
-            self._files[k] = ctypes.c_uint8(1)
+            self._files.add(*key)  # the hash key, then its watched_bits slot
         except Exception:  # E2BIG / ENOMEM: more files than MAX_FILES
             self.watch_full = True
             return False
