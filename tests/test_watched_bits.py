@@ -319,3 +319,18 @@ def test_evictions_of_a_never_watched_file_on_a_set_slot_are_not_recorded(files)
     finally:
         probe.close()
 
+
+@pytest.mark.bpf
+def test_the_recorder_counts_the_files_in_the_kernels_watched_set(target):
+    """summary()["watched_files"] counts watched_files' keys (BCC's keys() is an iterator: len()
+    of it raised, and the count stayed 0)."""
+    from engramprof.record.pagecache import PagecacheRecorder
+
+    rec = PagecacheRecorder(target.pid)
+    try:
+        rec.start()
+        from_user_space = len(rec.probe.watched)  # the target's open and mapped files (python, its libraries)
+        assert from_user_space > 0
+        assert rec.summary()["watched_files"] >= from_user_space
+    finally:
+        rec.close()

@@ -302,7 +302,7 @@ class PagecacheRecorder(ProbeTotals):
         if self.probe is None or self.probe.bpf is None:
             return self._watched
         try:
-            self._watched = len(self.probe.bpf["watched_files"].keys())
+            self._watched = sum(1 for _ in self.probe.bpf["watched_files"].keys())  # BCC's keys(): an iterator
         except Exception:  # context: keep the last count
             pass
         return self._watched
