@@ -41,7 +41,8 @@ def check_bits(bits: int) -> int:
 
 def inline(src: str) -> str:
     """The probe's source with probes/watched.h pasted in place of its #include."""
-    return src.replace(f'#include "{HEADER}"', (layout.probe_dir() / HEADER).read_text())
+    marker = f'#include "{HEADER}"'
+    return src.replace(marker, (layout.probe_dir() / HEADER).read_text()) if marker in src else src
 
 
 class WatchedFiles:
