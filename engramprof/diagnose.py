@@ -221,6 +221,10 @@ def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> lis
                  if lost.get("source") == "intervals" else ": when is not known, so no batch could be left out")
         out.append(f"{n:,} call records were lost (ring buffer full){where}; call totals and latency "
                    "percentiles come from the kernel's counters")
+    untracked = int(trace_summary.get("bios_untracked") or 0) + int((trace_summary.get("faults") or {}).get("bios_untracked") or 0)
+    if untracked:
+        out.append(f"{untracked:,} bios were counted but not timed (their slot of the probe's in-flight bio table was "
+                   "held by another bio): the bio time of the reads that queued them is short of the device wait")
     if bt.get("missing_evidence"):
         out.append("not measured on this kernel: " + ", ".join(bt["missing_evidence"]))
     if bt.get("batches", 0) < 20:

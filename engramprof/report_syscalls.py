@@ -110,6 +110,8 @@ def fault_summary_line(f: dict) -> str:
         line += f"; {f['other_faults']:,} anonymous/other"
     if f.get("lost_records"):
         line += f"; {f['lost_records']:,} records lost"
+    if f.get("bios_untracked"):
+        line += f"; {f['bios_untracked']:,} bios untracked (no bio time)"
     if not f.get("address", True):
         line += "; no fault address (generic path)"
     return line
@@ -134,6 +136,9 @@ def print_summary(console: Console, s: dict) -> None:
     if s.get("faults"):  # the second read path, beside the calls
         t.add_row("page faults", fault_summary_line(s["faults"]))
     t.add_row("lost records", Text(f"{s['lost_records']:,}", style="red" if s["lost_records"] else ""))
+    if s.get("bios_untracked"):
+        t.add_row("untracked bios", Text(f"{s['bios_untracked']:,} queued by calls, counted in bio_count, not timed "
+                                         "(the probe's in-flight bio table had their slot taken)", style="yellow"))
     t.add_row("latency", f"p50 {_fmt_us(lat['p50'])}  p99 {_fmt_us(lat['p99'])}  max {_fmt_us(lat['max'])}"
               + (f"  ({s['latency_source']})" if s["latency_source"] != "records" else ""))
     t.add_row("EAGAIN / NOWAIT", f"{s['eagain_rate']:.1%} of calls returned EAGAIN; {s['nowait_share']:.1%} used RWF_NOWAIT")

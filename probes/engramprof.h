@@ -49,6 +49,8 @@ struct call_totals {
 	u64 sum_ns;
 	u64 max_ns;
 	u64 vm_events_lost; /* vm_events ring full */
+	u64 bios_untracked; /* bios queued in a call whose bio-table slot another bio held (probes/bios.h):
+	                     * in bio_count, never in bio_ns or the bio latency histogram */
 };
 
 #define VM_KSWAPD_WAKE  0
@@ -104,6 +106,8 @@ struct fault_totals {
 	u64 max_ns;
 	u64 user_faults;   /* exceptions:page_fault_user of the target (0 when not hooked) */
 	u64 other_faults;  /* of those, no filemap event: anonymous, COW of a mapped page, spurious */
+	u64 bios_untracked; /* bios queued in a fault whose bio-table slot another bio held (probes/bios.h):
+	                     * in bio_count, never in bio_ns */
 };
 
 /* One off-CPU span of a target thread (probes/sched.bpf.c): switched out at start_ns, back on a

@@ -27,7 +27,8 @@
  * Constants filled in before load (-D):
  *   TARGET_TGID, TARGET_TID, RING_PAGES, HAVE_MAP_PAGES, HAVE_PFU (x86 exceptions:page_fault_user; 0 forces the
  *   generic path), HAVE_RSEQ, HAVE_FILEMAP_ADD, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
- *   HAVE_SCHED, TID_WORDS (u64 words of the switched-out-in-a-fault bitmap: tids < 64 * TID_WORDS).
+ *   HAVE_SCHED, TID_WORDS (u64 words of the switched-out-in-a-fault bitmap: tids < 64 * TID_WORDS),
+ *   BIO_SLOTS, BIO_STALE_NS (the in-flight bio table: probes/bios.h).
  */
 #include <linux/ptrace.h>
 #include "engramprof.h"
@@ -59,19 +60,6 @@ struct fault_state {
 	u8 __pad0[7];
 };
 
-struct bio_key {
-	u32 dev;
-	u32 __pad0;
-	u64 sector;
-};
-
-struct bio_start {
-	u64 ts;
-	u64 fault_ts;
-	u32 tid;
-	u32 __pad0;
-};
-
 BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
 #if HAVE_SCHED
 /* bit (tid & 63) of word (tid >> 6): that target thread is switched out inside an open fault.
@@ -79,12 +67,10 @@ BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
  * (an inlined array lookup) before any hash lookup. */
 BPF_ARRAY(fault_out_bits, u64, TID_WORDS);
 #endif
-BPF_TABLE("lru_hash", struct bio_key, struct bio_start, fault_bio_by_sector, 16384);
-/* entries put in fault_bio_by_sector and not yet taken out: block_rq_complete fires for every
- * request of the machine (interrupt context: no tgid to test), so with none in flight it returns
- * before the hash lookup.  Never below the true count (incremented on every insertion, decremented
- * only when a delete found the entry); an entry the LRU dropped keeps it above: lookups again. */
-BPF_ARRAY(fault_bios_inflight, s64, 1);
+#if HAVE_BIO
+/* bio_slots, bio_slots_taken: the bios the target's faults queued, until their completion */
+#include "bios.h"
+#endif
 BPF_RINGBUF_OUTPUT(fault_records, RING_PAGES);
 BPF_PERCPU_ARRAY(fault_totals, struct fault_totals, 1);
 BPF_ARRAY(fault_record_layout, struct fault_record, 1);
@@ -351,14 +337,6 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 #endif
 
 #if HAVE_BIO
-static __always_inline void bios_inflight_add(s64 n)
-{
-	int zero = 0;
-	s64 *c = fault_bios_inflight.lookup(&zero);
-	if (c)
-		__sync_fetch_and_add(c, n);
-}
-
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -370,10 +348,11 @@ TRACEPOINT_PROBE(block, block_bio_queue)
 	u64 now = bpf_ktime_get_ns();
 	s->bio_count++;
 	s->end = now;
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	struct bio_start v = {.ts = now, .fault_ts = s->ts, .tid = (u32)pid_tgid};
-	if (fault_bio_by_sector.update(&k, &v) == 0)
-		bios_inflight_add(1);
+	if (bio_claim(args->dev, args->sector, now, s->ts, (u32)pid_tgid)) {
+		struct fault_totals *t = totals();
+		if (t)
+			t->bios_untracked++;
+	}
 	return 0;
 }
 
@@ -381,32 +360,22 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
 {
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	if (fault_bio_by_sector.delete(&k) == 0)
-		bios_inflight_add(-1);
+	struct bio_found b;
+	bio_completed(args->dev, args->sector, &b);  /* merged: no completion of its own to time */
 	return 0;
 }
 
 /* A bio the fault probe saw queued has completed: credit the fault that queued it if it is still
- * open.  Interrupt (or the device's own) context: no tgid to test, so the in-flight count comes
- * first and every other completion of the machine stops there. */
+ * open.  Interrupt (or the device's own) context: no tgid to test, so the count of taken slots
+ * comes first and every other completion of the machine stops there (probes/bios.h). */
 static __always_inline void bio_done(u32 dev, u64 sector)
 {
-	int zero = 0;
-	s64 *inflight = fault_bios_inflight.lookup(&zero);  /* array: inlined, no helper call */
-	if (!inflight || *inflight <= 0)
+	struct bio_found b;
+	if (!bio_completed(dev, sector, &b))
 		return;
-	struct bio_key k = {.dev = dev, .sector = sector};
-	struct bio_start *b = fault_bio_by_sector.lookup(&k);
-	if (!b)
-		return;
-	u64 delta = bpf_ktime_get_ns() - b->ts;
-	u32 tid = b->tid;
-	u64 fault_ts = b->fault_ts;
-	if (fault_bio_by_sector.delete(&k) == 0)
-		bios_inflight_add(-1);
-	struct fault_state *s = open_fault(tid);
-	if (s && s->ts == fault_ts)
+	u64 delta = bpf_ktime_get_ns() - b.ts;
+	struct fault_state *s = open_fault(b.tid);
+	if (s && s->ts == b.owner_ts)
 		__sync_fetch_and_add(&s->bio_ns, delta);
 }
 
@@ -418,8 +387,8 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 }
 
 /* bio-based devices (zram, device-mapper, md, NVMe multipath's head) complete the bio itself and
- * make no request: without this their bios never left fault_bio_by_sector, which then filled up,
- * and every insertion paid the LRU's eviction (~900 ns a bio, measured on zram).  For a request-
+ * make no request: without this their bios never left the bio table (then an LRU hash, which
+ * filled up, and every insertion paid its eviction: ~900 ns a bio, measured on zram).  For a request-
  * based device the bio's sector has advanced by then: no match, no harm.  (As old as
  * block_bio_queue: compiled with HAVE_BIO.) */
 TRACEPOINT_PROBE(block, block_bio_complete)

@@ -13,6 +13,7 @@
  *                 (probes/targets.h)
  *   MIN_NS        record only calls at least this long (all calls are still counted)
  *   RING_PAGES    ring buffer size in pages
+ *   BIO_SLOTS, BIO_STALE_NS  the in-flight bio table (probes/bios.h)
  *   USE_RAW_SYSCALLS  1: hook raw_syscalls sys_enter/sys_exit (x86_64 only, cheaper);
  *                     0: the syscalls:sys_{enter,exit}_{preadv2,preadv,pread64} tracepoints
  *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
@@ -53,19 +54,6 @@ struct offcpu_state {
 	u32 __pad0;
 };
 
-struct bio_key {
-	u32 dev;
-	u32 __pad0;
-	u64 sector;       /* first sector: equals the request's when the bio starts a request */
-};
-
-struct bio_start {
-	u64 ts;
-	u64 call_ts;      /* entry time of the call that queued it: identifies the call */
-	u32 tid;
-	u32 __pad0;
-};
-
 /* bios of one call that completed while it was still in flight (the call waited for them) */
 struct bio_wait {
 	u64 call_ts;
@@ -75,12 +63,11 @@ struct bio_wait {
 
 BPF_TASK_STORAGE(inflight_by_task, struct inflight);
 BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
-BPF_TABLE("lru_hash", struct bio_key, struct bio_start, bio_start_by_sector, 16384);
-/* entries put in bio_start_by_sector and not yet taken out: the completion hooks fire for every
- * request / bio of the machine (interrupt context: no tgid to test), so with none in flight they
- * return before the hash lookup.  Never below the true count (incremented on every insertion,
- * decremented only when a delete found the entry); an entry the LRU dropped keeps it above. */
-BPF_ARRAY(bios_inflight, s64, 1);
+#if HAVE_BIO
+/* bio_slots, bio_slots_taken: the bios the target's calls queued, until their completion (the
+ * owner's time in a slot is the call's entry time: it identifies the call) */
+#include "bios.h"
+#endif
 BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
 BPF_RINGBUF_OUTPUT(call_records, RING_PAGES);
 BPF_RINGBUF_OUTPUT(vm_events, 16);
@@ -335,14 +322,8 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
  * back-merged into an earlier request is dropped from matching (counted in bio_count, not in
  * bio_ns).  bio_ns counts only bios that completed while their call was still in flight: the
  * I/O the call actually waited for.  Bios held by a throttle are queued later from a worker
- * thread and are not attributed (the wait appears as off-CPU time). */
-static __always_inline void bios_inflight_add(s64 n)
-{
-	int zero = 0;
-	s64 *c = bios_inflight.lookup(&zero);
-	if (c)
-		__sync_fetch_and_add(c, n);
-}
+ * thread and are not attributed (the wait appears as off-CPU time).  A bio whose slot of the
+ * bio table is held by another bio in flight is not tracked either (call_totals.bios_untracked). */
 
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
@@ -352,10 +333,12 @@ TRACEPOINT_PROBE(block, block_bio_queue)
 	if (!s)
 		return 0;
 	s->bio_count++;
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	struct bio_start v = {.ts = bpf_ktime_get_ns(), .call_ts = s->ts, .tid = (u32)bpf_get_current_pid_tgid()};
-	if (bio_start_by_sector.update(&k, &v) == 0)
-		bios_inflight_add(1);
+	if (bio_claim(args->dev, args->sector, bpf_ktime_get_ns(), s->ts, (u32)bpf_get_current_pid_tgid())) {
+		int zero = 0;
+		struct call_totals *t = call_totals.lookup(&zero);
+		if (t)
+			t->bios_untracked++;
+	}
 	return 0;
 }
 
@@ -363,27 +346,20 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
 {
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	if (bio_start_by_sector.delete(&k) == 0)
-		bios_inflight_add(-1);
+	struct bio_found b;
+	bio_completed(args->dev, args->sector, &b);  /* merged: no completion of its own to time */
 	return 0;
 }
 
+/* the completion hooks: the count of taken slots comes first (probes/bios.h) */
 static __always_inline void bio_done(u32 dev, u64 sector)
 {
-	int zero = 0;
-	s64 *inflight = bios_inflight.lookup(&zero);  /* array: inlined, no helper call */
-	if (!inflight || *inflight <= 0)
+	struct bio_found b;
+	if (!bio_completed(dev, sector, &b))
 		return;
-	struct bio_key k = {.dev = dev, .sector = sector};
-	struct bio_start *b = bio_start_by_sector.lookup(&k);
-	if (!b)
-		return;
-	u64 delta = bpf_ktime_get_ns() - b->ts;
-	u32 tid = b->tid;
-	u64 call_ts = b->call_ts;
-	if (bio_start_by_sector.delete(&k) == 0)
-		bios_inflight_add(-1);
+	u64 delta = bpf_ktime_get_ns() - b.ts;
+	u32 tid = b.tid;
+	u64 call_ts = b.owner_ts;
 	u32 slot = bpf_log2l(delta);
 	if (slot >= LAT_SLOTS)
 		slot = LAT_SLOTS - 1;
@@ -412,9 +388,8 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 }
 
 /* bio-based devices (device-mapper / LVM, md, zram, NVMe multipath's head) complete the bio
- * itself and make no request: without this their bios never left bio_start_by_sector (no bio
- * time for the call, and a map that fills up, after which every insertion pays the LRU's
- * eviction).  For a request-based device the bio's sector has advanced by then: no match.
+ * itself and make no request: without this their bios never left the bio table (no bio time
+ * for the call, and slots held until they go stale).  For a request-based device the bio's sector has advanced by then: no match.
  * (As old as block_bio_queue: compiled with HAVE_BIO.) */
 TRACEPOINT_PROBE(block, block_bio_complete)
 {

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engramprof import tracepoints as tp
-from engramprof.bpf import layout, targets
+from engramprof.bpf import bios, layout, targets
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc  # noqa: F401  (import_bcc: also used from here)
 from engramprof.errors import UserError
 
@@ -61,6 +61,8 @@ class ProbeConfig:
     ring_pages: int = 8192  # 32 MiB: ~300k records, about a second of a tight cached loop
     syscall_hook: str = "auto"  # auto | raw | tracepoint
     selection: object = None  # engramprof.record.selection.Selection; None: the one process tgid
+    bio_slots: int = bios.BIO_SLOTS  # the in-flight bio table (probes/bios.h): a power of two
+    bio_stale_ns: int = bios.BIO_STALE_NS
 
 
 @dataclass
@@ -130,10 +132,11 @@ def program_text(p: ProbePlan) -> str:
     """The complete C program (header inlined, constants defined) that load() compiles."""
     src = (layout.probe_dir() / PROBE_FILE).read_text()
     header = layout.header_text()
-    src = targets.inline(src.replace('#include "engramprof.h"', header))
+    src = bios.inline(targets.inline(src.replace('#include "engramprof.h"', header)))
     c = p.config
     defines = {
         **targets.defines(c.selection, c.tgid, c.tid),
+        **bios.defines(c.bio_slots, c.bio_stale_ns),
         "MIN_NS": c.min_ns,
         "RING_PAGES": c.ring_pages,
         "USE_RAW_SYSCALLS": int(p.raw_syscalls),

@@ -373,6 +373,7 @@ class FaultRecorder:
         return {"faults": t.get("faults", 0), "major": t.get("major", 0),
                 "minor": t.get("faults", 0) - t.get("major", 0), "retried": t.get("retried", 0),
                 "lost_records": t.get("lost_records", 0), "recorded": self.recorded,
+                "bios_untracked": t.get("bios_untracked", 0),  # in bio_count, not in bio_ns (probes/bios.h)
                 "partial_at_start": self.partial_at_start,
                 "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
                 "other_faults": t.get("other_faults") if self.plan.has_address else None,

@@ -86,6 +86,7 @@ def summarize_run(run: RunFacts, s: LiveState, totals: dict, hists: dict, end_ns
         "calls_per_s": round(calls / dur_s, 1),
         "recorded": s.recorded,
         "lost_records": int(totals.get("lost_records", 0)),
+        "bios_untracked": int(totals.get("bios_untracked", 0)),  # in bio_count, not in bio time (probes/bios.h)
         "filtered_short": int(totals.get("filtered", 0)),
         "partial_at_start": run.partial_at_start,
         "kswapd_events": run.kswapd_events,

@@ -1,0 +1,45 @@
+"""The in-flight bio table's constants (engramprof/bpf/bios.py) and how its bios_untracked total
+reaches the summary and the diagnosis (no eBPF: tests/test_fault_bios.py loads the probes)."""
+from __future__ import annotations
+
+import pytest
+
+from engramprof import diagnose
+from engramprof.bpf import bios
+from engramprof.report_syscalls import fault_summary_line
+
+
+def test_bio_slots_must_be_a_power_of_two_and_the_stale_bound_at_least_a_tick():
+    assert bios.defines(1) == {"BIO_SLOTS": 1, "BIO_STALE_NS": bios.BIO_STALE_NS}
+    assert bios.defines(16384, 1 << 20)["BIO_SLOTS"] == 16384
+    for bad in (0, 3, 6000):
+        with pytest.raises(ValueError):
+            bios.defines(bad)
+    with pytest.raises(ValueError):
+        bios.defines(1, (1 << 20) - 1)
+
+
+def test_both_probes_inline_the_table():
+    from engramprof.bpf import faults, loader
+    from engramprof.tracepoints import tracefs_root
+
+    if tracefs_root() is None:
+        pytest.skip("no tracefs: the plans feature-probe it")
+    texts = [faults.program_text(faults.plan(faults.FaultProbeConfig(tgid=1, bio_slots=4))),
+             loader.program_text(loader.plan(loader.ProbeConfig(tgid=1, bio_slots=4)))]
+    for text in texts:
+        assert '#include "bios.h"' not in text
+        assert "#define BIO_SLOTS 4\n" in text
+        assert "BPF_ARRAY(bio_slots, struct bio_slot, BIO_SLOTS);" in text
+        assert "lru_hash" not in text
+
+
+def test_untracked_bios_are_a_limit_of_the_diagnosis_and_in_the_fault_line():
+    summary = {"duration_s": 5.0, "end_reason": "duration", "bios_untracked": 3,
+               "faults": {"faults": 10, "major": 4, "bios_untracked": 2}}
+    lines = diagnose.limits({"batches": 50}, summary, 5.0, True)
+    assert any(line.startswith("5 bios were counted but not timed") for line in lines), lines
+    clean = diagnose.limits({"batches": 50}, {**summary, "bios_untracked": 0, "faults": {}}, 5.0, True)
+    assert not any("not timed" in line for line in clean), clean
+    assert "; 2 bios untracked (no bio time)" in fault_summary_line(summary["faults"])
+    assert "untracked" not in fault_summary_line({"faults": 10, "major": 4})
