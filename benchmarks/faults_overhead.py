@@ -43,6 +43,9 @@ The target T gathers in:
   floor        bpftrace programs that only test `pid == T` on every tracepoint engramprof
                attaches (the empty-program floor)
   before       (with --before-tree DIR) the engramprof arm run from another checkout
+  fault-probe-before  (with --before-tree DIR) the fault-probe arm with that checkout's
+               probes/faults.bpf.c (this tree's loader and engramprof.h): the probe's programs
+               before/after, per program
 
 The untraced, fault-heavy other process O gathers in (the tracer's target is an idle `sleep`,
 so no record is made and the collector has nothing to do: what O pays is the programs' cost):
@@ -144,7 +147,7 @@ FLOOR_TPS = ["exceptions:page_fault_user", "filemap:mm_filemap_fault", "filemap:
              "raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "rseq:rseq_update",
              "sched:sched_switch", "sched:sched_wakeup", "sched:sched_waking", "block:block_bio_queue",
              "block:block_rq_complete", "block:block_bio_complete", "vmscan:mm_vmscan_direct_reclaim_begin"]
-TARGET_ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor", "before"]
+TARGET_ARMS = ["untraced", "engramprof", "probes", "fault-probe", "bpftrace", "floor", "before", "fault-probe-before"]
 IDLE_ARMS = ["idle-engramprof", "idle-probes", "idle-empty", "idle-floor"]
 ARMS = TARGET_ARMS + IDLE_ARMS
 DEFAULT_ARMS = ["untraced", "engramprof", "bpftrace", "floor"] + IDLE_ARMS
@@ -188,7 +191,7 @@ class InProcessProbes:
     """engramprof probes loaded in this process, drained into the void every 50 ms (the
     recorder's own cadence) with no decode, enrichment or Parquet: the kernel side alone."""
 
-    def __init__(self, pid: int, which: tuple[str, ...]):
+    def __init__(self, pid: int, which: tuple[str, ...], fault_source: str | None = None):
         from engramprof.bpf import evictions as ev
         from engramprof.bpf import faults as fp
         from engramprof.bpf import loader, pagecache, sched
@@ -199,7 +202,13 @@ class InProcessProbes:
         if "sched" in which:
             self.probes["sched"] = sched.LoadedSchedProbe(sched.plan(sched.SchedConfig(tgid=pid)))
         if "faults" in which:
-            self.probes["faults"] = fp.LoadedFaultProbe(fp.plan(fp.FaultProbeConfig(tgid=pid)))
+            probe_file = fp.PROBE_FILE
+            if fault_source:  # another checkout's C (an absolute path: probe_dir() / it is it)
+                fp.PROBE_FILE = fault_source
+            try:
+                self.probes["faults"] = fp.LoadedFaultProbe(fp.plan(fp.FaultProbeConfig(tgid=pid)))
+            finally:
+                fp.PROBE_FILE = probe_file
         if "pagecache" in which:
             self.probes["pagecache"] = pagecache.LoadedPagecacheProbe(
                 pagecache.plan(pagecache.PagecacheProbeConfig(tgid=pid)))
@@ -538,8 +547,8 @@ def main() -> int:
     arms = [x for x in ARMS if x in a.arms.split(",")]
     if a.before_tree and "before" not in arms:
         arms.append("before")
-    if "before" in arms and not a.before_tree:
-        print("the 'before' arm needs --before-tree DIR", file=sys.stderr)
+    if ("before" in arms or "fault-probe-before" in arms) and not a.before_tree:
+        print("the 'before' and 'fault-probe-before' arms need --before-tree DIR", file=sys.stderr)
         return 2
     if "untraced" not in arms:
         arms.insert(0, "untraced")
@@ -584,6 +593,9 @@ def main() -> int:
                         inproc = EmptyPrograms(points)
                     elif arm == "fault-probe":
                         inproc = InProcessProbes(traced, ("faults",))
+                    elif arm == "fault-probe-before":
+                        inproc = InProcessProbes(traced, ("faults",), fault_source=os.path.abspath(
+                            os.path.join(a.before_tree, "probes", "faults.bpf.c")))
                     elif arm == "bpftrace":
                         p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=traced)], "Attaching", stream="stdout")
                     elif arm in ("floor", "idle-floor"):
@@ -694,7 +706,7 @@ def report(a, arms, modes, res, per_prog, collector, idle_rate, settled, left_ca
     for m in modes:
         if "bpftrace" not in arms:
             break
-        for arm in ("engramprof", "before", "probes", "fault-probe"):
+        for arm in ("engramprof", "before", "probes", "fault-probe", "fault-probe-before"):
             if arm not in arms:
                 continue
             for what in ("wall", "cpu"):
