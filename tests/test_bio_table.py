@@ -43,3 +43,23 @@ def test_untracked_bios_are_a_limit_of_the_diagnosis_and_in_the_fault_line():
     assert not any("not timed" in line for line in clean), clean
     assert "; 2 bios untracked (no bio time)" in fault_summary_line(summary["faults"])
     assert "untracked" not in fault_summary_line({"faults": 10, "major": 4})
+
+
+def test_untracked_bios_get_a_summary_row_only_when_there_are_some():
+    import io
+
+    from rich.console import Console
+
+    from engramprof import report_syscalls
+    from tests.test_render80 import _syscalls_summary, fits
+
+    def render(n):
+        buf = io.StringIO()
+        report_syscalls.print_summary(Console(file=buf, width=80), {**_syscalls_summary("/var/tmp/t.st"),
+                                                                    "bios_untracked": n})
+        return buf.getvalue()
+
+    out = render(12345)
+    fits(out)
+    assert "untracked bios   12,345 queued by calls" in out
+    assert "untracked bios" not in render(0)
