@@ -19,6 +19,7 @@
  *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
  *   HAVE_SCHED, HAVE_KSWAPD  feature-probed tracepoints; evidence for a missing one is left at 0 and the
  *                 trace says which columns are absent
+ *   TID_WORDS     u64 words of the switched-out-in-a-call bitmap (HAVE_SCHED: tids < 64 * TID_WORDS)
  */
 #include <linux/fs.h>
 #include <linux/ptrace.h>
@@ -62,6 +63,25 @@ struct bio_wait {
 };
 
 BPF_TASK_STORAGE(inflight_by_task, struct inflight);
+#if HAVE_SCHED
+/* bit (tid & 63) of word (tid >> 6): that target thread is switched out inside a traced call
+ * (its offcpu_by_tid entry has out_ts set).  sched_switch (next) and sched_wakeup fire for every
+ * task of the machine: they test this bit (an inlined array lookup) before the clock read and the
+ * hash lookup.  A tid past the bitmap (pid_max raised beyond TID_WORDS' headroom while recording)
+ * has no word: its hooks do the hash lookup, as without the bitmap. */
+BPF_ARRAY(call_out_bits, u64, TID_WORDS);
+
+static __always_inline u64 *call_out_word(u32 tid)
+{
+	u32 w = tid >> 6;
+	return call_out_bits.lookup(&w);  /* array: inlined, bounds-checked */
+}
+
+static __always_inline u64 tid_bit(u32 tid)
+{
+	return 1ULL << (tid & 63);
+}
+#endif
 BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
 #if HAVE_BIO
 /* bio_slots, bio_slots_taken: the bios the target's calls queued, until their completion (the
@@ -145,6 +165,13 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 			runq = o->runq_ns;
 			offcpu_by_tid.delete(&tid);
 		}
+#if HAVE_SCHED
+		/* the thread runs: its switch-in cleared the bit.  Should one have been missed, the
+		 * bit goes with the entry, or an untraced thread reusing the tid pays lookups */
+		u64 *w = call_out_word(tid);
+		if (w && (*w & tid_bit(tid)))
+			__sync_fetch_and_and(w, ~tid_bit(tid));
+#endif
 	}
 	u64 bio_ns = 0;
 	if (s->bio_count) {
@@ -431,18 +458,24 @@ TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0;
 /* sched_switch runs in the context of the task being switched out (prev = current). */
 TRACEPOINT_PROBE(sched, sched_switch)
 {
-	u64 now = bpf_ktime_get_ns();
+	u64 now = 0;
 	u32 next = args->next_pid;
-	struct offcpu_state *o = offcpu_by_tid.lookup(&next);
-	if (o && o->out_ts) {
-		u64 gap = now - o->out_ts;
-		o->offcpu_ns += gap;
-		if (o->preempted)
-			o->runq_ns += gap;
-		else if (o->wake_ts)
-			o->runq_ns += now - o->wake_ts;
-		o->out_ts = 0;
-		o->wake_ts = 0;
+	u64 *w = call_out_word(next);
+	if (!w || (*w & tid_bit(next))) {
+		if (w)
+			__sync_fetch_and_and(w, ~tid_bit(next));
+		struct offcpu_state *o = offcpu_by_tid.lookup(&next);
+		if (o && o->out_ts) {
+			now = bpf_ktime_get_ns();
+			u64 gap = now - o->out_ts;
+			o->offcpu_ns += gap;
+			if (o->preempted)
+				o->runq_ns += gap;
+			else if (o->wake_ts)
+				o->runq_ns += now - o->wake_ts;
+			o->out_ts = 0;
+			o->wake_ts = 0;
+		}
 	}
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
@@ -453,21 +486,29 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	struct offcpu_state init = {};
 	if (!s->switched)
 		offcpu_by_tid.update(&prev, &init);
-	o = offcpu_by_tid.lookup(&prev);
+	struct offcpu_state *o = offcpu_by_tid.lookup(&prev);
 	if (!o)
 		return 0;
+	if (!now)
+		now = bpf_ktime_get_ns();
 	s->switched = 1;
 	o->out_ts = now;
 	o->wake_ts = 0;
 	/* no sleep-state bit (S D T t X Z P): preempted, still runnable.  Kernels report a
 	 * preemption as 0 or as TASK_REPORT_MAX (0x80); both pass this test. */
 	o->preempted = (args->prev_state & 0x7f) == 0;
+	u64 *pw = call_out_word(prev);
+	if (pw)
+		__sync_fetch_and_or(pw, tid_bit(prev));
 	return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
 	u32 pid = args->pid;
+	u64 *w = call_out_word(pid);
+	if (w && !(*w & tid_bit(pid)))
+		return 0;
 	struct offcpu_state *o = offcpu_by_tid.lookup(&pid);
 	if (o && o->out_ts && !o->wake_ts)
 		o->wake_ts = bpf_ktime_get_ns();
