@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""What the syscall probe's sched hooks cost the machine's other tasks: BPF ns a run of
+probes/preadv.bpf.c's sched_switch and sched_wakeup, this tree's against another checkout's.
+
+sched_switch and sched_wakeup fire for every task of the machine.  The probe is loaded for an
+idle `sleep` (no traced call, nothing recorded) while two other processes ping-pong a byte
+through two pipes (every round trip: two sleeps, two wake-ups), so what is measured is what an
+untraced task's switches and wake-ups pay.  Arms, interleaved round by round (order reversed
+every other round) in one run so the shared machine's noise hits them alike:
+
+  new     this tree's probes/preadv.bpf.c
+  before  (with --before-tree DIR) that checkout's probes/preadv.bpf.c, built by this tree's
+          loader (same constants; one it does not use is harmless)
+  empty   empty BCC programs on the same two tracepoints (the floor)
+
+Per arm and program: run time / run count over the window (benchmarks/bpfstats.py: statistics
+held on by a BPF_ENABLE_STATS fd), each round and the median, and the ratios to 'before' and to
+the floor.  Needs root.
+
+Usage: benchmarks/syscall_sched_overhead.py --before-tree DIR [--rounds 5] [--seconds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bpfstats import prog_stats_of_bcc, stats_enabled  # noqa: E402
+
+PROGRAMS = ("sched_switch", "sched_wakeup")
+
+PING_PONG = r"""
+import os
+a_r, a_w = os.pipe()
+b_r, b_w = os.pipe()
+if os.fork() == 0:
+    os.close(a_w); os.close(b_r)  # the parent's end gone (killed): EOF, the partner exits
+    while os.read(a_r, 1):
+        os.write(b_w, b"p")
+    os._exit(0)
+os.close(a_r); os.close(b_w)
+while True:
+    os.write(a_w, b"t")
+    os.read(b_r, 1)
+"""
+
+
+class PreadvProbe:
+    """The syscall probe for ``pid``, from ``source`` (a preadv.bpf.c; None: this tree's)."""
+
+    def __init__(self, pid: int, source: str | None):
+        from engramprof.bpf import loader
+
+        probe_file = loader.PROBE_FILE
+        if source:  # an absolute path: probe_dir() / it is it
+            loader.PROBE_FILE = source
+        try:
+            self.probe = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid)))
+        finally:
+            loader.PROBE_FILE = probe_file
+        self.bpf = self.probe.bpf
+
+    def close(self):
+        self.probe.detach()
+        self.probe.close()
+
+
+class EmptyPrograms:
+    def __init__(self):
+        from engramprof.bpf.base import compile_program, import_bcc
+
+        text = "".join(f"TRACEPOINT_PROBE(sched, {p}) {{ return 0; }}\n" for p in PROGRAMS)
+        self.bpf = compile_program(import_bcc(), text, "empty programs")
+
+    def close(self):
+        self.bpf.cleanup()
+
+
+def sched_stats(bpf) -> dict[str, tuple[int, int]]:
+    """'sched_switch' / 'sched_wakeup' -> (run_time_ns, run_cnt) of a loaded BCC object."""
+    out = {}
+    for name, v in prog_stats_of_bcc(bpf).items():
+        name = name.decode() if isinstance(name, bytes) else name
+        for p in PROGRAMS:
+            if name.endswith(p):
+                out[p] = v
+    return out
+
+
+def measure(loaded, seconds: float) -> dict[str, tuple[int, int]]:
+    """(run_time_ns, run_cnt) of each sched program over a window of ``seconds``."""
+    time.sleep(0.2)  # settle after the attach
+    s0 = sched_stats(loaded.bpf)
+    time.sleep(seconds)
+    s1 = sched_stats(loaded.bpf)
+    return {p: (s1[p][0] - s0[p][0], s1[p][1] - s0[p][1]) for p in PROGRAMS if p in s0 and p in s1}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before-tree", help="a checkout whose probes/preadv.bpf.c the 'before' arm loads")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=2.0, help="measurement window per arm and round")
+    ap.add_argument("--arms", default="new,before,empty")
+    a = ap.parse_args()
+    arms = a.arms.split(",")
+    if "before" in arms and not a.before_tree:
+        print("the 'before' arm needs --before-tree DIR", file=sys.stderr)
+        return 2
+    before_src = os.path.abspath(os.path.join(a.before_tree, "probes", "preadv.bpf.c")) if a.before_tree else None
+    idle = subprocess.Popen(["sleep", "100000"])
+    pong = subprocess.Popen([sys.executable, "-c", PING_PONG], stdout=subprocess.DEVNULL)
+    results: dict[tuple[str, str], list[float]] = {}
+    runs: dict[tuple[str, str], list[int]] = {}
+    try:
+        with stats_enabled() as on:
+            if not on:
+                print("cannot enable BPF run-time statistics", file=sys.stderr)
+                return 1
+            for rnd in range(a.rounds):
+                for arm in (arms if rnd % 2 == 0 else arms[::-1]):
+                    loaded = EmptyPrograms() if arm == "empty" else \
+                        PreadvProbe(idle.pid, before_src if arm == "before" else None)
+                    try:
+                        got = measure(loaded, a.seconds)
+                    finally:
+                        loaded.close()
+                    for p, (ns, cnt) in got.items():
+                        results.setdefault((arm, p), []).append(ns / max(cnt, 1))
+                        runs.setdefault((arm, p), []).append(cnt)
+    finally:
+        for p in (pong, idle):
+            p.kill()
+            p.wait()
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {load}, {a.rounds} rounds x "
+          f"{a.seconds:g} s, untraced pipe ping-pong; probe target an idle sleep")
+    for p in PROGRAMS:
+        print(f"\n{p}: ns a run (each round) | median | runs a second (median)")
+        med = {}
+        for arm in arms:
+            vals = results.get((arm, p), [])
+            if not vals:
+                continue
+            med[arm] = statistics.median(vals)
+            rate = statistics.median(runs[(arm, p)]) / a.seconds
+            print(f"  {arm:7s} {' '.join(f'{v:6.0f}' for v in vals)} | {med[arm]:6.0f} | {rate:9.0f}")
+        if "new" in med and "before" in med:
+            print(f"  new / before: {med['new'] / med['before']:.2f}x", end="")
+            if "empty" in med:
+                print(f"; above the empty program: new {med['new'] - med['empty']:.0f} ns, "
+                      f"before {med['before'] - med['empty']:.0f} ns", end="")
+            print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
