@@ -8,10 +8,15 @@
  * Syscall reads (preadv2 / preadv / pread64) use the mechanism of preadv.bpf.c: the call in
  * task-local storage from enter to exit; evidence hooks that fire in the reading thread while
  * the call is in flight (page-cache insertions, bios queued and their queue -> complete time,
- * direct / memcg reclaim, being switched out and waiting for a CPU) add to it.  The file of a
- * call is the inode of mm_filemap_get_pages, which fires in the reader inside every buffered
- * read that finds pages; a call that finds none (an RWF_NOWAIT miss returns EAGAIN before it)
- * takes the inode its (process, fd) had at its last read (`inode_by_fd`), else inode 0.
+ * direct / memcg reclaim, being switched out and waiting for a CPU) add to it.  The bios are
+ * kept in the in-flight bio table of probes/bios.h (completed at block_rq_complete for
+ * request-based devices, block_bio_complete for bio-based ones); the hooks that fire for every
+ * task or I/O of the machine (sched_switch's next task, sched_wakeup, the completions) test a
+ * bit of call_out_bits or the count of taken bio slots before any hash lookup or clock read.
+ * The file of a call is the inode of mm_filemap_get_pages, which fires in the reader inside
+ * every buffered read that finds pages; a call that finds none (an RWF_NOWAIT miss returns
+ * EAGAIN before it) takes the inode its (process, fd) had at its last read (`inode_by_fd`),
+ * else inode 0.
  *
  * Page faults (kind fault).  There is no fault-exit tracepoint.  With FAULT_SPANS (x86's
  * exceptions:page_fault_user and the raw_syscalls hook) a fault is a span, as in faults.bpf.c
@@ -33,6 +38,8 @@
  *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes
  *                 (probes/targets.h)
  *   RING_PAGES    sample ring size in pages       MAX_READ_FILES  entries of read_stats_by_file
+ *   BIO_SLOTS, BIO_STALE_NS  the in-flight bio table (probes/bios.h)
+ *   TID_WORDS     u64 words of call_out_bits (HAVE_SCHED: tids < 64 * TID_WORDS)
  *   MATCH_FILES and the OFF_* offsets: --file, matched in the kernel (targets.h: is_target_fd at
  *                 syscall entry, is_target_file for a fault's device + inode)
  *   USE_RAW_SYSCALLS  1: raw_syscalls sys_enter/sys_exit (x86_64); 0: per-syscall tracepoints
@@ -82,6 +89,8 @@ struct export_totals {
 	u64 unsampled;      /* calls after the window's budget was spent: aggregated only */
 	u64 sample_lost;    /* ring full: record dropped */
 	u64 files_overflow; /* read_stats_by_file full: read counted here only */
+	u64 bios_untracked; /* bios queued in a syscall read whose bio-table slot another bio held
+			     * (probes/bios.h): in the read's bio_count, not in its bio_ns */
 };
 
 /* ---- in-flight state (as in preadv.bpf.c) ---- */
@@ -120,19 +129,6 @@ struct offcpu_state {
 	u32 __pad0;
 };
 
-struct bio_key {
-	u32 dev;
-	u32 __pad0;
-	u64 sector;
-};
-
-struct bio_start {
-	u64 ts;
-	u64 call_ts;
-	u32 tid;
-	u32 __pad0;
-};
-
 struct bio_wait {
 	u64 call_ts;
 	u64 ns;
@@ -165,8 +161,41 @@ BPF_RINGBUF_OUTPUT(sample_records, RING_PAGES);
 BPF_ARRAY(call_record_layout, struct call_record, 1);
 
 BPF_TASK_STORAGE(inflight_by_task, struct inflight);
+#if HAVE_SCHED
+/* bit (tid & 63) of word (tid >> 6): that target thread is switched out inside a traced call or
+ * asleep inside an open fault (its offcpu_by_tid entry has out_ts set).  sched_switch (next) and
+ * sched_wakeup fire for every task of the machine: they test this bit (an inlined array lookup)
+ * before the clock read and the hash lookup.  A tid past the bitmap (pid_max raised beyond
+ * TID_WORDS' headroom while exporting) has no word: its hooks do the hash lookup, as without
+ * the bitmap.  (preadv.bpf.c's call_out_bits.) */
+BPF_ARRAY(call_out_bits, u64, TID_WORDS);
+
+static __always_inline u64 *call_out_word(u32 tid)
+{
+	u32 w = tid >> 6;
+	return call_out_bits.lookup(&w);  /* array: inlined, bounds-checked */
+}
+
+static __always_inline u64 tid_bit(u32 tid)
+{
+	return 1ULL << (tid & 63);
+}
+
+/* the thread's offcpu_by_tid entry is deleted: a bit its switch-in did not clear goes with it,
+ * or an untraced thread reusing the tid pays lookups */
+static __always_inline void call_out_clear(u32 tid)
+{
+	u64 *w = call_out_word(tid);
+	if (w && (*w & tid_bit(tid)))
+		__sync_fetch_and_and(w, ~tid_bit(tid));
+}
+#endif
 BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
-BPF_TABLE("lru_hash", struct bio_key, struct bio_start, bio_start_by_sector, 16384);
+#if HAVE_BIO
+/* bio_slots, bio_slots_taken: the bios the targets' syscall reads queued, until their
+ * completion (the owner's time in a slot is the call's entry time: it identifies the call) */
+#include "bios.h"
+#endif
 BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
 BPF_TABLE("lru_hash", struct fd_key, struct file_id, inode_by_fd, 16384);
 
@@ -244,6 +273,9 @@ static __always_inline void fault_close(struct inflight *s, u32 tid)
 			rq = o->runq_ns;
 			offcpu_by_tid.delete(&tid);
 		}
+#if HAVE_SCHED
+		call_out_clear(tid);
+#endif
 	}
 	if (s->fault_open) {
 		struct export_totals *t = totals();
@@ -401,6 +433,9 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 			runq = o->runq_ns;
 			offcpu_by_tid.delete(&tid);
 		}
+#if HAVE_SCHED
+		call_out_clear(tid);
+#endif
 	}
 	u64 bio_ns = 0;
 	if (s->bio_count) {
@@ -644,6 +679,10 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 #endif
 
 #if HAVE_BIO
+/* A bio queued by a target thread inside a syscall read (as preadv.bpf.c): tracked in the bio
+ * table until its completion, found by device + first sector.  A back-merged bio is dropped
+ * from matching (in bio_count, not in bio_ns); a bio whose slot another bio in flight holds is
+ * not tracked (export_totals.bios_untracked). */
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
 	if (!is_target(bpf_get_current_pid_tgid()))
@@ -652,9 +691,11 @@ TRACEPOINT_PROBE(block, block_bio_queue)
 	if (!s)
 		return 0;
 	s->bio_count++;
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	struct bio_start v = {.ts = bpf_ktime_get_ns(), .call_ts = s->ts, .tid = (u32)bpf_get_current_pid_tgid()};
-	bio_start_by_sector.update(&k, &v);
+	if (bio_claim(args->dev, args->sector, bpf_ktime_get_ns(), s->ts, (u32)bpf_get_current_pid_tgid())) {
+		struct export_totals *t = totals();
+		if (t)
+			t->bios_untracked++;
+	}
 	return 0;
 }
 
@@ -662,21 +703,21 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
 {
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	bio_start_by_sector.delete(&k);
+	struct bio_found b;
+	bio_completed(args->dev, args->sector, &b);  /* merged: no completion of its own to time */
 	return 0;
 }
 
-TRACEPOINT_PROBE(block, block_rq_complete)
+/* the completion hooks (every I/O of the machine, interrupt context): the count of taken slots
+ * comes first (probes/bios.h) */
+static __always_inline void bio_done(u32 dev, u64 sector)
 {
-	struct bio_key k = {.dev = args->dev, .sector = args->sector};
-	struct bio_start *b = bio_start_by_sector.lookup(&k);
-	if (!b)
-		return 0;
-	u64 delta = bpf_ktime_get_ns() - b->ts;
-	u32 tid = b->tid;
-	u64 call_ts = b->call_ts;
-	bio_start_by_sector.delete(&k);
+	struct bio_found b;
+	if (!bio_completed(dev, sector, &b))
+		return;
+	u64 delta = bpf_ktime_get_ns() - b.ts;
+	u32 tid = b.tid;
+	u64 call_ts = b.owner_ts;
 	u32 slot = bpf_log2l(delta);
 	if (slot >= LAT_SLOTS)
 		slot = LAT_SLOTS - 1;
@@ -687,16 +728,33 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 	u64 *sum = bio_latency_sum_ns.lookup(&zero);
 	if (sum)
 		__sync_fetch_and_add(sum, delta);
+	/* credit the call that queued it; one that already returned sees a different call_ts */
 	struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
 	if (!w || w->call_ts != call_ts) {
 		struct bio_wait fresh = {.call_ts = call_ts};
 		bio_wait_by_tid.update(&tid, &fresh);
 		w = bio_wait_by_tid.lookup(&tid);
 		if (!w)
-			return 0;
+			return;
 	}
 	__sync_fetch_and_add(&w->ns, delta);
 	__sync_fetch_and_add(&w->count, 1);
+}
+
+/* request-based devices (NVMe, SCSI, virtio, loop): the request's first sector is the bio's */
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	bio_done(args->dev, args->sector);
+	return 0;
+}
+
+/* bio-based devices (device-mapper / LVM, md, zram, NVMe multipath's head) complete the bio
+ * itself and make no request: without this their bios never left the bio table (no bio time
+ * for the read, slots held until they go stale).  For a request-based device the bio's sector
+ * has advanced by then: no match.  (As old as block_bio_queue: compiled with HAVE_BIO.) */
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	bio_done(args->dev, args->sector);
 	return 0;
 }
 #endif
@@ -733,19 +791,25 @@ TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0;
 #if HAVE_SCHED
 TRACEPOINT_PROBE(sched, sched_switch)
 {
-	u64 now = bpf_ktime_get_ns();
+	u64 now = 0;
 	u32 next = args->next_pid;
-	struct offcpu_state *o = offcpu_by_tid.lookup(&next);
-	if (o && o->out_ts) {
-		u64 gap = now - o->out_ts;
-		o->offcpu_ns += gap;
-		if (o->preempted)
-			o->runq_ns += gap;
-		else if (o->wake_ts)
-			o->runq_ns += now - o->wake_ts;
-		o->out_ts = 0;
-		o->wake_ts = 0;
-		o->in_ts = now;
+	u64 *w = call_out_word(next);
+	if (!w || (*w & tid_bit(next))) {
+		if (w)
+			__sync_fetch_and_and(w, ~tid_bit(next));
+		struct offcpu_state *o = offcpu_by_tid.lookup(&next);
+		if (o && o->out_ts) {
+			now = bpf_ktime_get_ns();
+			u64 gap = now - o->out_ts;
+			o->offcpu_ns += gap;
+			if (o->preempted)
+				o->runq_ns += gap;
+			else if (o->wake_ts)
+				o->runq_ns += now - o->wake_ts;
+			o->out_ts = 0;
+			o->wake_ts = 0;
+			o->in_ts = now;
+		}
 	}
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
@@ -764,10 +828,15 @@ TRACEPOINT_PROBE(sched, sched_switch)
 		struct offcpu_state *fo = offcpu_by_tid.lookup(&prev);
 		if (!fo)
 			return 0;
+		if (!now)
+			now = bpf_ktime_get_ns();
 		f->fault_slept = 1;
 		fo->out_ts = now;
 		fo->wake_ts = 0;
 		fo->preempted = 0;
+		u64 *fw = call_out_word(prev);
+		if (fw)
+			__sync_fetch_and_or(fw, tid_bit(prev));
 		return 0;
 	}
 #endif
@@ -777,19 +846,27 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	struct offcpu_state init = {};
 	if (!s->switched)
 		offcpu_by_tid.update(&prev, &init);
-	o = offcpu_by_tid.lookup(&prev);
+	struct offcpu_state *o = offcpu_by_tid.lookup(&prev);
 	if (!o)
 		return 0;
+	if (!now)
+		now = bpf_ktime_get_ns();
 	s->switched = 1;
 	o->out_ts = now;
 	o->wake_ts = 0;
 	o->preempted = preempted;
+	u64 *pw = call_out_word(prev);
+	if (pw)
+		__sync_fetch_and_or(pw, tid_bit(prev));
 	return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
 	u32 pid = args->pid;
+	u64 *w = call_out_word(pid);
+	if (w && !(*w & tid_bit(pid)))
+		return 0;
 	struct offcpu_state *o = offcpu_by_tid.lookup(&pid);
 	if (o && o->out_ts && !o->wake_ts)
 		o->wake_ts = bpf_ktime_get_ns();

@@ -277,3 +277,5 @@ def test_file_selector_counts_those_files_only_both_read_paths(tmp_path):
         assert m[("engramprof_read_latency_seconds_count", key)] == faults
         assert m[("engramprof_read_latency_seconds_sum", key)] > 0
     assert m[("engramprof_probe_reads_total", (("kind", "syscall"),))] == calls  # B's reads never counted
+    # no bio queued inside a syscall read (A is warm; C's misses are faults): none untracked either
+    assert m[("engramprof_bios_untracked_total", ())] == 0

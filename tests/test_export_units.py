@@ -105,3 +105,50 @@ def test_systemd_unit_verifies_and_keeps_its_privileges_small(tmp_path):
                               for ln in unit.splitlines()) + "\n")
     r = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+class _TotalsOnly:
+    """What ExporterCollector asks of the exporter's state, with the probe's totals given."""
+
+    fault_latency = False
+
+    def __init__(self, totals):
+        from engramprof.export.window import WindowTotals
+
+        self.totals = totals
+        self.windows = WindowTotals()
+
+    def snapshot(self):
+        return {"at": 1.0, "stats": {}, "totals": self.totals, "bio": np.zeros(40, dtype=np.int64),
+                "bio_seconds": 0.0}
+
+    def live_targets(self):
+        return None
+
+    def window_totals(self):
+        return self.windows
+
+    def vmstat(self):
+        return {}
+
+
+def test_the_probes_untracked_bios_are_a_counter_with_their_meaning():
+    """export_totals.bios_untracked (probes/bios.h: a bio whose table slot another bio held)
+    is exported as engramprof_bios_untracked_total, its HELP saying its time is not counted."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engramprof.export.metrics import ExporterCollector
+
+    tot = {"syscall_reads": 10, "faults": 0, "sampled": 10, "unsampled": 0, "sample_lost": 0,
+           "files_overflow": 0, "bios_untracked": 7}
+    reg = CollectorRegistry()
+    reg.register(ExporterCollector(_TotalsOnly(tot), {"rank": "2"}))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    fam = fams["engramprof_bios_untracked"]
+    assert fam.type == "counter"
+    assert "queue -> complete time is not counted" in fam.documentation
+    assert [(s.name, s.labels, s.value) for s in fam.samples if s.name.endswith("_total")] == \
+        [("engramprof_bios_untracked_total", {"rank": "2"}, 7)]
+    # the other totals keep their names and values
+    assert [s.value for s in fams["engramprof_probe_reads"].samples if s.name.endswith("_total")] == [10, 0]

@@ -96,6 +96,12 @@ class ExporterCollector:
         lost.add_metric(lv + ["sample-ring-full"], tot["sample_lost"], timestamp=at)
         lost.add_metric(lv + ["file-map-full"], tot["files_overflow"], timestamp=at)
         yield lost
+        untracked = self._f(CounterMetricFamily, "engramprof_bios_untracked_total",
+                            "Bios queued inside syscall reads whose queue -> complete time is not counted: their "
+                            "slot of the probe's in-flight bio table was held by another bio (in "
+                            "engramprof_read_bios_total, not in engramprof_read_bio_seconds_total)")
+        untracked.add_metric(lv, tot["bios_untracked"], timestamp=at)
+        yield untracked
         reads = self._f(CounterMetricFamily, "engramprof_probe_reads_total",
                         "Every read the probe saw, by kind (files beyond the file map included)", ("kind",))
         reads.add_metric(lv + ["syscall"], tot["syscall_reads"], timestamp=at)
