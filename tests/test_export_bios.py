@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from tests.test_fault_bios import BIG_READ, PAGE, PAGES, PREADER, ZRAM_CONTROL, Zram, _cold_run, _slots_left
+from tests.test_fault_bios import BIG_READ, PAGE, PAGES, PREADER, _cold_run, _slots_left, zram_filesystem
 from tests.test_syscall_sched_bits import PIPE_READER, SYS_PREADV2, _bits_set, _blocked_in, _offcpu_entries
 
 pytestmark = pytest.mark.bpf
@@ -79,19 +79,9 @@ def _exporter(**config):
 
 @pytest.fixture
 def zram_dir():
-    """An ext4 filesystem on a zram device of this test's own (a bio-based device no other
-    process does I/O on), removed afterwards."""
-    if not os.path.exists(f"{ZRAM_CONTROL}/hot_add"):
-        pytest.skip("no zram-control/hot_add on this kernel: no bio-based device to make")
-    z = Zram(64 << 20)
-    try:
-        yield z.mp
-    finally:
-        for name in os.listdir(z.mp):
-            p = os.path.join(z.mp, name)
-            if os.path.isfile(p):
-                os.unlink(p)
-        z.close()
+    """An ext4 filesystem on a zram device of this test's own, removed afterwards."""
+    with zram_filesystem() as mp:
+        yield mp
 
 
 def test_cold_preadv_reads_on_zram_get_the_exporters_bio_seconds_and_free_their_slots(zram_dir):

@@ -10,6 +10,7 @@ completed the count must be back to 0 (so other processes' completions stop at t
 the bio map does not fill up: a full LRU map made every insertion pay an eviction)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -73,14 +74,13 @@ class Zram:
             os.rmdir(self.mp)
 
 
-@pytest.fixture(params=["request-based", "bio-based"])
-def table_dir(request, tmp_path):
-    if request.param == "request-based":
-        yield tmp_path  # tmp_path is on the root disk here (virtio: a request-based device)
-        return
+@contextlib.contextmanager
+def zram_filesystem(size: int = 64 << 20):
+    """The mount point of an ext4 filesystem on a zram device of the caller's own (a bio-based
+    device no other process does I/O on), its files and the device removed afterwards."""
     if not os.path.exists(f"{ZRAM_CONTROL}/hot_add"):
         pytest.skip("no zram-control/hot_add on this kernel: no bio-based device to make")
-    z = Zram(64 << 20)
+    z = Zram(size)
     try:
         yield z.mp
     finally:
@@ -89,6 +89,15 @@ def table_dir(request, tmp_path):
             if os.path.isfile(p):
                 os.unlink(p)
         z.close()
+
+
+@pytest.fixture(params=["request-based", "bio-based"])
+def table_dir(request, tmp_path):
+    if request.param == "request-based":
+        yield tmp_path  # tmp_path is on the root disk here (virtio: a request-based device)
+        return
+    with zram_filesystem() as mp:
+        yield mp
 
 
 def _slots_left(probe) -> tuple[int, int]:
