@@ -25,18 +25,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bpfstats import prog_stats_of_bcc, stats_enabled  # noqa: E402
-from syscall_sched_overhead import PING_PONG  # noqa: E402
+from syscall_sched_overhead import PING_PONG, add_arm_args, before_source, print_report, run_arms  # noqa: E402
 
 PROGRAMS = (("sched", "sched_switch"), ("sched", "sched_wakeup"), ("block", "block_rq_complete"),
             ("block", "block_bio_complete"))
@@ -71,49 +68,16 @@ class ExportProbe:
         self.probe.close()
 
 
-class EmptyPrograms:
-    def __init__(self):
-        from engramprof.bpf.base import compile_program, import_bcc
-
-        text = "".join(f"TRACEPOINT_PROBE({c}, {p}) {{ return 0; }}\n" for c, p in PROGRAMS)
-        self.bpf = compile_program(import_bcc(), text, "empty programs")
-
-    def close(self):
-        self.bpf.cleanup()
-
-
-def hook_stats(bpf) -> dict[str, tuple[int, int]]:
-    """program -> (run_time_ns, run_cnt) of a loaded BCC object, for the PROGRAMS it has."""
-    out = {}
-    for name, v in prog_stats_of_bcc(bpf).items():
-        name = name.decode() if isinstance(name, bytes) else name
-        for _c, p in PROGRAMS:
-            if name.endswith("__" + p):
-                out[p] = v
-    return out
-
-
-def measure(loaded, seconds: float) -> dict[str, tuple[int, int]]:
-    time.sleep(0.2)  # settle after the attach
-    s0 = hook_stats(loaded.bpf)
-    time.sleep(seconds)
-    s1 = hook_stats(loaded.bpf)
-    return {p: (s1[p][0] - s0[p][0], s1[p][1] - s0[p][1]) for p in s0 if p in s1}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before-tree", help="a checkout whose probes/export.bpf.c the 'before' arm loads")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=2.0, help="measurement window per arm and round")
-    ap.add_argument("--arms", default="new,before,empty")
+    add_arm_args(ap, "export.bpf.c")
     ap.add_argument("--dir", default="/var/tmp", help="where the O_DIRECT reader's file goes (a disk)")
     a = ap.parse_args()
     arms = a.arms.split(",")
     if "before" in arms and not a.before_tree:
         print("the 'before' arm needs --before-tree DIR", file=sys.stderr)
         return 2
-    before_src = os.path.abspath(os.path.join(a.before_tree, "probes", "export.bpf.c")) if a.before_tree else None
+    before_src = before_source(a, "export.bpf.c")
     tmp = tempfile.NamedTemporaryFile(dir=a.dir, prefix="engramprof-export-overhead-", delete=False)
     with tmp:
         tmp.write(os.urandom(64 << 20))
@@ -121,54 +85,19 @@ def main() -> int:
     procs = [subprocess.Popen(["sleep", "100000"]),
              subprocess.Popen([sys.executable, "-c", PING_PONG], stdout=subprocess.DEVNULL),
              subprocess.Popen([sys.executable, "-c", DIRECT_READER, tmp.name])]
-    idle = procs[0]
-    results: dict[tuple[str, str], list[float]] = {}
-    runs: dict[tuple[str, str], list[int]] = {}
     try:
-        with stats_enabled() as on:
-            if not on:
-                print("cannot enable BPF run-time statistics", file=sys.stderr)
-                return 1
-            for rnd in range(a.rounds):
-                for arm in (arms if rnd % 2 == 0 else arms[::-1]):
-                    loaded = EmptyPrograms() if arm == "empty" else \
-                        ExportProbe(idle.pid, before_src if arm == "before" else None)
-                    try:
-                        got = measure(loaded, a.seconds)
-                    finally:
-                        loaded.close()
-                    for p, (ns, cnt) in got.items():
-                        results.setdefault((arm, p), []).append(ns / max(cnt, 1))
-                        runs.setdefault((arm, p), []).append(cnt)
+        measured = run_arms(arms, a.rounds, a.seconds,
+                            lambda arm: ExportProbe(procs[0].pid, before_src if arm == "before" else None), PROGRAMS)
     finally:
         for p in procs:
             p.kill()
             p.wait()
         os.unlink(tmp.name)
-    with open("/proc/loadavg") as f:
-        load = " ".join(f.read().split()[:3])
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, load {load}, {a.rounds} rounds x "
-          f"{a.seconds:g} s, untraced pipe ping-pong + O_DIRECT 4 KiB reader on {a.dir}; probe target an "
-          f"idle sleep")
-    for _c, p in PROGRAMS:
-        if not any((arm, p) in results for arm in arms):
-            continue
-        print(f"\n{p}: ns a run (each round) | median | runs a second (median)")
-        med = {}
-        for arm in arms:
-            vals = results.get((arm, p), [])
-            if not vals:
-                print(f"  {arm:7s} (no such program)")
-                continue
-            med[arm] = statistics.median(vals)
-            rate = statistics.median(runs[(arm, p)]) / a.seconds
-            print(f"  {arm:7s} {' '.join(f'{v:6.0f}' for v in vals)} | {med[arm]:6.0f} | {rate:9.0f}")
-        if "new" in med and "before" in med:
-            print(f"  new / before: {med['new'] / med['before']:.2f}x", end="")
-            if "empty" in med:
-                print(f"; above the empty program: new {med['new'] - med['empty']:.0f} ns, "
-                      f"before {med['before'] - med['empty']:.0f} ns", end="")
-            print()
+    if measured is None:
+        print("cannot enable BPF run-time statistics", file=sys.stderr)
+        return 1
+    print_report(arms, a.rounds, a.seconds, f"untraced pipe ping-pong + O_DIRECT 4 KiB reader on {a.dir}",
+                 measured, PROGRAMS)
     return 0
 
 
