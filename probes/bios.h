@@ -1,6 +1,6 @@
-/* bios.h - the in-flight bio table shared by the fault probe (faults.bpf.c) and the syscall
- * probe (preadv.bpf.c): a bio a target thread queued inside one of its reads, found again at
- * its completion by (device, first sector).
+/* bios.h - the in-flight bio table shared by the fault probe (faults.bpf.c), the syscall
+ * probe (preadv.bpf.c) and the exporter's (export.bpf.c): a bio a target thread queued inside
+ * one of its reads, found again at its completion by (device, first sector).
  *
  * A direct-mapped array of BIO_SLOTS slots (a power of two), indexed by a hash of (dev, sector).
  * A slot is taken when its tag is nonzero.  The tag holds the hash's high 32 bits (a quick

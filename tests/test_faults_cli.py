@@ -14,7 +14,7 @@ from engramprof.lab import table
 from tests.tracing import traced_lab
 
 FAULT_KEYS = {"faults", "major", "minor", "retried", "lost_records", "recorded", "partial_at_start", "sum_ms",
-              "other_faults", "address", "missing_tracepoints"}
+              "other_faults", "address", "missing_tracepoints", "bios_untracked"}
 LAB = ("--reader", "mmap", "--cold", "--steps", "4", "--tokens", "8", "--heads", "4", "--seed", "5")
 
 
@@ -40,6 +40,7 @@ def test_syscalls_json_has_the_faults_summary_and_no_fault_address_forces_the_ge
     assert f["major"] > 0 and f["faults"] == f["major"] + f["minor"] and f["lost_records"] == 0
     assert f["partial_at_start"] == 0  # the lab waited for SIGUSR1: no fault before the window
     assert f["address"] is True and f["other_faults"] is not None and f["sum_ms"] > 0
+    assert f["bios_untracked"] == 0  # a few bios in flight at a time: every one found a free slot
     assert a.summary["calls"] == 0  # the mmap reader makes no preadv2 call: faults are its reads
     fa = _faults(a)
     assert len(fa) == f["major"] or abs(len(fa) - f["major"]) <= 0.02 * f["major"]
