@@ -105,9 +105,9 @@ def build(path: Path, n_calls: int, seed: int = 0, chunk_batches: int = 10_000) 
 
 def measure(trace: Path, numpy_hugepages: bool = False) -> dict:
     """Load (the analysis's columns, compact) and analyse one bundle in this process."""
-    from engramprof import report
-    from engramprof.attribution import analyse
-    from engramprof.pages import prefer_small_pages
+    from engramprof.report import batch_tail as report
+    from engramprof.analysis.attribution import analyse
+    from engramprof.host.pages import prefer_small_pages
 
     if not numpy_hugepages:
         prefer_small_pages()  # what the command line does
@@ -132,7 +132,7 @@ def main() -> int:
                     help="trace size (repeatable; default: 1e6 and 1e7)")
     ap.add_argument("--dir", type=Path, default=None, help="where to build the bundles (default: a temp dir, removed)")
     ap.add_argument("--numpy-hugepages", action="store_true",
-                    help="keep NumPy's huge-page advice (the command line turns it off: engramprof/pages.py)")
+                    help="keep NumPy's huge-page advice (the command line turns it off: engramprof/host/pages.py)")
     ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -168,7 +168,7 @@ def child(arm: str, trace: Path, markers: Path) -> None:
     """One arm in this (fresh) process: JSON line with read_s, analyse_s, rss_gib, digest."""
     import hashlib
 
-    from engramprof import batches
+    from engramprof.analysis import batches
     from engramprof.analysis import analyse
     from engramprof.compare.ranks import MS_COLS
 

@@ -53,7 +53,7 @@ class ExportProbe:
 
     def __init__(self, pid: int, source: str | None):
         from engramprof.export import probe as ep
-        from engramprof.record.selection import Selection
+        from engramprof.target.selection import Selection
 
         probe_file = ep.PROBE_FILE
         if source:  # an absolute path: probe_dir() / it is it

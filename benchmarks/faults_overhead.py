@@ -93,7 +93,7 @@ PY = sys.executable
 WORKER = r"""
 import mmap, os, resource, sys, time
 import numpy as np
-from engramprof.cachestat import cachestat
+from engramprof.host.cachestat import cachestat
 path = sys.argv[1]
 fd = os.open(path, os.O_RDONLY)
 size = os.fstat(fd).st_size
@@ -376,7 +376,7 @@ class Tables:
             if device == "zram":
                 self.fs = ZramFilesystem()
             else:
-                from engramprof.lab.faults import LoopFilesystem
+                from engramprof.lab.impairments import LoopFilesystem
 
                 self.fs = LoopFilesystem()
             self.fs.create(self.work, 2 * size + (96 << 20))
@@ -422,7 +422,7 @@ def pipeline_cost(n: int, path: str) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from engramprof.bpf import layout
+    from engramprof.bpf import structs as layout
     from engramprof.bpf.ringbuf import HDR
     from engramprof.record import faults as rf
     from engramprof.record.columns import EventTableBuilder

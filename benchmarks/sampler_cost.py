@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engramprof.samplers import Sampler  # noqa: E402
+from engramprof.sampling.sampler import Sampler
 from engramprof.trace import TraceWriter  # noqa: E402
 
 TARGET = """

@@ -63,7 +63,7 @@ EMPTY = "".join(f"TRACEPOINT_PROBE(filemap, mm_filemap_{h}) {{ return 0; }}\n" f
 @contextlib.contextmanager
 def probes_from(checkout: str | None):
     """Program texts built from ``checkout``'s probes/ (None: this one's)."""
-    from engramprof.bpf import layout
+    from engramprof.bpf import structs as layout
 
     saved = layout.probe_dir
     if checkout is not None:

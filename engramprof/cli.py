@@ -10,9 +10,23 @@ import sys
 
 import typer
 
-from engramprof.commands import (batch_tail, compare, demo, diagnose, doctor, export, lab, lab_scenario, replay,
-                                 residency, sample, syscalls)
+from engramprof import __version__
+from engramprof.commands import (
+    batch_tail,
+    compare,
+    demo,
+    diagnose,
+    doctor,
+    export,
+    lab,
+    lab_scenario,
+    replay,
+    residency,
+    sample,
+    syscalls,
+)
 from engramprof.errors import UserError
+from engramprof.host.pages import prefer_small_pages
 
 app = typer.Typer(
     name="engramprof",
@@ -54,8 +68,6 @@ _unwrap_help(app)
 
 def _print_version(value: bool) -> None:
     if value:
-        from engramprof import __version__
-
         print(f"engramprof {__version__}")
         raise typer.Exit(0)
 
@@ -84,8 +96,6 @@ PROG = "engramprof"
 def main() -> None:
     from typer import exceptions as typer_exc
     from typer._click import exceptions as click_exc  # typer's own click
-
-    from engramprof.pages import prefer_small_pages
 
     prefer_small_pages()
     try:

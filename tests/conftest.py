@@ -6,7 +6,7 @@ missing, required tracepoints or kernel headers missing) they are skipped with t
 unless ENGRAMPROF_REQUIRE_BPF=1, in which case they fail with it (CI on a traceable machine
 sets it so that a broken environment cannot pass silently as "all skipped").
 
-The decision is engramprof.doctor.can_trace() -- the same cheap check `engramprof syscalls`
+The decision is engramprof.host.doctor.can_trace() -- the same cheap check `engramprof syscalls`
 uses -- computed once per session.
 """
 from __future__ import annotations
@@ -27,11 +27,11 @@ def bpf_unavailable_reason() -> str | None:
     """None when BPF tracing works here, else a one-line reason (cached per session)."""
     if not _REASON:
         try:
-            from engramprof.doctor import can_trace
+            from engramprof.host.doctor import can_trace
 
             ok, reason = can_trace()
         except Exception as exc:  # the check itself must not crash collection
-            ok, reason = False, f"engramprof.doctor.can_trace() raised {type(exc).__name__}: {exc}"
+            ok, reason = False, f"engramprof.host.doctor.can_trace() raised {type(exc).__name__}: {exc}"
         _REASON.append(None if ok else reason)
     return _REASON[0]
 

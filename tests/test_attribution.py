@@ -14,8 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engramprof.attribution import (CAUSES, VERDICTS, _distinct_per_batch, analyse, col, inflight_weights,
-                                    verdict_of)
+from engramprof.analysis.attribution import (
+    CAUSES,
+    VERDICTS,
+    _distinct_per_batch,
+    analyse,
+    col,
+    inflight_weights,
+    verdict_of,
+)
 from engramprof.errors import UserError
 from engramprof.trace import EVIDENCE_COLUMNS
 
@@ -584,7 +591,7 @@ def test_all_null_evidence_column_counts_as_missing():
     import numpy as np
     import pandas as pd
 
-    from engramprof.attribution import analyse
+    from engramprof.analysis.attribution import analyse
 
     n = 40
     calls = pd.DataFrame({
@@ -601,7 +608,7 @@ def test_all_null_evidence_column_counts_as_missing():
 
 def test_one_verdict_ranking_breaks_ties_the_same_way_everywhere():
     from engramprof.analysis.verdicts import VERDICT_CAUSES, rank_causes, verdicts_of_rows
-    from engramprof.diagnose import verdict_and_confidence
+    from engramprof.analysis.diagnose import verdict_and_confidence
 
     # every pair of causes tied at the top: the first in VERDICT_CAUSES order wins everywhere
     for i, a in enumerate(VERDICT_CAUSES):
@@ -796,7 +803,7 @@ def test_report_shows_each_process_and_the_slowest_at_80_columns():
 
     from rich.console import Console
 
-    from engramprof import report
+    from engramprof.report import batch_tail as report
     calls, ma, mb = _two_ranks()
     table, s = analyse(calls, pd.concat([ma, mb], ignore_index=True))
     buf = StringIO()

@@ -408,7 +408,7 @@ def test_process_with_only_anonymous_memory(tmp_path):
 
     from rich.console import Console
 
-    from engramprof import report_syscalls
+    from engramprof.report import syscalls as report_syscalls
     buf = StringIO()
     report_syscalls.print_summary(Console(file=buf, width=80), s)
     assert "no major page fault" in " ".join(buf.getvalue().split())

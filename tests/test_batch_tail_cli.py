@@ -204,7 +204,7 @@ def test_unclosed_trace_is_analysed_with_a_note(tmp_path, capsys, monkeypatch, p
 
 
 def test_markers_carried_by_the_bundle_are_used(tmp_path, capsys, monkeypatch):
-    from engramprof.diagnose import keep_markers
+    from engramprof.analysis.diagnose import keep_markers
 
     calls, markers = decode_trace("python-scheduling", n_batches=12, seed=41)
     tr = write_bundle(tmp_path / "t", calls)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engramprof import batches
+from engramprof.analysis import batches
 from engramprof import trace as tracefmt
 from tests.tracing import engramprof, traced_lab
 

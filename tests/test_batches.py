@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engramprof import batches as B
+from engramprof.analysis import batches as B
 from engramprof.errors import UserError
 
 try:  # shape builders shared with the attribution tests

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engramprof import diagnose
+from engramprof.analysis import diagnose
 from engramprof.bpf import bios
-from engramprof.report_syscalls import fault_summary_line
+from engramprof.report.syscalls import fault_summary_line
 
 
 def test_bio_slots_must_be_a_power_of_two_and_the_stale_bound_at_least_a_tick():
@@ -21,7 +21,7 @@ def test_bio_slots_must_be_a_power_of_two_and_the_stale_bound_at_least_a_tick():
 
 def test_both_probes_inline_the_table():
     from engramprof.bpf import faults, loader
-    from engramprof.tracepoints import tracefs_root
+    from engramprof.host.tracepoints import tracefs_root
 
     if tracefs_root() is None:
         pytest.skip("no tracefs: the plans feature-probe it")
@@ -50,7 +50,7 @@ def test_untracked_bios_get_a_summary_row_only_when_there_are_some():
 
     from rich.console import Console
 
-    from engramprof import report_syscalls
+    from engramprof.report import syscalls as report_syscalls
     from tests.test_render80 import _syscalls_summary, fits
 
     def render(n):

@@ -195,7 +195,7 @@ def test_full_disk_stops_the_recording_and_keeps_every_part(tmp_path, table):
 
 def _planned_sequence(table: Path, n: int, seed: int) -> list[tuple[int, int]]:
     from engramprof.lab.workload import Plan, batch_reads
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
 
     plan = Plan(layout.load(str(table)), TOKENS, 6, 1.1, seed)
     seq: list[tuple[int, int]] = []
@@ -263,7 +263,7 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
 def test_lost_records_are_recorded_as_intervals_that_cover_the_hole(tmp_path, table):
     """The recorder stops draining for 2 s (a test hook) on an 8 MiB ring: the kernel drops
     records; the lost_records rows cover the pause and add up to the kernel's total."""
-    from engramprof.syscalls import SyscallTracer
+    from engramprof.record.recorder import SyscallTracer
 
     lab = _lab(table, "--duration", "60")
     try:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engramprof.diagnose import verdict_and_confidence
+from engramprof.analysis.diagnose import verdict_and_confidence
 from tests.tracing import engramprof
 
 
@@ -129,7 +129,7 @@ def test_mixed_residency_and_scheduling_names_both():
 # ---- the window it really had (issue 11, item 5) ----------------------------------------------
 
 def test_limits_state_the_recorded_span_and_why_it_ended():
-    from engramprof.diagnose import limits, recorded_window
+    from engramprof.analysis.diagnose import limits, recorded_window
 
     bt = {"batches": 50, "missing_evidence": []}
     line = limits(bt, {"duration_s": 3.04, "end_reason": "target-exit"}, 20, True)[0]
@@ -181,7 +181,7 @@ def test_bad_markers_file_fails_before_recording(tmp_path):
     assert r.returncode == 2 and "Tracing" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "no usable marker in its 2 line(s)" in r.stderr and "before recording" in r.stderr
     # an empty file, or one whose only line is still being written, is a server about to write
-    from engramprof import batches
+    from engramprof.analysis import batches
     for text in ("", '{"start_ns": 1'):
         bad.write_text(text)
         batches.check_markers_before_recording(bad)  # no error
@@ -190,8 +190,8 @@ def test_bad_markers_file_fails_before_recording(tmp_path):
 
 
 def test_read_path_and_the_fix_that_fits_it():
-    from engramprof.diagnose import read_path_of
-    from engramprof.present import advice
+    from engramprof.analysis.diagnose import read_path_of
+    from engramprof.analysis.advice import advice
 
     assert read_path_of({"read_events": {"syscall": 10}}) == "syscalls"
     assert read_path_of({"read_events": {"fault": 3}}) == "faults"

@@ -139,7 +139,7 @@ def test_real_pool_gather_between_faults_is_on_cpu_time(tmp_path):
     from engramprof.analysis import find_reading_threads, prepare_read_events, segment_batches
     from engramprof.analysis.attribute import AttributionInputs, attribute_batches
     from engramprof.analysis.unread import resplit_fault_gaps
-    from engramprof.batches import read_markers
+    from engramprof.analysis.batches import read_markers
     from engramprof.lab.scenarios import Scenario
 
     out = tmp_path / "t"

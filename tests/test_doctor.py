@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engramprof import doctor as doc
-from engramprof import tracepoints as tp
+from engramprof.host import doctor as doc
+from engramprof.host import tracepoints as tp
 
 REPO = Path(__file__).resolve().parent.parent
 FULL_CAPS = "000001ffffffffff"

@@ -95,7 +95,7 @@ def test_lost_eviction_records_make_unmatched_pages_unknown():
 
 def test_without_eviction_records_the_refault_estimate_is_used():
     calls, markers = decode_trace("residency", n_batches=10)
-    from engramprof.attribution import analyse
+    from engramprof.analysis.attribution import analyse
 
     _, s = analyse(calls, markers)
     assert s["miss_causes"] is None and s["evicted_by"] is None
@@ -112,7 +112,7 @@ def _evicted_before_each_miss(calls: pd.DataFrame, context: str, pid: int) -> pd
                                               ("proactive-reclaim", "reclaim"), ("direct-reclaim", "reclaim"),
                                               ("fadvise", "residency"), ("drop-caches", "residency")])
 def test_the_eviction_context_decides_between_residency_and_reclaim(context, verdict):
-    from engramprof.attribution import analyse
+    from engramprof.analysis.attribution import analyse
 
     calls, markers = decode_trace("residency", n_batches=12)
     calls["offset"] = np.arange(len(calls)) * PAGE  # distinct pages
@@ -128,7 +128,7 @@ def test_the_eviction_context_decides_between_residency_and_reclaim(context, ver
 
 
 def test_unknown_pages_keep_the_refault_estimate():
-    from engramprof.attribution import analyse
+    from engramprof.analysis.attribution import analyse
 
     calls, markers = decode_trace("residency", n_batches=12)
     calls["offset"] = np.arange(len(calls)) * PAGE
@@ -144,7 +144,7 @@ def test_unknown_pages_keep_the_refault_estimate():
 
 
 def test_miss_story_and_fix_name_the_evictor():
-    from engramprof.present import advice_for, miss_story
+    from engramprof.analysis.advice import advice_for, miss_story
 
     bt = {"miss_causes": {"first_touch": 0.05, "reclaim": 0.0, "dropped": 0.93, "unknown": 0.02, "pages": 1000},
           "evicted_by": [{"pid": 4242, "comm": "sh", "cmdline": "sh -c echo 1 > /proc/sys/vm/drop_caches",
@@ -166,7 +166,7 @@ def test_miss_story_and_fix_name_the_evictor():
 
 
 def test_decoder_names_contexts_comms_and_drop_caches_writes(tmp_path):
-    from engramprof.bpf import layout
+    from engramprof.bpf import structs as layout
     from engramprof.record import evictions as rec
     from engramprof.record.strings import Interner
 
@@ -201,7 +201,7 @@ def test_decoder_names_contexts_comms_and_drop_caches_writes(tmp_path):
 def test_pages_removed_equal_what_cachestat_shows_leaving(tmp_path):
     """The probe alone (one BPF object, ~5 s): a process holds a file open (so it is watched);
     this test reads it in, then removes its pages with fadvise and truncate."""
-    from engramprof.cachestat import cachestat
+    from engramprof.host.cachestat import cachestat
     from engramprof.record.evictions import EvictionRecorder
     from engramprof.record.strings import Interner
 

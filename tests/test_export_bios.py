@@ -39,7 +39,7 @@ class KeptExportProbe:
 
     def __init__(self, pid: int, **config):
         from engramprof.export import probe as ep
-        from engramprof.record.selection import Selection
+        from engramprof.target.selection import Selection
 
         self.probe = ep.ExportProbe(ep.plan(ep.ExportProbeConfig(selection=Selection.parse(pids=[pid]), **config)))
         self.probe.set_sample_budget(1 << 40)

@@ -12,7 +12,8 @@ import numpy as np
 from engramprof.export.files import UNKNOWN, FileNames
 from engramprof.export.metrics import FIRST_BUCKET_LOG2, LAST_BUCKET_LOG2, log2_histogram
 from engramprof.export.window import MarkerTail, WindowAnalyser
-from engramprof.record.selection import Selection, kernel_dev
+from engramprof.host.files import kernel_dev
+from engramprof.target.selection import Selection
 
 
 def _line(s, e, **kw):

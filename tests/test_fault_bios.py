@@ -18,7 +18,7 @@ import tempfile
 
 import pytest
 
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 
 pytestmark = pytest.mark.bpf
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -16,9 +16,11 @@ import time
 import numpy as np
 import pytest
 
-from engramprof import layout, trace
+from engramprof import trace
+from engramprof.tables import safetensors as layout
 from engramprof.lab import table, workload
-from engramprof.record.faults import MappingPathEnricher, dev_t, read_maps
+from engramprof.host.files import dev_t
+from engramprof.record.faults import MappingPathEnricher, read_maps
 from engramprof.record.strings import Interner
 from tests.tracing import PY, engramprof
 
@@ -38,7 +40,7 @@ def _majflt(pid: int) -> int:
 def _traced(tmp, argv, fault_address=True, name="t"):
     """Run argv (prints 'lab: ready' / 'ready' on stderr, then waits for SIGUSR1) under the
     tracer; returns (events of the bundle, majflt growth over the window, tracer summary)."""
-    from engramprof.syscalls import SyscallTracer
+    from engramprof.record.recorder import SyscallTracer
 
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:

@@ -9,7 +9,8 @@ import io
 import pytest
 from rich.console import Console
 
-from engramprof import report_syscalls, trace
+from engramprof import trace
+from engramprof.report import syscalls as report_syscalls
 from engramprof.lab import table
 from tests.tracing import traced_lab
 

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engramprof import residency, trace
-from engramprof.record import identity
+from engramprof import trace
+from engramprof.host import residency
+from engramprof.target import identity
 from tests.tracing import PY, Proc, engramprof
 
 
@@ -26,7 +27,7 @@ def _make_table(path: Path, *args: str) -> Path:
 
 def _bundle(tmp: Path, table: Path, with_files: bool = True) -> Path:
     """A small bundle of reads of ``table`` (rows of its first tensor), as the recorder writes it."""
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
 
     lay = layout.load(str(table))
     t = lay.tensors[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engramprof import layout
+from engramprof.tables import safetensors as layout
 from engramprof.errors import UserError
 from engramprof.lab import readers, table, workload
 from engramprof.lab.readers import RWF_NOWAIT, Job, ShortReadError, make_reader

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engramprof import layout
+from engramprof.tables import safetensors as layout
 from engramprof.errors import UserError
 
 

@@ -1,4 +1,4 @@
-"""check_markers_before_recording (engramprof/batches.py): a markers file is refused before any
+"""check_markers_before_recording (engramprof/analysis/batches.py): a markers file is refused before any
 probe attaches when its complete lines hold no usable marker; an unfinished last line (one the
 server may be writing) is not held against it.  No root."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engramprof import batches
+from engramprof.analysis import batches
 from engramprof.errors import UserError
 
 GOOD = json.dumps({"start_ns": 1, "end_ns": 2})

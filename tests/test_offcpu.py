@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from engramprof import trace
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 from tests.tracing import PY, Proc, engramprof, traced_lab
 
 PINGPONG = r"""

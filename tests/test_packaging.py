@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 CHECK = r"""
 import os, sys, engramprof
-from engramprof.bpf import layout, loader
+from engramprof.bpf import loader, structs as layout
 assert engramprof.__file__.startswith(sys.prefix), engramprof.__file__
 src = layout.probe_dir() / "preadv.bpf.c"
 assert str(src).startswith(sys.prefix), src

@@ -129,7 +129,8 @@ def throttled_files(tmp_path):
     them) and a blkio cgroup throttling reads of it to READ_IOPS, so that a page's I/O lasts
     longer than the microseconds between a hint and the read after it whatever the host's disk.
     Removed (cgroup, mount, loop device) even on failure."""
-    from engramprof.lab import faults, host
+    from engramprof.lab import host
+    from engramprof.lab import impairments as faults
 
     if fs_type(tmp_path) in ("tmpfs", "ramfs"):
         pytest.skip("tmp is on tmpfs: the loop device's image needs a real filesystem")
@@ -231,7 +232,7 @@ def test_lab_mmap_prefetch_hints_are_recorded_as_the_planned_file_pages(tmp_path
     """lab run --reader mmap --prefetch willneed: every madvise(WILLNEED) the lab made is a hint
     row whose file pages are the planned rows' page runs (address -> file page through the
     mapping), and the summary counts them."""
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
     from engramprof.lab import readers, table, workload
     from tests.tracing import traced_lab
 

@@ -129,7 +129,7 @@ def test_every_loader_names_a_totals_map_its_probe_defines(mod, cls, totals_map)
     import importlib
     import re
 
-    from engramprof.bpf import layout
+    from engramprof.bpf import structs as layout
 
     m = importlib.import_module(mod)
     k = getattr(m, cls)

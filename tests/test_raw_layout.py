@@ -7,7 +7,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from engramprof import layout, raw_layout
+from engramprof.tables import safetensors as layout
+from engramprof.tables import raw as raw_layout
 from engramprof.errors import UserError
 from tests.tracing import engramprof
 

@@ -129,7 +129,7 @@ CHILD = textwrap.dedent("""
         view = m.mm[: (m.size // 256) * 256].reshape(-1, 256)
         for k in range(0, len(rows), 64):
             total += int(view[rows[k:k + 64]].sum())
-    from engramprof.cachestat import cachestat
+    from engramprof.host.cachestat import cachestat
     cached = [cachestat(fd).nr_cache for fd in fds]
     # then unmap and drop the read-ahead file: every page goes, the read-ahead pages no read
     # had touched among them (the waste)
@@ -207,7 +207,7 @@ def test_readahead_on_and_off_with_the_mmap_reader_on_the_same_rows(two_tables):
 
 
 def test_diagnose_flags_amplification_above_4x_and_leads_the_fix_with_turning_readahead_off():
-    from engramprof import diagnose
+    from engramprof.analysis import diagnose
 
     e = {"path": "/d/t.bin", "amplification": 1228.0, "inserted_pages": 6140, "touched_pages": 5,
          "used_pages": 379, "flagged": True}

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 
 from engramprof import trace
-from engramprof.bpf import layout
-from engramprof.fdmap import FdResolver
+from engramprof.bpf import structs as layout
+from engramprof.host.fdmap import FdResolver
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, VmEventDecoder, syscall_names
 from engramprof.record.enrich import FdPathEnricher, TensorEnricher

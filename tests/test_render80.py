@@ -149,7 +149,7 @@ def _syscalls_summary(path: str) -> dict:
                                   "/data/models/engram/a/very/long/path/to/the/table-of-embeddings.safetensors",
                                   "/tmp/audit11/pt/a-rather-long-directory-name-for-the-table-xx/engram-table.safetensors"])
 def test_syscalls_summary_at_80(path):
-    from engramprof import report_syscalls
+    from engramprof.report import syscalls as report_syscalls
 
     buf = io.StringIO()
     report_syscalls.print_summary(Console(file=buf, width=WIDTH), _syscalls_summary(path))
@@ -163,7 +163,7 @@ def test_syscalls_summary_at_80(path):
 
 
 def test_diagnose_limits_wrap_under_their_text():
-    from engramprof import diagnose
+    from engramprof.report import diagnose
 
     d = {"verdict": "residency", "confidence": 0.9, "verdict_share": 0.6, "runner_up": None,
          "evidence": [{"step": "residency of their pages", "finding": "the 20,000 most-read of 68,390 distinct rows"}],
@@ -184,7 +184,7 @@ def test_diagnose_limits_wrap_under_their_text():
 
 
 def test_diagnose_hot_rows_say_when_capped(tmp_path):
-    from engramprof import diagnose
+    from engramprof.analysis import diagnose
     from engramprof.lab import table
 
     t = tmp_path / "t.safetensors"
@@ -198,7 +198,7 @@ def test_diagnose_hot_rows_say_when_capped(tmp_path):
 def test_syscalls_summary_shows_faults_beside_calls_at_80():
     """A memory-mapped reader's recording: the page-fault read path is a row of the summary,
     beside the calls (the title names both read paths); the live view has a faults line."""
-    from engramprof import report_syscalls
+    from engramprof.report import syscalls as report_syscalls
 
     s = _syscalls_summary("/data/models/engram/a/very/long/path/to/the/table-of-embeddings.safetensors")
     s["faults"] = {"faults": 4_222_017, "major": 4_118_230, "minor": 103_787, "retried": 12_345, "lost_records": 17,

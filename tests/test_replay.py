@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engramprof import replay as rp
-from engramprof import residency as res
+from engramprof.lab import replay as rp
+from engramprof.host import residency as res
 from engramprof.errors import UserError
 from tests.coldrun import until_nowait_refuses
 

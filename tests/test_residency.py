@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engramprof import residency as res
+from engramprof.host import residency as res
 from engramprof.errors import UserError
 
 PS = res.PAGE_SIZE
@@ -223,7 +223,7 @@ def _tiny_trace(path: Path, file: Path, offsets, size: int) -> None:
 
 
 def test_rows_summary_per_file_and_tensor(workdir):
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
     from engramprof.lab import table
 
     p = workdir / "t.safetensors"
@@ -268,7 +268,7 @@ def test_rows_summary_per_file_and_tensor(workdir):
 
 
 def test_tensors_and_ranges(workdir):
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
     from engramprof.lab import table
 
     p = workdir / "t.safetensors"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engramprof import samplers
+from engramprof.sampling import sampler as samplers
 from engramprof.errors import UserError
-from engramprof.samplers import SAMPLE_NAMES, Sampler, summarize, summarize_bundle
+from engramprof.sampling.sampler import SAMPLE_NAMES, Sampler, summarize, summarize_bundle
 from engramprof.trace import TraceWriter, load_bundle
 
 REPO = Path(__file__).resolve().parents[1]

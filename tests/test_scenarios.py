@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engramprof import layout
+from engramprof.tables import safetensors as layout
 from engramprof.errors import UserError
 from engramprof.lab import scenarios
 from engramprof.lab.scenarios import Scenario

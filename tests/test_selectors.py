@@ -332,7 +332,7 @@ def test_lab_run_rank_options_bad_input_one_line_exit_2(tmp_path, table):
 def test_lab_run_workers_shards_and_markers(tmp_path, table):
     """--workers 2: two ranks (children of the lab's pid), each reading only its shard of the
     table, every marker line whole and carrying its rank's pid and rank."""
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
 
     markers = tmp_path / "m.jsonl"
     r = subprocess.run(engramprof("lab", "run", "--table", table, "--workers", "2", "--steps", "25", "--reader",
@@ -358,7 +358,7 @@ def test_lab_run_workers_shards_and_markers(tmp_path, table):
 
 
 def _planned_shard(table: Path, k: int):
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
     from engramprof.lab import workload
 
     plan = workload.Plan(layout.load(table), 4, 6, 1.1, 0, shard=(k, 2))
@@ -527,7 +527,7 @@ def test_file_fd_closed_reopened_as_another_file_and_dup2_back_judged_on_every_c
 def _cgroup_mode(*dirs: Path) -> str:
     """How targets.h matches these --cgroup directories: 'slots' (ancestor id constants) or 'hash'."""
     from engramprof.bpf import targets
-    from engramprof.record.selection import Selection
+    from engramprof.target.selection import Selection
 
     return "slots" if targets.cgroup_slots(Selection.parse(cgroups=[str(d) for d in dirs])) else "hash"
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from engramprof import residency
+from engramprof.host import residency
 from engramprof import trace as tracefmt
-from engramprof.record.selection import Selection, file_identities, kernel_dev, real_file
+from engramprof.host.files import file_identities, kernel_dev, real_file
+from engramprof.target.selection import Selection
 from tests.tracing import PY, Proc, engramprof
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -193,8 +194,8 @@ def test_real_file_is_what_cachestat_must_be_asked(overlay, monkeypatch):
         got = residency.file_residency(table, method=method).residency
         assert (got.resident, got.method) == (resident, method), got
     # the layer file not found: the overlay fd is kept and auto answers with mincore, not 0
-    import engramprof.record.selection as selection
-    monkeypatch.setattr(selection, "real_file", lambda path: None)
+    import engramprof.host.files as host_files
+    monkeypatch.setattr(host_files, "real_file", lambda path: None)
     got = residency.file_residency(table).residency
     assert (got.resident, got.method) == (resident, "mincore"), got
 

@@ -5,7 +5,7 @@ import os
 import signal
 import threading
 
-from engramprof.commands.signals import install_stop_handlers, stop_handlers
+from engramprof.host.signals import install_stop_handlers, stop_handlers
 
 
 def test_handlers_installed_then_restored():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engramprof import trace as tracefmt
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 from tests.tracing import PY, Proc, engramprof, traced_lab
 
 RWF_NOWAIT = os.RWF_NOWAIT
@@ -54,7 +54,7 @@ def test_record_dtype_matches_header_layout():
 
 
 def test_latency_hist_quantiles_close_to_exact():
-    from engramprof.syscalls import LatencyHist
+    from engramprof.record.recorder import LatencyHist
 
     rng = np.random.default_rng(1)
     ns = rng.lognormal(8, 1.5, 100_000).astype(np.int64) + 1
@@ -68,7 +68,7 @@ def test_latency_hist_quantiles_close_to_exact():
 
 
 def test_fd_resolver_history_and_stale(tmp_path):
-    from engramprof.fdmap import FdResolver
+    from engramprof.host.fdmap import FdResolver
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"x")

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engramprof import trace
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 from engramprof.errors import UserError
 from engramprof.trace.schema import kind_column
 from tests.tracing import engramprof

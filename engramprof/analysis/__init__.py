@@ -4,7 +4,7 @@ The model is documented once, in docs/model.md.  The analysis is a pipeline of n
 each a function over arrays / DataFrames in its own module:
 
 1. :func:`~engramprof.analysis.events.prepare_read_events` -- usable read events in entry order
-2. :func:`segment_batches` -- markers, else inferred from the gaps (engramprof.batches);
+2. :func:`segment_batches` -- markers, else inferred from the gaps (engramprof.analysis.batches);
    :mod:`~engramprof.analysis.holes` leaves out the batches that overlap lost records
 3. :func:`~engramprof.analysis.context.load_context` -- samples: threads, PSI, refaults
 4. :func:`~engramprof.analysis.threads.find_reading_threads` -- threads per batch, the submitter
@@ -25,17 +25,26 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
-from engramprof import batches as _batches
+from engramprof.analysis import batches as _batches
 from engramprof.analysis import calibrate, misses
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, prepare_read_events
 from engramprof.analysis.holes import exclude_blind_batches, read_holes
 from engramprof.analysis.processes import analyse_each, process_ids, process_row
-from engramprof.analysis.summary import Settings, evidence_notes, slow_copy_note, summarize
+from engramprof.analysis.summary import (
+    Settings,
+    evidence_notes,
+    slow_copy_note,
+    summarize,
+)
 from engramprof.analysis.table import batch_shares, batch_table
 from engramprof.analysis.threads import find_reading_threads
-from engramprof.analysis.unread import attribute_unread_batches, fault_read_path, resplit_fault_gaps
+from engramprof.analysis.unread import (
+    attribute_unread_batches,
+    fault_read_path,
+    resplit_fault_gaps,
+)
 from engramprof.analysis.verdicts import DEFAULT_MEANINGFUL_SHARE, DEFAULT_SLOW_MS
 from engramprof.errors import UserError
 
@@ -160,7 +169,7 @@ def analyse(
 
     ``trace_or_calls``: an :class:`engramprof.trace.Trace` (its samples are used) or a per-event
     DataFrame (pass ``samples={"threads": df, "vmstat": df, "psi": df}`` to use samples).
-    ``markers_df``: DataFrame with start_ns/end_ns (see :func:`engramprof.batches.read_markers`);
+    ``markers_df``: DataFrame with start_ns/end_ns (see :func:`engramprof.analysis.batches.read_markers`);
     None infers batches from gaps (``gap_ms`` overrides the inferred threshold).
     Returns ``(batches DataFrame, summary dict)``; the summary is the ``--json`` document.
     Raises :class:`UserError` when nothing can be said (no events, unusable markers...).

@@ -18,8 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engramprof.analysis.components import (Evidence, distinct_per_batch, inflight_weights, observed_miss_service,
-                                            safe_div, split_components)
+from engramprof.analysis.components import (
+    Evidence,
+    distinct_per_batch,
+    inflight_weights,
+    observed_miss_service,
+    safe_div,
+    split_components,
+)
 from engramprof.analysis.context import RefaultSeries
 from engramprof.analysis.events import Chunk, ReadEvents, chunk_plan
 from engramprof.analysis.threads import ReadingThreads

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 
 from engramprof.errors import UserError
-
-from engramprof.trace import SAMPLE_READ_COLUMNS as SAMPLE_COLUMNS  # the trace module owns the contract
+from engramprof.trace import (
+    SAMPLE_READ_COLUMNS as SAMPLE_COLUMNS,  # the trace module owns the contract
+)
 
 SampleGetter = Callable[[str], "pd.DataFrame | None"]
 

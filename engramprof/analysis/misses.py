@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from engramprof.trace.schema import sample_schema
+
 PAGE = 4096
 CAUSES = ("first_touch", "reclaim", "dropped", "unknown")
 FIRST_TOUCH, RECLAIM, DROPPED, UNKNOWN = range(4)
@@ -229,7 +231,6 @@ def from_trace(calls: pd.DataFrame, getter, table, meta: dict) -> MissPages | No
     if ev is None:
         if not (meta or {}).get("evictions"):
             return None  # recorded without the eviction probe
-        from engramprof.trace.schema import sample_schema
 
         ev = sample_schema("evictions").empty_table().to_pandas()
     files = table("eviction_files") if table else None

@@ -24,7 +24,14 @@ import errno
 import numpy as np
 import pandas as pd
 
-from engramprof.analysis.readahead import PagecacheInputs, _expand, insertion_runs, owning_event, read_pages
+from engramprof.analysis import readahead
+from engramprof.analysis.readahead import (
+    PagecacheInputs,
+    _expand,
+    insertion_runs,
+    owning_event,
+    read_pages,
+)
 
 PREFETCH_ADVICE = ("WILLNEED", "POPULATE_READ")
 
@@ -96,8 +103,6 @@ def summary(inp: PagecacheInputs) -> dict:
 
 def json_keys(trace_dir) -> dict:
     """``readahead``, ``prefetch`` and ``pagecache_note`` for diagnose --json and batch-tail --json."""
-    from engramprof.analysis import readahead
-
     try:
         inp = readahead.load_inputs(trace_dir)
     except Exception as exc:  # a bare Parquet table, an unreadable bundle: the other keys still stand

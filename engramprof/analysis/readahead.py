@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from engramprof.trace import Trace, load_bundle
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 #: diagnose flags a file above this amplification whose read-ahead pages were mostly unused
 FLAG_AMPLIFICATION = 4.0
@@ -54,8 +56,6 @@ class PagecacheInputs:
 def load_inputs(trace) -> PagecacheInputs:
     """From a bundle path, or a loaded :class:`~engramprof.trace.Trace` (its calls are used as
     they are).  The read events are read only when the bundle has page-cache samples."""
-    from engramprof.trace import Trace, load_bundle
-
     tr = trace if isinstance(trace, Trace) else None
     if tr is None:
         from pathlib import Path

@@ -8,13 +8,18 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis.attribute import SLOW_COPY_NS, BatchAccumulator
-from engramprof.analysis.calibrate import NORMAL_MISS_CEILING_US, MissService, ms_pair, percentile
+from engramprof.analysis.calibrate import (
+    NORMAL_MISS_CEILING_US,
+    MissService,
+    ms_pair,
+    percentile,
+)
 from engramprof.analysis.components import safe_div
 from engramprof.analysis.context import SampleContext, psi_average
 from engramprof.analysis.events import ReadEvents
 from engramprof.analysis.threads import SUBMITTER_COVERAGE, ReadingThreads
 from engramprof.analysis.verdicts import CAUSES, VERDICTS, col, verdict_of
-from engramprof.present import jsonable
+from engramprof.jsonable import jsonable
 
 #: the tail: batches whose wall time is above this percentile
 TAIL_PERCENTILE = 90.0

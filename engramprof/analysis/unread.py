@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis.attribute import BatchAccumulator
+from engramprof.analysis.events import chunk_plan
 
 
 def fault_read_path(calls: pd.DataFrame, meta: dict) -> bool:
@@ -104,8 +105,6 @@ def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.D
     runs between them) but not for a gather; here each gap that a page fault ends is split by
     the off-CPU spans of the faulting thread inside it instead.  Adjusts ``acc`` in place
     (loop_gap / handoff_gap and cpu-copy / python-scheduling move together); returns what it did."""
-    from engramprof.analysis.events import chunk_plan
-
     out = {"gaps": 0, "moved_ms": 0.0, "source": None}
     if offcpu is None or not len(offcpu) or seg.n == 0:
         return out

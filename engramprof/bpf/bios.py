@@ -7,7 +7,7 @@ long a slot may be held before a new bio takes it over (a completion never seen)
 """
 from __future__ import annotations
 
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 
 #: slots of the direct-mapped table (a power of two): 40 bytes each, 640 KiB a probe
 BIO_SLOTS = 16384

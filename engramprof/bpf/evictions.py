@@ -17,11 +17,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from engramprof import tracepoints as tp
-from engramprof.bpf import layout, targets, watched
+from engramprof.bpf import structs as layout
+from engramprof.bpf import targets, watched
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.loader import RECLAIM_FEATURES
+from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.errors import UserError
+from engramprof.host import tracepoints as tp
 
 PROBE_FILE = "evictions.bpf.c"
 REQUIRED = ("filemap:mm_filemap_delete_from_page_cache",)
@@ -58,7 +60,7 @@ class EvictionProbeConfig:
     ring_pages: int = 8192  # 32 MiB: ~380k evictions between two drains (or while the other probes load)
     max_files: int = 4096
     max_tasks: int = 16384
-    selection: object = None  # engramprof.record.selection.Selection (the EVICT_BY_TARGET flag)
+    selection: object = None  # engramprof.target.selection.Selection (the EVICT_BY_TARGET flag)
     watch_bits: int = watched.WATCH_BITS  # probes/watched.h's slots in front of watched_files
 
 
@@ -113,8 +115,6 @@ class LoadedEvictionProbe(LoadedBpf):
     totals_map = "eviction_totals"
 
     def __init__(self, p: EvictionProbePlan):
-        from engramprof.bpf.ringbuf import RingBufferReader
-
         BPF = import_bcc()
         self.plan = p
         self.text = program_text(p)

@@ -10,12 +10,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from engramprof import tracepoints as tp
-from engramprof.bpf import bios, layout, targets
+from engramprof.bpf import bios, targets
+from engramprof.bpf import structs as layout
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.loader import EVIDENCE_FEATURES
+from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words, attach_all, deferred_bpf
 from engramprof.errors import UserError
+from engramprof.host import tracepoints as tp
 
 PROBE_FILE = "faults.bpf.c"
 
@@ -49,7 +51,7 @@ class FaultProbeConfig:
     ring_pages: int = 4096  # 16 MiB: ~150k faults
     tid_words: int = field(default_factory=_tid_words)  # the switched-out bitmap covers every tid
     use_pfu: bool = True  # False forces the generic path (no exceptions:page_fault_user)
-    selection: object = None  # engramprof.record.selection.Selection; None: the one process tgid
+    selection: object = None  # engramprof.target.selection.Selection; None: the one process tgid
     bio_slots: int = bios.BIO_SLOTS  # the in-flight bio table (probes/bios.h): a power of two
     bio_stale_ns: int = bios.BIO_STALE_NS
 
@@ -111,8 +113,6 @@ class LoadedFaultProbe(LoadedBpf):
     max_fields = ("max_ns",)
 
     def __init__(self, p: FaultProbePlan, arm: bool = True):
-        from engramprof.bpf.ringbuf import RingBufferReader
-
         BPF = import_bcc()
         self.plan = p
         self.text = program_text(p)

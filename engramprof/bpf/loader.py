@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engramprof import tracepoints as tp
-from engramprof.bpf import bios, layout, targets
+from engramprof.bpf import bios, targets
+from engramprof.bpf import structs as layout
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc  # noqa: F401  (import_bcc: also used from here)
+from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words
 from engramprof.errors import UserError
+from engramprof.host import doctor
+from engramprof.host import tracepoints as tp
 
 PROBE_FILE = "preadv.bpf.c"
 
@@ -61,7 +64,7 @@ class ProbeConfig:
     min_ns: int = 0
     ring_pages: int = 8192  # 32 MiB: ~300k records, about a second of a tight cached loop
     syscall_hook: str = "auto"  # auto | raw | tracepoint
-    selection: object = None  # engramprof.record.selection.Selection; None: the one process tgid
+    selection: object = None  # engramprof.target.selection.Selection; None: the one process tgid
     bio_slots: int = bios.BIO_SLOTS  # the in-flight bio table (probes/bios.h): a power of two
     bio_stale_ns: int = bios.BIO_STALE_NS
     tid_words: int = field(default_factory=_tid_words)  # the switched-out-in-a-call bitmap covers every tid
@@ -91,8 +94,6 @@ def _raw_syscalls_usable(root) -> bool:
 
 def tracefs_unusable() -> str:
     """Why there is no usable tracefs, with the fix (not mounted / not readable: not root)."""
-    from engramprof import doctor
-
     check, _ = doctor.check_tracefs()
     return f"tracefs {check.detail}: {check.fix}"
 
@@ -159,8 +160,6 @@ class LoadedProbe(LoadedBpf):
     max_fields = ("max_ns",)
 
     def __init__(self, p: ProbePlan):
-        from engramprof.bpf.ringbuf import RingBufferReader
-
         BPF = import_bcc()
         self.plan = p
         self.text = program_text(p)

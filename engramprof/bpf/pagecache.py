@@ -18,10 +18,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from engramprof import tracepoints as tp
-from engramprof.bpf import layout, targets, watched
+from engramprof.bpf import structs as layout
+from engramprof.bpf import targets, watched
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
+from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.errors import UserError
+from engramprof.host import tracepoints as tp
 
 PROBE_FILE = "pagecache.bpf.c"
 REQUIRED = ("filemap:mm_filemap_add_to_page_cache",)
@@ -73,7 +75,7 @@ class PagecacheProbeConfig:
     tgid: int
     tid: int = 0
     ring_pages: int = 1024  # 4 MiB: ~50k records (runs, readahead windows, hints)
-    selection: object = None  # engramprof.record.selection.Selection; None: the one process tgid
+    selection: object = None  # engramprof.target.selection.Selection; None: the one process tgid
     watch_bits: int = watched.WATCH_BITS  # probes/watched.h's slots in front of watched_files
 
 
@@ -115,8 +117,6 @@ class LoadedPagecacheProbe(LoadedBpf):
     totals_map = "pagecache_totals"
 
     def __init__(self, p: PagecacheProbePlan):
-        from engramprof.bpf.ringbuf import RingBufferReader
-
         BPF = import_bcc()
         self.plan = p
         self.text = program_text(p)

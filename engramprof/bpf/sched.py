@@ -12,10 +12,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from engramprof import tracepoints as tp
-from engramprof.bpf import layout, targets
+from engramprof.bpf import structs as layout
+from engramprof.bpf import targets
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
+from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.errors import UserError
+from engramprof.host import tracepoints as tp
 
 PROBE_FILE = "sched.bpf.c"
 REQUIRED = ["sched:sched_switch"]
@@ -46,7 +48,7 @@ class SchedConfig:
     ring_pages: int = 2048  # 8 MiB: ~200k spans, seconds of a busy 32-thread pool
     max_threads: int = 16384
     tid_words: int = field(default_factory=_tid_words)
-    selection: object = None  # engramprof.record.selection.Selection; None: the one process tgid
+    selection: object = None  # engramprof.target.selection.Selection; None: the one process tgid
 
 
 @dataclass
@@ -121,8 +123,6 @@ class LoadedSchedProbe(LoadedBpf):
     totals_map = "offcpu_totals"
 
     def __init__(self, p: SchedPlan, arm: bool = True):
-        from engramprof.bpf.ringbuf import RingBufferReader
-
         BPF = import_bcc()
         self.plan = p
         self.text = program_text(p)

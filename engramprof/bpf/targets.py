@@ -1,6 +1,6 @@
 """The target filter every probe shares (probes/targets.h): constants and the maps' contents.
 
-A probe's config carries a :class:`~engramprof.record.selection.Selection` (or None: the one
+A probe's config carries a :class:`~engramprof.target.selection.Selection` (or None: the one
 process ``tgid``).  :func:`inline` puts targets.h into the program text, :func:`defines` gives
 its constants, and :func:`fill` writes the target tgids and cgroup ids into the loaded
 object's maps (right after load, before the recording is armed: until then the maps are empty
@@ -12,12 +12,14 @@ from __future__ import annotations
 import ctypes
 import os
 
-from engramprof import tracepoints as tp
-from engramprof.bpf import layout
+from engramprof.bpf import btf
+from engramprof.bpf import structs as layout
+from engramprof.host import tracepoints as tp
+from engramprof.host.files import unescape as _unescape
+from engramprof.target.selection import MAX_FILES
 
 MAX_TARGETS = 16384
 MAX_CGROUPS = 4096
-MAX_FILES = 65536
 #: --cgroup v2 directories matched by (level, id) constants, bpf_get_current_ancestor_cgroup_id
 #: (MATCH_CGROUPS 2); more of them, or a tracer in a cgroup namespace: the `target_cgroups` hash
 CGROUP_SLOTS = 8
@@ -35,8 +37,6 @@ def _in_init_cgroup_ns() -> bool:
 def _mount_root(point: str) -> str | None:
     """The root (inside its filesystem) of the mount at ``point``, from /proc/self/mountinfo
     (the last such mount: the one on top)."""
-    from engramprof.record.selection import _unescape
-
     root = None
     try:
         with open("/proc/self/mountinfo") as f:
@@ -117,7 +117,6 @@ def defines(selection, tgid: int, tid: int) -> dict[str, int]:
         level, ino = (slots or [])[i] if i < len(slots or ()) else (0, 0)
         out[f"CG_LEVEL_{i}"], out[f"CG_ID_{i}"] = level, ino
     if files:  # the fd -> inode walk, with the running kernel's struct layout
-        from engramprof.bpf import btf
 
         out.update(btf.fd_walk_offsets())
     return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 
 HEADER = "watched.h"
 #: slots of ``watched_bits`` (a power of two; 8 bytes each in the kernel: 512 KiB)

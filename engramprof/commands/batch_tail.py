@@ -29,9 +29,10 @@ def register(app: typer.Typer) -> None:
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: batch timeline by cause, latency vs offset heatmap."),
     ) -> None:
         """Per-batch tail analysis: which cause holds each decode batch back, with evidence."""
-        from engramprof import attribution, batches, report
+        from engramprof.analysis import attribution, batches
         from engramprof.commands import validate
         from engramprof.extras import require_plot
+        from engramprof.report import batch_tail as report
         from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
 
         for flag, value in (("--slow-ms", slow_ms), ("--gap-ms", gap_ms), ("--normal-miss-us", normal_miss_us)):

@@ -43,9 +43,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Which rank gates each step; or a matched, stratified before/after comparison."""
         from engramprof import compare as cmp
-        from engramprof import report
         from engramprof.commands import validate
         from engramprof.extras import require_plot
+        from engramprof.report import batch_tail as report
 
         validate.non_negative("--clock-error-ms", clock_error_ms)
         validate.positive("--slow-ms", slow_ms)
@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
             if json_out:
                 sys.stdout.write(report.to_json(doc) + "\n")
             else:
-                from engramprof.compare import render
+                from engramprof.report import compare as render
 
                 render.before_after(doc)
             if not doc["matched"]:
@@ -79,14 +79,14 @@ def register(app: typer.Typer) -> None:
             report.check_plot_path(plot)
         doc, arrays = cmp.run_ranks(traces, markers, clock_error_ms=clock_error_ms, slow_ms=slow_ms, top=top)
         if plot is not None:
-            from engramprof.compare import render
+            from engramprof.report import compare as render
 
             render.plot(plot, doc, arrays)
             doc["plot"] = str(plot)
         if json_out:
             sys.stdout.write(report.to_json(doc) + "\n")
         else:
-            from engramprof.compare import render
+            from engramprof.report import compare as render
 
             render.ranks(doc)
             if plot is not None:

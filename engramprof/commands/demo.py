@@ -16,6 +16,6 @@ def register(app: typer.Typer) -> None:
         """Build a small Engram table, diagnose the 32-thread pool reader on it live, then the
         RWF_NOWAIT-first reader, and show the two side by side. Needs root; about a minute;
         removes everything it made."""
-        from engramprof import demo
+        from engramprof.lab import demo
 
         demo.run()

@@ -7,11 +7,10 @@ import threading
 from typing import Optional
 
 import typer
-
-from engramprof.commands.options import LAYOUT_HELP, use_layout
 from rich.console import Console
 
-from engramprof.commands.signals import install_stop_handlers
+from engramprof.commands.options import LAYOUT_HELP, use_layout
+from engramprof.host.signals import install_stop_handlers
 
 EPILOG = """Examples:
 
@@ -48,12 +47,12 @@ def register(app: typer.Typer) -> None:
         Records PID's read calls and memory / scheduling context for --duration seconds, then
         answers with a verdict, the evidence chain, what the data cannot prove, and the fix to try.
         """
-        from engramprof import batches, diagnose
+        from engramprof.analysis import batches, diagnose
         from engramprof.commands import validate
 
         use_layout(layout_file)
 
-        from engramprof.record.selection import Selection
+        from engramprof.target.selection import Selection
 
         for p in pid or ():
             validate.pid("--pid", p)

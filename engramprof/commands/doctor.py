@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from engramprof import doctor as doc
 from engramprof.errors import UserError
+from engramprof.host import doctor as doc
 
 _STYLE = {doc.PASS: "green", doc.INFO: "blue", doc.WARN: "yellow", doc.FAIL: "bold red"}
 

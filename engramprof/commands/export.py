@@ -42,8 +42,8 @@ def register(app: typer.Typer) -> None:
         from engramprof.errors import UserError
         from engramprof.export import options
         from engramprof.export.server import ExportSettings, run
-        from engramprof.record.selection import Selection
-        from engramprof.record.target import check_privileges, check_target
+        from engramprof.target.process import check_privileges, check_target
+        from engramprof.target.selection import Selection
 
         where = options.parse_listen(listen, allow_remote)
         labels = options.parse_labels(label)

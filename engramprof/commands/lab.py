@@ -12,11 +12,17 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
-from engramprof.commands.signals import events_on_signals, install_stop_handlers
 from engramprof.errors import UserError
+from engramprof.host.signals import events_on_signals, install_stop_handlers
 
 lab_app = typer.Typer(
     help="Built-in Engram-shaped workload: make a table on disk, read it like a model server.",
@@ -126,10 +132,9 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Read Engram rows like a model server: one batch of 2 jobs per layer per step."""
+    from engramprof.commands import validate
     from engramprof.lab import readers, workload
     from engramprof.markers import MarkerFileError
-
-    from engramprof.commands import validate
 
     if reader not in readers.READERS:
         raise UserError(f"--reader must be one of {', '.join(readers.READERS)}, not {reader!r}")
@@ -148,7 +153,7 @@ def run_cmd(
     if prefetch is not None and prefetch != "willneed":
         raise UserError(f"--prefetch must be willneed, not {prefetch!r}")
     validate.at_least("--prefetch-lead", prefetch_lead, 0)
-    from engramprof import layout
+    from engramprof.tables import safetensors as layout
 
     layout.load(table_path)  # not a safetensors table: one line, before the pid line
     rank_plans = _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, rank_cache, rank_join)
@@ -191,7 +196,7 @@ def run_cmd(
     if as_json:
         print(json.dumps(result))
         return
-    from engramprof.render import Col, fit_table
+    from engramprof.report.render import Col, fit_table
 
     con = Console()
     if "ranks" in result:
@@ -234,7 +239,7 @@ def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, ran
 
     def check_table(v):
         validate.existing_file("--rank-table", Path(v))
-        from engramprof import layout
+        from engramprof.tables import safetensors as layout
 
         layout.load(v)
 
@@ -254,7 +259,7 @@ def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, ran
 
 
 def _print_ranks(con: Console, result: dict) -> None:
-    from engramprof.render import Col, fit_table
+    from engramprof.report.render import Col, fit_table
 
     cols = [Col("rank"), Col("pid"), Col("reader", drop=2), Col("steps"), Col("preadv2 calls"),
             Col("EAGAIN", drop_if_zero=True, drop=3), Col("batch p50 ms"), Col("p99 ms")]

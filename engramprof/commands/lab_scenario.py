@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engramprof.commands.lab import lab_app
-from engramprof.commands.signals import install_stop_handlers
+from engramprof.host.signals import install_stop_handlers
 from engramprof.lab import scenarios as sc_mod
 
 SCENARIO_EPILOG = """Scenarios: python-scheduling, healthy, residency, reclaim, storage, dropper,

@@ -8,6 +8,6 @@ LAYOUT_HELP = ("A layout file (TOML) naming the tensor, row bytes and first row 
 def use_layout(path) -> None:
     """Register ``--layout FILE`` for this process (tensor / row of raw table files)."""
     if path is not None:
-        from engramprof import raw_layout
+        from engramprof.tables import raw as raw_layout
 
         raw_layout.use(path)

@@ -9,7 +9,6 @@ from typing import Optional
 import typer
 
 from engramprof.commands.options import LAYOUT_HELP, use_layout
-
 from engramprof.errors import UserError
 
 
@@ -30,8 +29,8 @@ def replay(
     allow_changed: bool = typer.Option(False, "--allow-changed", help="Replay a file that changed since the trace (size, header, first MiB, inode or mtime) with a warning instead of refusing."),
 ) -> None:
     """Component A/B of reader strategies on the trace's recorded files, offsets and sizes."""
-    from engramprof import replay as rp
     from engramprof.commands import validate
+    from engramprof.lab import replay as rp
 
     use_layout(layout_file)
 
@@ -63,7 +62,7 @@ def replay(
 def _print(res: dict) -> None:
     from rich.console import Console
 
-    from engramprof.render import Col, fit_table, say
+    from engramprof.report.render import Col, fit_table, say
 
     con = Console()  # the terminal's width; piped: COLUMNS, else 80
     rpb = res["rows_per_batch"]

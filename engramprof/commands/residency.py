@@ -8,7 +8,6 @@ from typing import List, Optional
 import typer
 
 from engramprof.commands.options import LAYOUT_HELP, use_layout
-
 from engramprof.errors import UserError
 
 
@@ -31,7 +30,7 @@ def residency(
     allow_changed: bool = typer.Option(False, "--allow-changed", help="With --rows: classify the rows of a file that changed since the trace, with a warning, instead of refusing."),
 ) -> None:
     """Non-perturbing page-cache residency per file / tensor (never reads a data page)."""
-    from engramprof import residency as res
+    from engramprof.host import residency as res
 
     use_layout(layout_file)
 
@@ -42,15 +41,16 @@ def residency(
     rows_summary = None
     file_list = [str(p) for p in (paths or [])]
     if rows is not None:
+        from engramprof.target import identity
         from engramprof.trace import load_bundle
-
-        from engramprof.record import identity
 
         trace = load_bundle(rows)
         traced = sorted(p for p in set(trace.calls["path"]) if p)
         checked = [p for p in traced if not file_list or p in {os.path.realpath(f) for f in file_list} | set(file_list)]
         id_notes = identity.verify(trace, checked, allow_changed)
-        rows_summary = res.classify_trace_rows(trace.calls, file_list or None, method)
+        from engramprof.analysis.trace_residency import classify_trace_rows
+
+        rows_summary = classify_trace_rows(trace.calls, file_list or None, method)
         rows_summary.notes[:0] = trace.notes + id_notes
         if not file_list:
             file_list = [f["path"] for f in rows_summary.files]
@@ -69,7 +69,7 @@ def residency(
 def _print(files, rows_summary, res) -> None:
     from rich.console import Console
 
-    from engramprof.render import Col, fit_table, say
+    from engramprof.report.render import Col, fit_table, say
 
     con = Console()  # the terminal's width; piped: COLUMNS, else 80
     if files:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engramprof.commands.signals import install_stop_handlers
+from engramprof.host.signals import install_stop_handlers
 
 
 def run_sample(
@@ -35,15 +35,15 @@ def run_sample(
 ) -> dict:
     """Sample until ``duration``, SIGINT/SIGTERM, ``stop_event`` or the exit of ``pid``.
 
-    ``selection`` (engramprof.record.selection.Selection: --pid repeated, --children, --cgroup,
+    ``selection`` (engramprof.target.selection.Selection: --pid repeated, --children, --cgroup,
     --file): its processes, found in /proc about once a second; the first one found is ``pid``
     (its cgroup, the live line), every one gets process and thread rows.
 
-    Returns the summary (see :func:`engramprof.samplers.summarize`); writes a TRACE bundle
+    Returns the summary (see :func:`engramprof.sampling.sampler.summarize`); writes a TRACE bundle
     with the sample series when ``output`` is given.
     """
     from engramprof.commands import validate
-    from engramprof.samplers import Sampler  # pandas: imported when sampling, not for --help
+    from engramprof.sampling.sampler import Sampler
 
     validate.pid("--pid", pid)
     validate.duration("--duration", duration)
@@ -263,7 +263,7 @@ def register(app: typer.Typer) -> None:
         selection = None
         if pid or children or cgroup or file:
             from engramprof.commands import validate
-            from engramprof.record.selection import Selection
+            from engramprof.target.selection import Selection
 
             for p in pid or ():
                 validate.pid("--pid", p)

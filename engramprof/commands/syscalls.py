@@ -6,13 +6,13 @@ import sys
 from typing import Optional
 
 import typer
-
-from engramprof.commands.options import LAYOUT_HELP, use_layout
 from rich.console import Console
 
-from engramprof import report_syscalls, tracepoints
-from engramprof.commands.signals import install_stop_handlers
+from engramprof.commands.options import LAYOUT_HELP, use_layout
 from engramprof.errors import UserError
+from engramprof.host import tracepoints
+from engramprof.host.signals import install_stop_handlers
+from engramprof.report import syscalls as report_syscalls
 
 EPILOG = """Examples:
 
@@ -54,16 +54,15 @@ def register(app: typer.Typer) -> None:
         Prints a line starting with `Tracing` on stderr once the probes are attached. Ends on
         Ctrl-C, SIGTERM, --duration or the exit of PID; the trace is complete in every case.
         """
-        from engramprof import syscalls as sc
         from engramprof.bpf import loader
-
         from engramprof.commands import validate
+        from engramprof.record import recorder as sc
 
         use_layout(layout_file)
 
         if hook not in ("auto", "raw", "tracepoint"):
             raise UserError(f"--hook must be auto, raw or tracepoint (got {hook!r})")
-        from engramprof.record.selection import Selection
+        from engramprof.target.selection import Selection
 
         for p in pid or ():
             validate.pid("--pid", p)

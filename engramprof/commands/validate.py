@@ -12,7 +12,7 @@ from engramprof.errors import UserError
 
 #: longest --duration any command accepts (leave --duration out to run until Ctrl-C)
 MAX_DURATION_S = 10 * 365 * 86400  # 10 years: what `lab scenario --keep-running` passes its reader
-#: the samplers' highest rate (engramprof.samplers.Sampler refuses more)
+#: the samplers' highest rate (engramprof.sampling.sampler.Sampler refuses more)
 MAX_SAMPLE_HZ = 1000.0
 #: the most pool threads a reader may start
 MAX_THREADS = 4096

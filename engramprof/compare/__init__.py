@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engramprof.compare import align, dataset, load, ranks, strata
 from engramprof.errors import UserError
 
 #: the exit status of an unmatched before/after comparison
@@ -17,16 +18,12 @@ EXIT_UNMATCHED = 3
 
 
 def _check_all(traces: list[Path], markers: list[Path | None]) -> None:
-    from engramprof.compare import dataset, load
-
     metas = [(str(t), load.read_meta(t)) for t in traces]
     load.check_same_format(metas)
     dataset.check_calls(traces, markers)  # pyarrow.dataset: row counts from the footers only
 
 
 def _load_all(traces: list[Path], markers: list[Path | None], slow_ms: float) -> list:
-    from engramprof.compare import load
-
     _check_all(traces, markers)
     return [load.load(t, m, slow_ms=slow_ms) for t, m in zip(traces, markers)]
 
@@ -36,8 +33,6 @@ def _rank_labels(traces: list[Path], groups: list[list], known: list[int | None]
     ``rank=K`` in a bundle's path (one rank per bundle), a process's own rank (a bundle of
     several processes: its process list or markers), else the position; positions for all when
     two would share a label."""
-    from engramprof.compare import load
-
     known = known or [None] * len(traces)
     labels, i = [], 0
     for t, group, k in zip(traces, groups, known):
@@ -51,8 +46,6 @@ def _rank_labels(traces: list[Path], groups: list[list], known: list[int | None]
 def _expand(traces: list[Path], markers: list[Path] | None, *, need_ranks: bool, flag: str) -> list:
     """TRACE arguments as bundles: a fleet directory (``host=H/rank=R/<bundle>``) as every bundle
     below it (engramprof.compare.dataset.expand)."""
-    from engramprof.compare import dataset
-
     fleet = dataset.expand(traces, need_ranks=need_ranks)
     roots = [b.root for b in fleet if b.root is not None]
     if markers and roots:
@@ -66,8 +59,6 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
               slow_ms: float = 4.0, top: int = 10) -> tuple[dict, dict]:
     """``compare --ranks``: (the JSON document, arrays for the plot).  A bundle of several
     processes is split by pid, one rank per process."""
-    from engramprof.compare import align, load, ranks
-
     if not traces:
         raise UserError("--ranks needs at least 2 traces (one per rank), or one trace of several processes")
     fleet = _expand(traces, markers, need_ranks=True, flag="--ranks")
@@ -120,8 +111,6 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
 def run_before_after(before: list[Path], after: list[Path], markers: list[Path] | None = None, *,
                      slow_ms: float = 4.0, resamples: int = 1000, seed: int = 0) -> dict:
     """``compare --before --after``: the JSON document (``matched`` false: exit 3)."""
-    from engramprof.compare import load, strata
-
     before = [b.path for b in _expand(before, markers, need_ranks=False, flag="--before/--after")]
     after = [b.path for b in _expand(after, markers, need_ranks=False, flag="--before/--after")]
     pairs = load.pair_markers(list(before) + list(after), markers)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engramprof.errors import UserError
+from engramprof.trace.reader import complete_parts
 
 #: a bundle is a directory holding this file
 BUNDLE_META = "meta.json"
@@ -178,7 +179,6 @@ def count_calls(trace: str | Path) -> int:
     try:
         return int(ds.dataset(files, format="parquet").count_rows())
     except Exception:  # a part cut short: load_bundle skips it with a note; count what reads
-        from engramprof.trace.reader import complete_parts
 
         return int(sum(h.metadata.num_rows for h in complete_parts(d)))
 

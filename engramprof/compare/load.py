@@ -21,9 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from engramprof.analysis import analyse
+from engramprof.analysis import batches as _batches
+from engramprof.analysis.processes import _process_facts, markers_of, process_ids
 from engramprof.compare.ranks import MS_COLS
 from engramprof.errors import UserError
-from engramprof.trace import EVENT_READ_COLUMNS
+from engramprof.markers import read_markers_df
+from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
+from engramprof.trace.reader import _read_meta
 
 #: a bundle may carry its batch markers as this file
 BUNDLE_MARKERS = "markers.jsonl"
@@ -84,8 +89,6 @@ def bundle_markers(trace: Path) -> Path | None:
 
 def read_meta(trace: str | Path) -> dict:
     """meta.json of a bundle with load_bundle's checks (no events read)."""
-    from engramprof.trace.reader import _read_meta
-
     p = Path(trace)
     if not p.exists():
         raise UserError(f"{p}: no such trace")
@@ -125,9 +128,6 @@ def read_markers(path: Path) -> tuple[pd.DataFrame, int]:
     """batch-tail's markers (start_ns, end_ns, tid; its checks and bad-line count) with the keys
     compare reads beside them, where the lines carry them: ``step`` (an integer step id),
     ``pid`` and ``rank`` (whose batch it is, in a bundle of several processes)."""
-    from engramprof import batches as _batches
-    from engramprof.markers import read_markers_df
-
     df, bad = _batches.read_markers(path)
     raw, _ = read_markers_df(path)  # the same lines, in the same order, as df's
     for key in ("step", "pid", "rank"):
@@ -166,9 +166,6 @@ def _extras(table: pd.DataFrame, calls: pd.DataFrame, mdf: pd.DataFrame | None) 
 
 def _analysed(trace: Path, markers: str | Path | None, slow_ms: float):
     """(trace, batch-tail's table and summary, the markers with compare's keys, their path)."""
-    from engramprof.analysis import analyse
-    from engramprof.trace import load_bundle
-
     mpath = Path(markers) if markers is not None else bundle_markers(trace)
     tr = load_bundle(trace, columns=SPLIT_COLUMNS, compact=True)
     mdf, bad = read_markers(mpath) if mpath is not None else (None, 0)
@@ -190,8 +187,6 @@ def _pid_from_tid(mdf: pd.DataFrame, tr) -> pd.DataFrame:
     every process; each line's ``tid`` (the submitting thread, which engramprof.markers writes)
     says whose batch it is: its pid is that thread's, from the events and the threads samples.
     Lines whose thread was never seen are left out, with a note."""
-    from engramprof.analysis.processes import process_ids
-
     if {"pid", "rank"} & set(mdf.columns) or "tid" not in mdf.columns or len(process_ids(tr.calls)) < 2:
         return mdf
     pairs = [tr.calls[["tid", "pid"]]]
@@ -246,8 +241,6 @@ def _single_pid(summary: dict, meta: dict) -> int | None:
 def _pid_rank(meta: dict, mdf: pd.DataFrame | None, pid: int) -> int | None:
     """A process's rank: from the bundle's process list, else from its markers (lines with both
     ``pid`` and ``rank``)."""
-    from engramprof.analysis.processes import _process_facts
-
     rank = _process_facts(meta, pid)[2]
     if isinstance(rank, int):
         return rank
@@ -264,8 +257,6 @@ def load_ranks(trace: str | Path, markers: str | Path | None = None, *, slow_ms:
     analysed as batch-tail analyses it -- each process on its own, with its own markers (lines
     whose ``pid`` or ``rank`` is its own; lines naming neither apply to every process) -- and
     split by pid into ranks."""
-    from engramprof.analysis.processes import markers_of
-
     trace = Path(trace)
     tr, table, summary, mdf, mpath = _analysed(trace, markers, slow_ms)
     procs = summary.get("processes") or []

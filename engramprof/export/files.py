@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from engramprof.record.selection import kernel_dev
+from engramprof.host.files import kernel_dev
 
 UNKNOWN = "unknown"
 

@@ -7,7 +7,11 @@ probe's MAX_FILES), ``kind`` (syscall, fault), ``cause`` (6), ``verdict`` (5), `
 """
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 from engramprof.analysis.verdicts import CAUSES, VERDICTS
 from engramprof.export.window import BATCH_BUCKETS

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engramprof import tracepoints as tp
-from engramprof.bpf import bios, layout, targets
+from engramprof.bpf import bios, targets
+from engramprof.bpf import structs as layout
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.loader import EVIDENCE_FEATURES, tracefs_unusable
+from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words
 from engramprof.errors import UserError
+from engramprof.host import tracepoints as tp
 
 PROBE_FILE = "export.bpf.c"
 READ_KINDS = ("syscall", "fault")  # READ_KIND_* of the probe, by code
@@ -42,7 +44,7 @@ STAT_FIELDS = ("reads", "bytes", "eagain", "misses", "pages_added", "bio_count",
 
 @dataclass
 class ExportProbeConfig:
-    selection: object  # engramprof.record.selection.Selection
+    selection: object  # engramprof.target.selection.Selection
     ring_pages: int = 4096  # 16 MiB: ~170k sample records between two drains (one a second)
     max_files: int = 1024
     syscall_hook: str = "auto"
@@ -110,8 +112,6 @@ class ExportProbe(LoadedBpf):
     lost_field = "sample_lost"
 
     def __init__(self, p: ExportPlan):
-        from engramprof.bpf.ringbuf import RingBufferReader
-
         BPF = import_bcc()
         self.plan = p
         text = program_text(p)

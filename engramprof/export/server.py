@@ -24,7 +24,7 @@ from engramprof.export.files import FileNames
 from engramprof.export.metrics import ExporterCollector
 from engramprof.export.options import Listen
 from engramprof.export.window import WindowAnalyser
-from engramprof.record.target import pid_state
+from engramprof.target.process import pid_state
 
 #: reads recorded per window for its analysis (the probe's sample budget): 96 bytes each in the ring,
 #: about 0.6 KiB each while the analysis runs (benchmarks/RESULTS.md "Exporter cost")

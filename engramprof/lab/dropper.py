@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from engramprof.host.cachestat import cachestat
 from engramprof.lab.helper_loop import HelperLoop
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -64,8 +65,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cached(fd: int) -> int:
     """The file's pages in the page cache now (cachestat(2); -1 where the kernel lacks it)."""
-    from engramprof.cachestat import cachestat
-
     try:
         return int(cachestat(fd).nr_cache)
     except OSError:

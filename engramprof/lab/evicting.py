@@ -13,7 +13,7 @@
   kernel's LRU keeps the table's often-read pages active): ``diagnose``'s ``evicted_by``
   names the streamer; the verdict may still be the pool's python-scheduling.
 
-Each is a :class:`~engramprof.lab.faults.Fault` (driven by engramprof.lab.scenarios).
+Each is a :class:`~engramprof.lab.impairments.Impairment` (driven by engramprof.lab.scenarios).
 """
 from __future__ import annotations
 
@@ -27,8 +27,15 @@ import threading
 from typing import TYPE_CHECKING
 
 from engramprof.lab import host
-from engramprof.lab.faults import DEFAULT_EVICT_MS, DEFAULT_MEMORY_MIB, Fault, ReclaimFault, Spec
+from engramprof.lab.helper_loop import PARENT_ENV
 from engramprof.lab.host import ScenarioError
+from engramprof.lab.impairments import (
+    DEFAULT_EVICT_MS,
+    DEFAULT_MEMORY_MIB,
+    Impairment,
+    ReclaimImpairment,
+    Spec,
+)
 
 if TYPE_CHECKING:
     from engramprof.lab.scenarios import Scenario
@@ -49,7 +56,6 @@ class _Helper:
 
     def __init__(self, cmd: list[str], procs: str | None = None):
         self.cmd = cmd
-        from engramprof.lab.helper_loop import PARENT_ENV
 
         env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -87,7 +93,7 @@ class _Helper:
                 continue
 
 
-class DropperFault(Fault):
+class DropperImpairment(Impairment):
     """A separate process drops the table from the page cache every ``evict_ms`` while a warm
     pool reader runs.  Evidence: the drops done, the dropper's pid and command line."""
 
@@ -139,14 +145,14 @@ class DropperFault(Fault):
         return super().teardown(sc)
 
 
-class BootStreamFault(ReclaimFault):
+class BootStreamImpairment(ReclaimImpairment):
     """The warm reader and a streaming process in one memory cgroup sized for the reader and
     its table: the stream's page cache pushes the table out (memcg reclaim in the streamer)."""
 
     spec = Spec("boot-stream", "pool", "warm",
                 "pool reader on a warm table; a second process in its memory cgroup streams a large file "
                 "through the page cache (a checkpoint at boot), evicting the table")
-    counters = ReclaimFault.counters + ("passes",)
+    counters = ReclaimImpairment.counters + ("passes",)
 
     def __init__(self, *, memory_mib: float = DEFAULT_MEMORY_MIB, **options):
         super().__init__(memory_mib=memory_mib, **options)
@@ -203,4 +209,4 @@ class BootStreamFault(ReclaimFault):
         return super().teardown(sc)
 
 
-EVICTING_FAULTS = (DropperFault, BootStreamFault)
+EVICTING_IMPAIRMENTS = (DropperImpairment, BootStreamImpairment)

@@ -6,8 +6,8 @@ when the environment does not allow it.
 """
 from __future__ import annotations
 
-import errno
 import ctypes
+import errno
 import os
 import re
 import shutil
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engramprof.errors import UserError
+from engramprof.host import residency
 
 CGROUP_PREFIX = "engramprof-"
 TMPFS_TYPES = {"tmpfs", "ramfs", "shm", "devtmpfs"}
@@ -294,8 +295,6 @@ def remove_workdir(workdir: str) -> tuple[list[str], list[str]]:
 def residency_fraction(path: str | os.PathLike) -> float | None:
     """Share of the file's pages in the page cache now (cachestat, else mincore; no reads)."""
     try:
-        from engramprof import residency
-
         return round(residency.file_residency(path).residency.fraction, 4)
     except Exception:
         return None

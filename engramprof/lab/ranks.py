@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engramprof.errors import UserError
+from engramprof.host.signals import events_on_signals
+from engramprof.lab import workload
 
 MAX_WORKERS = 64
 SUMMED = ("steps", "rows", "unique_rows", "distinct_rows", "calls", "eagain", "fallback_rows")  # distinct: a union
@@ -107,8 +109,6 @@ def _die_with_parent() -> None:
 def _rank_main(p: RankPlan, ready_w: int, result_w: int, stop: threading.Event, go: threading.Event,
                run_kwargs: dict, parent: int) -> int:
     """In the forked rank: join its cgroups, run the workload, send the summary."""
-    from engramprof.lab import workload
-
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before the line above
         return 1
@@ -162,8 +162,6 @@ class _Rank:
 
 def run_ranks(rank_plans: list[RankPlan], stop: threading.Event, go: threading.Event, run_kwargs: dict) -> dict:
     """Fork the ranks, pass signals on, wait for all; the combined summary."""
-    from engramprof.commands.signals import events_on_signals
-
     ranks: list[_Rank] = []
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # each rank starts with them blocked
     # the parent's signals, whichever of its threads the kernel gives them to (numpy's too)

@@ -1,4 +1,4 @@
-"""Fault-injection scenarios: the lab reader run under one real cause at a time.
+"""Impairment-injection scenarios: the lab reader run under one real cause at a time.
 
 Each scenario makes (or reuses) an Engram table, sets up one real kernel-level fault, starts
 the lab reader (``python -m engramprof lab run ...``) as a child process with its own pid,
@@ -13,7 +13,7 @@ and removes everything it made when it ends::
     # cgroups, loop device, mount, temporary table and directory are gone here
 
 The scenarios (see ``SCENARIOS``; each one's fault, with its own set-up, teardown and expected
-evidence, is a class in :mod:`engramprof.lab.faults`; the host pieces are in
+evidence, is a class in :mod:`engramprof.lab.impairments`; the host pieces are in
 :mod:`engramprof.lab.host`):
 
 - ``python-scheduling``: the 32-thread pool reader on a fully cached (warm) table.
@@ -55,11 +55,28 @@ from pathlib import Path
 from typing import Callable
 
 from engramprof.errors import UserError
-from engramprof.lab import host
-from engramprof.lab.faults import (DEFAULT_EVICT_MS, DEFAULT_IOPS, DEFAULT_MEMORY_MIB, FAULTS, SCENARIOS,  # noqa: F401
-                                   Fault, Spec)
-from engramprof.lab.host import (CGROUP_PREFIX, Cgroup, Hierarchy, ScenarioError, default_tmp_parent,  # noqa: F401
-                                 find_hierarchy, fs_type, loop_devices, mounts, residency_fraction)
+from engramprof.lab import host, table
+from engramprof.lab.catalog import IMPAIRMENTS, SCENARIOS
+from engramprof.lab.host import (  # noqa: F401
+    CGROUP_PREFIX,
+    Cgroup,
+    Hierarchy,
+    ScenarioError,
+    default_tmp_parent,
+    find_hierarchy,
+    fs_type,
+    loop_devices,
+    mounts,
+    residency_fraction,
+)
+from engramprof.lab.impairments import (
+    DEFAULT_EVICT_MS,
+    DEFAULT_IOPS,
+    DEFAULT_MEMORY_MIB,
+    Impairment,
+    Spec,
+)
+from engramprof.tables import safetensors as layout
 
 DEFAULT_ROWS = 1 << 18  # 2 layers x 262144 rows x 264 bytes = 132 MiB
 DEFAULT_DURATION = 30.0
@@ -294,7 +311,7 @@ class Scenario:
     cgroup, mount, loop device, temporary table and directory the scenario made.
 
     The fault itself (set-up, teardown, evidence) is ``fault``, one of
-    :data:`engramprof.lab.faults.FAULTS`.  ``log`` receives progress lines (``scenario: ...``)
+    :data:`engramprof.lab.catalog.IMPAIRMENTS`.  ``log`` receives progress lines (``scenario: ...``)
     and the reader's stderr lines; None keeps quiet (they are still collected in ``lines``).
     """
 
@@ -333,7 +350,7 @@ class Scenario:
         self.workers, self.faulty_rank = workers, faulty_rank
         self.healthy_table: str | None = None
         self.rank_pids: dict[int, int] = {}
-        self.fault: Fault = FAULTS[name](evict_ms=evict_ms, memory_mib=memory_mib, iops=iops)
+        self.fault: Impairment = IMPAIRMENTS[name](evict_ms=evict_ms, memory_mib=memory_mib, iops=iops)
         self.spec: Spec = self.fault.spec
         self.name = name
         self.reader = reader or self.spec.reader
@@ -503,8 +520,6 @@ class Scenario:
 
     def make_table(self, path: str) -> None:
         """Make a new table of ``rows`` rows at ``path`` (it becomes ``table_path``)."""
-        from engramprof.lab import table
-
         t0 = time.monotonic()
         table.make_table(path, self.rows, seed=self.seed)
         self.table_path = path
@@ -512,13 +527,9 @@ class Scenario:
 
     def _make_healthy_table(self) -> None:
         """The healthy ranks' own table (the fault acts on ``table_path``, the faulty rank's)."""
-        from engramprof.lab import table
-
         path = os.path.join(self.workdir, "healthy.safetensors")
         rows = self.rows
         if self.user_table is not None:
-            from engramprof import layout
-
             rows = min(t.rows for t in layout.load(self.user_table).tensors)
         table.make_table(path, rows, seed=self.seed + 1)
         self.healthy_table = path
@@ -526,8 +537,6 @@ class Scenario:
 
     def use_table(self, path: str) -> None:
         """Read an existing table at ``path`` (it becomes ``table_path``)."""
-        from engramprof import layout
-
         if not os.path.isfile(path):
             raise UserError(f"table {path}: no such file")
         layout.load(path)  # a one-line UserError if it is not a safetensors table
@@ -546,7 +555,7 @@ class Scenario:
         if self.workers:
             cmd += ["--workers", str(self.workers)]
         if self.faulty_rank is not None:
-            healthy = FAULTS["healthy"]().spec
+            healthy = IMPAIRMENTS["healthy"]().spec
             for r in range(self.workers):
                 if r != self.faulty_rank:
                     cmd += ["--rank-table", f"{r}:{self.healthy_table}", "--rank-reader", f"{r}:{healthy.reader}",

@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from engramprof import layout
 from engramprof.errors import UserError
+from engramprof.tables import safetensors as layout
 
 DEFAULT_ROWS = 1 << 19  # 2 layers x 524288 rows x (256 + 8) bytes = 264 MiB
 DEFAULT_DIM = 256

@@ -21,10 +21,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from engramprof import layout
 from engramprof.errors import UserError
 from engramprof.lab import readers, table
 from engramprof.markers import MarkerWriter
+from engramprof.tables import safetensors as layout
 
 VOCAB = 129_280
 WARM_CHUNK = 4 << 20

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from engramprof import trace
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 
 
 @dataclass

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from engramprof.fdmap import FdResolver
+from engramprof.host.fdmap import FdResolver
 from engramprof.record.decode import ReadBatch
 from engramprof.record.strings import Interner
+from engramprof.tables import safetensors as layout
 
 
 class FdPathEnricher:
@@ -47,7 +48,7 @@ class TensorEnricher:
         self.paths = paths
         self.tensors = tensors
         # headers(path) -> (header JSON bytes, file size) | None: the bytes the file-identity
-        # stage already read without touching the page cache (engramprof/record/identity.py);
+        # stage already read without touching the page cache (engramprof/target/identity.py);
         # without it the header is read from the file (a buffered read of its first pages)
         self.headers = headers
         self._layouts: dict[str, object] = {}
@@ -86,8 +87,6 @@ class TensorEnricher:
         lay = None
         if path:
             try:
-                from engramprof import layout
-
                 if self.headers is not None:
                     h = self.headers(path)
                     lay = layout.parse_header(path, h[0], h[1]) if h is not None else None

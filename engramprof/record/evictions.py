@@ -13,7 +13,7 @@ Followed as data:
    fadvise / write named.  A write context is ``drop-caches`` unless the fd, still open, names
    another file (then ``unknown``).
 
-:class:`EvictionRecorder` wires them to the loaded probe for engramprof/syscalls.py.  Lost
+:class:`EvictionRecorder` wires them to the loaded probe for engramprof/record/recorder.py.  Lost
 records (ring full) are ``evictions_lost`` rows (start_ns, end_ns, lost), as for the calls.
 """
 from __future__ import annotations
@@ -26,10 +26,12 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import evictions as eviction_probe
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
+from engramprof.host.files import dev_t, kernel_dev
 from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
-from engramprof.record.faults import dev_t, read_maps
+from engramprof.record.faults import read_maps
 from engramprof.record.strings import Interner
+from engramprof.sampling.procfs import find_cgroup
 
 SAMPLE = "evictions"
 LOST_SAMPLE = "evictions_lost"
@@ -46,10 +48,6 @@ def context_codes() -> dict[int, str]:
     """EVICT_<NAME> value -> context name (the header is the one definition)."""
     defs = layout.header_defines("EVICT_")
     return {v: CONTEXT_NAMES[k] for k, v in defs.items() if k in CONTEXT_NAMES}
-
-
-def kernel_dev(st_dev: int) -> int:
-    return dev_t(os.major(st_dev), os.minor(st_dev))
 
 
 def target_files(pid: int) -> list[tuple[int, int, str]]:
@@ -98,8 +96,6 @@ def _read_int(path: str) -> int:
 
 def memory_cgroup(pid: int) -> tuple[str, int, int]:
     """(relative path, limit bytes, usage bytes) of pid's memory cgroup; ("", -1, -1) unknown."""
-    from engramprof.sampling.procfs import find_cgroup
-
     info, _notes = find_cgroup(pid)
     if info.v1_memory:
         return (info.v1_rel or "/", _read_int(f"{info.v1_memory}/memory.limit_in_bytes"),

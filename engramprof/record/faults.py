@@ -14,7 +14,7 @@ Followed as data (the same pipeline as the syscall records, engramprof/record/__
 3. the shared :class:`~.enrich.TensorEnricher` (path + offset -> tensor, row) and
    :class:`~.columns.EventTableBuilder`.
 
-:class:`FaultRecorder` wires them to the loaded probe for engramprof/syscalls.py.
+:class:`FaultRecorder` wires them to the loaded probe for engramprof/record/recorder.py.
 """
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ import numpy as np
 import pyarrow as pa
 
 from engramprof.bpf import faults as fault_probe
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
+from engramprof.host.files import dev_t, file_identities
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import ReadBatch, WindowStart, syscall_names
-from engramprof.record.enrich import TensorEnricher
+from engramprof.record.enrich import PerPid, TensorEnricher
 from engramprof.record.strings import Interner
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -62,10 +63,6 @@ class FaultColumns:
     def __len__(self) -> int:
         return len(self.cols["ts_ns"])
 
-
-def dev_t(major: int, minor: int) -> int:
-    """The kernel's internal dev_t (MKDEV: major << 20 | minor), as the filemap tracepoints give it."""
-    return (major << 20) | minor
 
 
 def read_maps(pid: int) -> list[tuple[int, int, int, int, int, str]]:
@@ -201,8 +198,6 @@ class MappingPathEnricher:
         """overlayfs: a fault carries the layer file's inode (it owns the pages) while
         /proc/PID/maps names the overlay's; each mapped path's real file gets its name too
         (file_identities, once per path: an open, no page read)."""
-        from engramprof.record.selection import file_identities
-
         for (_dev, _ino), (path, stale) in list(self.files.items()):
             if not path or path in self._named:
                 continue
@@ -315,8 +310,6 @@ class FaultRecorder:
 
     def __init__(self, pid: int, tid: int, paths: Interner, tensors: Interner, use_pfu: bool = True,
                  selection=None, arm: bool = True):
-        from engramprof.record.enrich import PerPid
-
         self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=pid, tid=tid, use_pfu=use_pfu,
                                                                   selection=selection))
         self.pid = pid

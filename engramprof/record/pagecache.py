@@ -14,7 +14,7 @@
 Paths: kernel dev_t + inode -> path from the traced processes' open files and file mappings
 (read at start, again about every two seconds and whenever an unknown file appears).
 :class:`PagecacheRecorder` loads the probe, watches the files the targets have open or mapped,
-and feeds the tables to the recorder's sink (engramprof/syscalls.py).
+and feeds the tables to the recorder's sink (engramprof/record/recorder.py).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import pagecache as probe_mod
+from engramprof.host.files import kernel_dev
 from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -42,11 +43,6 @@ FADVISE_ADVICE = {0: "NORMAL", 1: "RANDOM", 2: "SEQUENTIAL", 3: "WILLNEED", 4: "
 MADVISE_ADVICE = {0: "NORMAL", 1: "RANDOM", 2: "SEQUENTIAL", 3: "WILLNEED", 4: "DONTNEED", 20: "COLD",
                   21: "PAGEOUT", 22: "POPULATE_READ"}
 _MAPS = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+(\S+)\s+([0-9a-f]+)\s+([0-9a-f]+):([0-9a-f]+)\s+(\d+)\s*(.*)$")
-
-
-def kernel_dev(st_dev: int) -> int:
-    """st_dev (user-space encoding) -> the kernel's dev_t as the tracepoints give it (major << 20 | minor)."""
-    return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
 class ProcessFiles:

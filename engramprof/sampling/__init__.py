@@ -1,1 +1,1 @@
-"""The samplers' parts: procfs parsers, sources, rows, summaries (engramprof/samplers.py runs them)."""
+"""The samplers' parts: procfs parsers, sources, rows, summaries (engramprof/sampling/sampler.py runs them)."""

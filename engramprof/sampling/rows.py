@@ -16,7 +16,14 @@ import pandas as pd
 import pyarrow as pa
 
 from engramprof.sampling.sources import Notes, Rel
-from engramprof.trace.schema import CGROUP_COUNTERS, CGROUP_GAUGES, SAMPLE_NAMES, SAMPLE_SCHEMAS, VMSTAT_COUNTERS, VMSTAT_DERIVED
+from engramprof.trace.schema import (
+    CGROUP_COUNTERS,
+    CGROUP_GAUGES,
+    SAMPLE_NAMES,
+    SAMPLE_SCHEMAS,
+    VMSTAT_COUNTERS,
+    VMSTAT_DERIVED,
+)
 
 # global (not cgroup-limit) reclaimers: pgscan_<who> counts only their reclaim, while
 # pgscan_anon/_file count every reclaimer, so the difference is the cgroup-limit reclaim

@@ -10,8 +10,19 @@ import re
 from typing import Callable, Iterable
 
 from engramprof.errors import UserError
-from engramprof.sampling.procfs import (CLK_TCK, PAGE_SIZE, CgroupInfo, FdCache, is_gone, parse_kv, parse_psi, parse_stat,
-                                        pick, read_file, status_int)
+from engramprof.sampling.procfs import (
+    CLK_TCK,
+    PAGE_SIZE,
+    CgroupInfo,
+    FdCache,
+    is_gone,
+    parse_kv,
+    parse_psi,
+    parse_stat,
+    pick,
+    read_file,
+    status_int,
+)
 from engramprof.trace.schema import PSI_RESOURCES, VMSTAT_COUNTERS
 
 # Older kernels (< 5.9) name the workingset counters without the _file suffix (anon+file).

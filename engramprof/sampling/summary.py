@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from engramprof.trace import load_bundle
 from engramprof.trace.schema import CGROUP_COUNTERS, SAMPLE_NAMES
 
 UNLIMITED = 1 << 62  # a cgroup limit at or above this is "no limit"
@@ -335,8 +336,6 @@ def interpret(s: Mapping) -> list[str]:
 
 def summarize_bundle(path: str | os.PathLike) -> dict:
     """:func:`summarize` applied to the sample series of a recorded TRACE."""
-    from engramprof.trace import load_bundle
-
     tr = load_bundle(path)
     frames = {n: tr.samples(n) for n in SAMPLE_NAMES}
     return summarize(frames, tr.meta.get("sampler") or {})

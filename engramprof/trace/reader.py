@@ -13,8 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engramprof.errors import UserError
-from engramprof.trace.schema import CONTRACT_COLUMNS, DICT_COLUMNS, EVENT_SCHEMA, FORMAT, FORMAT_VERSION, kind_categorical
-from engramprof.trace.schema import FAULT_DEFAULTS
+from engramprof.trace.schema import (
+    CONTRACT_COLUMNS,
+    DICT_COLUMNS,
+    EVENT_SCHEMA,
+    FAULT_DEFAULTS,
+    FORMAT,
+    FORMAT_VERSION,
+    kind_categorical,
+)
 
 
 def empty_calls() -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """Every table and column of a trace bundle, and the format version.
 
 This is the one list: the recorder writes these columns (engramprof/record), the samplers
-write the sample series (engramprof/samplers.py), and the analysis reads what
+write the sample series (engramprof/sampling/sampler.py), and the analysis reads what
 :data:`SAMPLE_READ_COLUMNS` and :data:`CONTRACT_COLUMNS` name.  A column added, removed or
 re-typed here is a format change: bump :data:`FORMAT_VERSION` and teach :func:`load_bundle`
 (engramprof/trace/reader.py) to read the older layout.
@@ -18,8 +18,8 @@ Format versions:
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pandas as pd
+import pyarrow as pa
 
 FORMAT = "engramprof-trace"
 FORMAT_VERSION = 3
@@ -371,7 +371,7 @@ TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
                            ("ns_lower", pa.int64()), ("count", pa.int64())],
     # the kernel's log2(ns) histogram of the target's bios, queue -> complete
     "bio_latency_log2": [("log2_slot", pa.int64()), ("ns_lower", pa.int64()), ("count", pa.int64())],
-    # every traced file's identity when first seen (engramprof/record/identity.py); replay and
+    # every traced file's identity when first seen (engramprof/target/identity.py); replay and
     # residency --rows refuse a file that differs now
     "files": [
         ("path", pa.string()),

@@ -29,11 +29,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engramprof.errors import UserError
-from engramprof.trace.schema import (DICT_COLUMNS, CALL_SCHEMA, EVENT_SCHEMA, FORMAT, FORMAT_VERSION, READ_KINDS, WRITE_SCHEMA,
-                                     kind_column)
-from engramprof.trace.schema import FAULT_FIELDS, with_fault_columns
 from engramprof.trace import clocks as _clocks
-
+from engramprof.trace.schema import (
+    CALL_SCHEMA,
+    DICT_COLUMNS,
+    EVENT_SCHEMA,
+    FAULT_FIELDS,
+    FORMAT,
+    FORMAT_VERSION,
+    READ_KINDS,
+    WRITE_SCHEMA,
+    kind_column,
+    with_fault_columns,
+)
 
 RESERVE_BYTES = 256 << 10  # room kept for the closing meta.json on a disk that fills up
 RESERVE_NAME = ".reserve"

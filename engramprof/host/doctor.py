@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from engramprof import tracepoints as tp
-from engramprof.cachestat import SYS_CACHESTAT, cachestat
+from engramprof.host import tracepoints as tp
+from engramprof.host.cachestat import SYS_CACHESTAT, cachestat
 
 PASS, INFO, WARN, FAIL = "pass", "info", "warn", "fail"
 STATUSES = (PASS, INFO, WARN, FAIL)
@@ -556,7 +556,7 @@ def run_bpf_selftest(timeout: float = SELFTEST_TIMEOUT_S) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        p = subprocess.run([sys.executable, "-c", "from engramprof.doctor import _selftest_main; _selftest_main()"],
+        p = subprocess.run([sys.executable, "-c", "from engramprof.host.doctor import _selftest_main; _selftest_main()"],
                            capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"load": {"ok": False, "error": f"self-test timed out after {timeout:.0f}s", "events": 0},
@@ -785,7 +785,7 @@ def run_checks(path: str | os.PathLike = ".", *,
                preadv: Callable[[int, int], int] | None = None) -> Report:
     """Run every check; each keyword replaces one input so tests can inject faults.
 
-    ``tracepoints`` maps tracepoint name -> required (default: engramprof.tracepoints.ALL,
+    ``tracepoints`` maps tracepoint name -> required (default: engramprof.host.tracepoints.ALL,
     required = REQUIRED); ``fault_tracepoints`` maps name -> (required, purpose) for the page-fault
     path (default FAULT_TRACEPOINTS).  ``bpf_probe`` replaces the BPF self-test child process and returns
     the dict :func:`bpf_selftest` returns.  ``cachestat_call(fd)`` and ``preadv(fd, size)``

@@ -31,19 +31,33 @@ import time
 import pyarrow as pa
 
 from engramprof import trace
+from engramprof.bpf import evictions as eviction_probe
+from engramprof.bpf import faults as fault_probe
 from engramprof.bpf import loader
-from engramprof.fdmap import FdResolver
+from engramprof.bpf import pagecache as pagecache_probe
+from engramprof.bpf import targets as target_maps
+from engramprof.host.fdmap import FdResolver
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, LostRecords, VmEventDecoder
 from engramprof.record.enrich import FdPaths, TensorEnricher
-from engramprof.record.offcpu import OffcpuRecorder
-from engramprof.record.identity import FileIdentities
+from engramprof.record.evictions import EvictionRecorder
+from engramprof.record.faults import FaultRecorder
 from engramprof.record.live import FileStat, LatencyHist, LiveAccount, LiveState  # noqa: F401 (re-exported)
-from engramprof.record.selection import Selection
+from engramprof.record.offcpu import OffcpuRecorder
+from engramprof.record.pagecache import PagecacheRecorder
 from engramprof.record.sink import TraceSink
 from engramprof.record.strings import Interner
 from engramprof.record.summary import RunFacts, summarize_run
-from engramprof.record.target import ExitWatch, check_privileges, check_target, cmdline, pid_state  # noqa: F401
+from engramprof.sampling.sampler import Sampler
+from engramprof.target.identity import FileIdentities
+from engramprof.target.process import (
+    ExitWatch,
+    check_privileges,
+    check_target,
+    cmdline,
+    pid_state,
+)
+from engramprof.target.selection import Selection
 
 DRAIN_S = 0.05
 FLUSH_S = 1.0
@@ -165,14 +179,11 @@ class SyscallTracer:
     def _start_faults(self) -> None:
         """The fault probe (engramprof/record/faults.py): when the kernel cannot trace faults,
         record syscalls only and say so."""
-        from engramprof.bpf import faults as fault_probe
-
         if not self.faults_wanted:
             return
         if not fault_probe.required_available():
             self.notes.append("page faults not traced: the kernel lacks filemap:mm_filemap_fault")
             return
-        from engramprof.record.faults import FaultRecorder
 
         use_pfu = self.fault_address
         if use_pfu and self.selection.files and not self.selection.selects_processes:
@@ -196,9 +207,6 @@ class SyscallTracer:
     def _start_pagecache(self) -> None:
         """The page-cache probe (engramprof/record/pagecache.py) is evidence for readahead and
         prefetch hints: if it cannot load, record without it and say so."""
-        from engramprof.bpf import pagecache as pagecache_probe
-        from engramprof.record.pagecache import PagecacheRecorder
-
         if not pagecache_probe.required_available():
             self.notes.append("page-cache insertions not traced: the kernel lacks filemap:mm_filemap_add_to_page_cache")
             return
@@ -259,14 +267,11 @@ class SyscallTracer:
     def _start_evictions(self) -> None:
         """The eviction probe is evidence for the miss causes: without it, say so (the analysis
         keeps the proportional refault estimate)."""
-        from engramprof.bpf import evictions as eviction_probe
-
         if not self.evictions_wanted:
             return
         if not eviction_probe.required_available():
             self.notes.append("evictions not traced: the kernel lacks filemap:mm_filemap_delete_from_page_cache")
             return
-        from engramprof.record.evictions import EvictionRecorder
 
         try:
             self.evictions = EvictionRecorder(self.selection, list(self.selection.pids), self.paths)
@@ -308,7 +313,7 @@ class SyscallTracer:
         if not self.sample_hz:
             return
         try:
-            from engramprof.samplers import Sampler
+            pass
         except ImportError:
             return
         s = self.selection
@@ -356,8 +361,6 @@ class SyscallTracer:
     def sync_targets(self) -> None:
         """New sub-groups of a v2 cgroup, the processes of a v1 cgroup, an overlay --file's copy-up:
         into every probe's maps."""
-        from engramprof.bpf import targets as target_maps
-
         s = self.selection
         if not target_maps.needs_sync(s):
             return

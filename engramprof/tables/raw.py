@@ -1,6 +1,6 @@
 """Raw table files: a layout file that says which tensor and rows a ``.bin`` file holds.
 
-Safetensors files describe themselves (engramprof.layout reads their header).  Many readers
+Safetensors files describe themselves (engramprof.tables.safetensors reads their header).  Many readers
 keep tables as raw files instead, one per tensor and shard: vLLM-style
 ``engram_v<vocab_start>_<vocab_end>_r<shard>.weight.bin`` (with a ``.scale.bin``), PLE
 ``<layer>.<param>.bin``, sglang ``ple_table_<dims>_<dtype>_<bytes>B.bin``.  A layout file,
@@ -16,7 +16,7 @@ row, and the first row id (for a shard holding a row range).  TOML::
 
 ``match`` is a regular expression searched in the file's absolute path; the first entry that
 matches wins.  Commands that take ``--layout FILE`` register it with :func:`use`; then
-:func:`engramprof.layout.load` answers for those files as for a safetensors file.  Nothing here
+:func:`engramprof.tables.safetensors.load` answers for those files as for a safetensors file.  Nothing here
 reads the table: the layout comes from the file's name and size.
 """
 from __future__ import annotations
@@ -118,16 +118,22 @@ def read(path: str | os.PathLike) -> list[RawRule]:
 
 _rules: list[RawRule] = []
 _lock = threading.Lock()
+_generation = 0
 
 
 def use(path: str | os.PathLike | None) -> None:
-    """Register a layout file for this process (None: none); engramprof.layout.load consults it."""
+    """Register a layout file for this process (None: none); engramprof.tables.safetensors.load consults it."""
     rules = read(path) if path is not None else []
+    global _generation
     with _lock:
         _rules[:] = rules
-    from engramprof import layout
+        _generation += 1
 
-    layout.forget_cached()
+
+def generation() -> int:
+    """How many times a layout file was registered: a cached layout of an older one is stale."""
+    with _lock:
+        return _generation
 
 
 def rule_for(path: str, size: int):

@@ -13,6 +13,15 @@ from engramprof.analysis.context import SAMPLE_COLUMNS  # noqa: F401
 from engramprof.analysis.events import CHUNK_CALLS  # noqa: F401
 from engramprof.analysis.summary import TAIL_PERCENTILE  # noqa: F401
 from engramprof.analysis.threads import SUBMITTER_COVERAGE  # noqa: F401
-from engramprof.analysis.verdicts import (CAUSES, DEFAULT_MEANINGFUL_SHARE, DEFAULT_SLOW_MS,  # noqa: F401
-                                          VERDICT_CAUSES, VERDICTS, col, is_slow, rank_causes, verdict_of)
-from engramprof.present import jsonable as _jsonable  # noqa: F401
+from engramprof.analysis.verdicts import (  # noqa: F401
+                                          CAUSES,
+                                          DEFAULT_MEANINGFUL_SHARE,
+                                          DEFAULT_SLOW_MS,
+                                          VERDICT_CAUSES,
+                                          VERDICTS,
+                                          col,
+                                          is_slow,
+                                          rank_causes,
+                                          verdict_of,
+)
+

@@ -7,7 +7,7 @@ time, context switches, CPU and fallbacks per arm.
 
 Method (the field report's corrected harness, not its first, invalid one):
 
-- Residency is classified with mincore (:func:`engramprof.residency.classify_rows`), never by
+- Residency is classified with mincore (:func:`engramprof.host.residency.classify_rows`), never by
   reading: a read-based classifier warms the very pages it classifies.
 - Every arm gets its own sample of rows with the requested resident/cold mix.  The rows of
   each file are split into page-disjoint partitions (stripes of pages, randomly interleaved),
@@ -45,8 +45,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from engramprof import residency
+from engramprof.analysis import batches as seg
+from engramprof.analysis.events import code_faults
 from engramprof.errors import UserError
+from engramprof.host import residency
+from engramprof.lab import readers
+from engramprof.lab.readers import Job
+from engramprof.tables import safetensors as layout
+from engramprof.target import identity
+from engramprof.trace import load_bundle
 
 DEFAULT_STRATEGIES = ("pool", "nowait", "serial")
 MMAP_ARMS = ("mmap", "mmap-pool")  # engramprof.lab.readers.MMAP_READERS: gathers through a mapping
@@ -100,10 +107,6 @@ class Shape:
 def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
                rows_per_batch: int | None, notes: list[str]) -> pd.DataFrame:
     """One line per distinct row per batch: batch, path, tensor, offset, size (trace order)."""
-    from engramprof import layout
-
-    from engramprof.analysis.events import code_faults
-
     calls = trace.calls
     keep = (calls["offset"] >= 0) & (calls["size"] > 0) & calls["path"].astype(str).ne("")
     code = code_faults(calls)  # page faults on the process's own code are not table rows
@@ -115,7 +118,6 @@ def _row_table(trace, markers: str | os.PathLike | None, gap_ms: float | None,
                         "known path) to replay")
     ts = df["ts_ns"].to_numpy(np.int64)
     end_ns = ts + np.maximum(df["dur_ns"].to_numpy(np.int64), 0)
-    from engramprof import batches as seg  # the segmentation batch-tail uses
 
     if rows_per_batch:
         df["batch"] = 0  # re-batched below from the distinct rows in trace order
@@ -183,8 +185,6 @@ class ReplayFile:
 def _open_files(rows: pd.DataFrame) -> dict[str, ReplayFile]:
     """Open every file of the trace; one UserError naming every file that moved, shrank or
     cannot be read."""
-    from engramprof.lab import readers
-
     ends = (rows["offset"] + rows["size"]).groupby(rows["path"]).max()
     problems, files = [], {}
     for path, need in ends.items():
@@ -488,8 +488,6 @@ def _warmup(reader, threads: int) -> None:
     Only the blocking pool is warmed this way (the process-wide executor that the pool and
     nowait arms share): a NOWAIT read of a memfd may be refused, and the nowait reader would
     then remember "unsupported" for the real files."""
-    from engramprof.lab.readers import Job
-
     fd = os.memfd_create("engramprof-replay-warmup", os.MFD_CLOEXEC)
     try:
         os.write(fd, b"\0" * 65536)
@@ -524,9 +522,6 @@ def replay(
     since the trace (its recorded identity, tables/files.parquet) is refused (UserError, exit 2)
     unless ``allow_changed``.
     """
-    from engramprof.lab import readers
-    from engramprof.trace import load_bundle
-
     strategies = list(dict.fromkeys(strategies))
     bad = [s for s in strategies if s not in readers.READERS]
     if not strategies or bad:
@@ -542,7 +537,6 @@ def replay(
     trace = load_bundle(trace_path)
     notes.extend(trace.notes)
     rows = _row_table(trace, markers, gap_ms, rows_per_batch, notes)
-    from engramprof.record import identity
 
     notes.extend(identity.verify(trace, sorted(set(rows["path"])), allow_changed))
     files = _open_files(rows)
@@ -639,8 +633,6 @@ def _write_back_dirty(files: dict[str, ReplayFile], notes: list[str]) -> None:
 
 def _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progress) -> dict[str, ArmResult]:
     """Every planned batch through its arm's reader, timed; returns the result per arm."""
-    from engramprof.lab import readers
-
     # destination buffers: one set per arm (separate destinations, reused across its batches:
     # a batch uses the leading rows), and one for the reference read
     most: dict[int, int] = {}
@@ -685,8 +677,6 @@ def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population
     POSIX_FADV_DONTNEED, and an mmap arm's mapping holds the pages it gathered (and, by
     fault-around, cached neighbours of other arms' rows), so the cold rows' pages are unmapped
     from every such mapping (MADV_DONTNEED: page-table entries only) before the eviction."""
-    from engramprof.lab import readers
-
     jobs = []
     for pi, offs, is_cold in pb.jobs:
         p = pops[pi]

@@ -8,7 +8,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from engramprof.render import Col, fit_table, shorten_left
+from engramprof.report.render import Col, fit_table, shorten_left
 
 
 def _fmt_us(v) -> str:

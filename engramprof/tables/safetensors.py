@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from engramprof.errors import UserError
+from engramprof.tables import raw as raw_layout
 
 MAX_HEADER = 100_000_000  # the limit the safetensors library enforces
 # bits per element of every safetensors dtype
@@ -172,9 +173,7 @@ def parse_header(path: str, raw: bytes, size: int) -> Layout:
 
 
 def _raw_layout(path: str, st: os.stat_result) -> Layout | None:
-    """A raw table file's layout from the registered layout file (engramprof.raw_layout), or None."""
-    from engramprof import raw_layout
-
+    """A raw table file's layout from the registered layout file (engramprof.tables.raw), or None."""
     hit = raw_layout.rule_for(path, st.st_size)
     if hit is None:
         return None
@@ -185,7 +184,7 @@ def _raw_layout(path: str, st: os.stat_result) -> Layout | None:
 
 
 def forget_cached() -> None:
-    """Drop every cached layout (a layout file was registered or replaced)."""
+    """Drop every cached layout (registering a layout file makes them stale by itself)."""
     with _cache_lock:
         _cache.clear()
 
@@ -224,13 +223,13 @@ _cache_lock = threading.Lock()
 
 def load(path: str | os.PathLike) -> Layout:
     """The validated layout of a safetensors file, or of a raw table file that a registered
-    layout file describes (engramprof.raw_layout); cached until the file changes."""
+    layout file describes (engramprof.tables.raw); cached until the file changes."""
     path = os.fspath(path)
     try:
         st = os.stat(path)
     except OSError as exc:
         raise UserError(f"{path}: {exc.strerror}") from None
-    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, raw_layout.generation())
     with _cache_lock:
         hit = _cache.get(path)
     if hit is not None and hit[0] == key:

@@ -1,49 +1,10 @@
-"""Presentation shared by every command: JSON shaping and the advice for each verdict.
+"""The advice for each verdict: the hint batch-tail prints, the fix diagnose recommends and how
+to confirm it, worded once so that two commands never word the same verdict differently.
 
-One JSON shaping (:func:`jsonable`, :func:`to_json`: numpy scalars to Python, NaN/inf to
-null, anything else unknown to its string) and one advice table (:data:`ADVICE`: for each
-verdict the one-line hint batch-tail prints, the fix diagnose recommends and how to confirm
-it), so that two commands never word the same verdict differently.
+The fix is part of the answer (it is in the JSON), so it is made here, in the analysis; the
+report layer only renders it.
 """
 from __future__ import annotations
-
-import json
-import math
-from typing import Any
-
-import numpy as np
-import pandas as pd
-
-
-def jsonable(v: Any) -> Any:
-    """``v`` with numpy / pandas values turned into JSON-safe Python ones (NaN -> None)."""
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if isinstance(v, np.ndarray):
-        return [jsonable(x) for x in v.tolist()]
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        return f if math.isfinite(f) else None
-    if isinstance(v, np.bool_):
-        return bool(v)
-    if v is None or isinstance(v, (str, int, bool)):
-        return v
-    try:
-        if pd.isna(v):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return str(v)
-
-
-def to_json(obj: Any, indent: int | None = 2) -> str:
-    """Strict JSON (no NaN / Infinity) of a summary document."""
-    return json.dumps(jsonable(obj), indent=indent, allow_nan=False)
-
 
 ADVICE = {
     "python-scheduling": {

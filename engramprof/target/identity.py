@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from engramprof.errors import UserError
+from engramprof.host import residency
 from engramprof.trace.schema import table_schema
 
 HEAD_BYTES = 1 << 20
@@ -83,8 +84,6 @@ def _read_direct(path: str, n: int) -> bytes:
 
 def _read_if_resident(path: str, n: int) -> bytes | None:
     """The first ``n`` bytes by a plain read, only when every page of them is already cached."""
-    from engramprof import residency
-
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         npages = max(1, (n + PAGE - 1) // PAGE)

@@ -44,12 +44,25 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from engramprof.errors import UserError
-from engramprof.sampling.procfs import CgroupInfo, FdCache, find_cgroup, parse_psi, parse_stat  # noqa: F401
+from engramprof.sampling.procfs import (  # noqa: F401
+    CgroupInfo,
+    FdCache,
+    find_cgroup,
+    parse_psi,
+    parse_stat,
+)
 from engramprof.sampling.rows import RECLAIMERS, RowRecorder
 from engramprof.sampling.sources import CgroupReader, Notes, SystemSources, TargetReader
 from engramprof.sampling.summary import interpret, summarize, summarize_bundle  # noqa: F401
-from engramprof.trace.schema import (CGROUP_COUNTERS, CGROUP_GAUGES, PSI_RESOURCES, SAMPLE_NAMES,  # noqa: F401
-                                     VMSTAT_COUNTERS, VMSTAT_DERIVED, sample_schema as schema)
+from engramprof.trace.schema import (  # noqa: F401
+    CGROUP_COUNTERS,
+    CGROUP_GAUGES,
+    PSI_RESOURCES,
+    SAMPLE_NAMES,
+    VMSTAT_COUNTERS,
+    VMSTAT_DERIVED,
+)
+from engramprof.trace.schema import sample_schema as schema
 
 FLUSH_MIN_ROWS = 64
 #: at most this many processes besides the first get process / thread rows (a large cgroup)

@@ -1,7 +1,7 @@
 """`engramprof diagnose`: record, analyse, and answer which cause holds the batches back.
 
 The recording is `engramprof syscalls` (calls + samples) for a window; the analysis is
-`batch-tail`'s per-batch time split (engramprof.attribution); on top of it this module adds
+`batch-tail`'s per-batch time split (engramprof.analysis.attribution); on top of it this module adds
 the residency of the hot rows as they are now (mincore / cachestat, never a read), and turns
 the numbers into the field report's evidence chain:
 
@@ -20,14 +20,16 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from engramprof import attribution
 from engramprof import trace as tracefmt
-from engramprof.analysis import prefetch, readahead
+from engramprof.analysis import attribution, batches, prefetch, readahead
+from engramprof.analysis.advice import advice, advice_for, miss_story  # noqa: F401  (advice: diagnose.advice)
 from engramprof.analysis.events import code_faults
 from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
-from engramprof.present import advice, jsonable  # noqa: F401  (jsonable: the command's JSON shaping)
-from engramprof.present import advice_for, miss_story
+from engramprof.host import residency
+from engramprof.jsonable import jsonable  # noqa: F401  (commands print diagnose.jsonable)
+from engramprof.record.recorder import SyscallTracer
+
 #: a second cause is named as runner-up from this share of batch time on
 RUNNER_UP_MIN_SHARE = 0.15
 #: most distinct rows whose residency is looked up now (the most read first)
@@ -53,8 +55,6 @@ def verdict_and_confidence(share: dict, meaningful: float) -> tuple[str, float, 
 
 def hot_row_residency(calls: pd.DataFrame, limit: int = HOT_ROWS) -> dict | None:
     """Resident share, now, of the most-read distinct rows of the trace (never reads a page)."""
-    from engramprof import residency
-
     if calls.empty:
         return None
     code = code_faults(calls)  # page faults on the process's own code are not table rows
@@ -235,8 +235,6 @@ def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> lis
 def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_summary: dict,
                   duration: float) -> dict:
     """The diagnosis of a recorded bundle (pure over the trace, plus residency now)."""
-    from engramprof import batches
-
     bundle = tracefmt.load_bundle(trace_dir)
     markers_df, bad = (None, 0)
     if markers:
@@ -337,8 +335,6 @@ def run(pid, duration: float = 20.0, markers: str | None = None, output: str | N
         offcpu: bool = True, fault_address: bool = True) -> dict:
     """Record the target (a pid or a Selection) for `duration` seconds, then diagnose.  `stop`
     (threading.Event) ends early; `offcpu` / `fault_address`: see SyscallTracer."""
-    from engramprof.syscalls import SyscallTracer
-
     if not duration > 0:
         raise UserError(f"the recording's duration must be > 0 s (got {duration})")
     if markers and not os.path.isfile(markers):
@@ -376,50 +372,3 @@ def run(pid, duration: float = 20.0, markers: str | None = None, output: str | N
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def render(console, d: dict) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    v = d["verdict"]
-    head = f"[bold]verdict: {v}[/bold] (confidence {d['confidence']:.2f}"
-    if d.get("verdict_share") is not None:
-        head += f", {d['verdict_share']:.0%} of batch time"
-    head += ")"
-    if d.get("runner_up"):
-        head += f"; runner-up: {d['runner_up']} ({d['runner_up_share']:.0%})"
-    console.print(head)
-    t = Table(title="evidence", title_justify="left", show_header=False, box=None)
-    t.add_column(justify="right", style="dim")
-    t.add_column(style="bold")
-    t.add_column()
-    for i, e in enumerate(d["evidence"], 1):
-        t.add_row(str(i), Text(e["step"]), Text(e["finding"]))
-    console.print(t)
-    from engramprof.report import process_table
-    process_table(console, d.get("processes"), d.get("slowest_process"))
-    console.print("[bold]what this cannot prove[/bold]")
-    # hanging indents: a wrapped line continues under its own text, not at column 0
-    limits = Table.grid(padding=(0, 1))
-    limits.add_column(justify="right")
-    limits.add_column()
-    for line in d["limits"]:
-        limits.add_row("  -", Text(line))
-    console.print(limits)
-    advice = Table.grid(padding=(0, 1))
-    advice.add_column(style="bold", no_wrap=True)
-    advice.add_column()
-    advice.add_row("fix to try:", Text(d["recommendation"]["fix"]))
-    advice.add_row("confirm with:", Text(d["recommendation"]["confirm"]))
-    console.print(advice)
-    if d.get("output"):
-        console.print(f"trace kept in {d['output']}", soft_wrap=True)
-    notes = Table.grid(padding=(0, 1))
-    notes.add_column(style="yellow", no_wrap=True)
-    notes.add_column()
-    for n in d["batch_tail"].get("notes", []):
-        notes.add_row("note:", Text(n))
-    if notes.row_count:
-        console.print(notes)
-    sys.stdout.flush()

@@ -1,7 +1,7 @@
 """The faults the lab scenarios inject: one object per scenario, each with its own set-up,
 teardown and expected evidence.
 
-A :class:`Fault` is driven by :class:`engramprof.lab.scenarios.Scenario` (the runner) in this
+A :class:`Impairment` is driven by :class:`engramprof.lab.scenarios.Scenario` (the runner) in this
 order::
 
     place_table(sc)     put the table where the fault needs it (default: the workdir)
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engramprof.lab import host
+from engramprof.lab import table as table_mod
 from engramprof.lab.host import Cgroup, ScenarioError
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class Spec:
     summary: str
 
 
-class Fault:
+class Impairment:
     """A scenario without an injected fault: the reader and the table's cache state alone."""
 
     spec: Spec
@@ -108,21 +109,21 @@ class Fault:
         return cg
 
 
-class PythonSchedulingFault(Fault):
+class PythonSchedulingImpairment(Impairment):
     """Nothing injected: the 32-thread pool's futures, wakeups and GIL on a cached table."""
 
     spec = Spec("python-scheduling", "pool", "warm",
                 "32-thread pool reader, fully cached table: the time goes to futures, wakeups and the GIL")
 
 
-class HealthyFault(Fault):
+class HealthyImpairment(Impairment):
     """Nothing injected, and a reader that does not hold its batches back: the control."""
 
     spec = Spec("healthy", "nowait", "warm",
                 "RWF_NOWAIT-first reader, fully cached table: nothing holds the batches back")
 
 
-class ResidencyFault(Fault):
+class ResidencyImpairment(Impairment):
     """A thread of this process (not the reader's) drops the table from the page cache with
     ``POSIX_FADV_DONTNEED`` every ``evict_ms``; fadvise never reads a page.  Evidence: the
     evictions done, the table mostly not resident."""
@@ -185,7 +186,7 @@ class ResidencyFault(Fault):
         return super().teardown(sc)
 
 
-class ReclaimFault(Fault):
+class ReclaimImpairment(Impairment):
     """The reader in a memory cgroup (v1 ``memory.limit_in_bytes``, v2 ``memory.max``) limited
     to its own non-file memory plus ``memory_mib`` of page cache, far below the table's working
     set.  The reader joins the group before it runs any code of its own; the limit is set when
@@ -338,7 +339,7 @@ class LoopFilesystem:
         return done, problems
 
 
-class StorageFault(Fault):
+class StorageImpairment(Impairment):
     """The table on a :class:`LoopFilesystem` whose reads are throttled to ``iops`` per second
     for the reader's blkio cgroup (v1 ``blkio.throttle.read_iops_device``, v2 ``io.max``
     ``riops``); the table is evicted before the run.  Evidence: the throttled reads the group
@@ -360,8 +361,6 @@ class StorageFault(Fault):
         return False  # the table lives on the loop filesystem, not in the workdir
 
     def place_table(self, sc: "Scenario") -> None:
-        from engramprof.lab import table as table_mod
-
         if sc.user_table is not None:
             sc.use_table(sc.user_table)
             need = os.path.getsize(sc.user_table)
@@ -429,10 +428,3 @@ class StorageFault(Fault):
         done, problems = super().teardown(sc)  # the cgroup first: nothing reads the device then
         d2, p2 = self.loop.remove()
         return done + d2, problems + p2
-
-
-from engramprof.lab.evicting import EVICTING_FAULTS  # noqa: E402  (dropper, boot-stream: they build on the above)
-
-FAULTS: dict[str, type[Fault]] = {cls.spec.name: cls for cls in (
-    PythonSchedulingFault, HealthyFault, ResidencyFault, ReclaimFault, StorageFault, *EVICTING_FAULTS)}
-SCENARIOS: dict[str, Spec] = {name: cls.spec for name, cls in FAULTS.items()}

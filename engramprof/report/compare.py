@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.text import Text
 
 from engramprof.analysis.verdicts import CAUSES
-from engramprof.render import Col, fit_table, say
-from engramprof.report import CAUSE_COLOURS, fmt_ms
+from engramprof.report.batch_tail import CAUSE_COLOURS, _open_new, fmt_ms
+from engramprof.report.render import Col, fit_table, say
 
 
 def _say(con: Console, text: str, style: str | None = None) -> None:
-    """A sentence at the console's width, broken between clauses (engramprof.render.say)."""
+    """A sentence at the console's width, broken between clauses (engramprof.report.render.say)."""
     say(con, Text(text, style=style or ""))
 
 
@@ -114,8 +114,6 @@ def plot(path: str | os.PathLike, doc: dict, arrays: dict, max_steps: int = 2000
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
-
-    from engramprof.report import _open_new
 
     att = arrays["att"]
     ex, top = att["rank_excess"], att["rank_top"]          # (S, N)

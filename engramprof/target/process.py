@@ -6,6 +6,7 @@ import select
 import shlex
 
 from engramprof.errors import UserError
+from engramprof.host import doctor
 
 
 def pid_state(pid: int) -> str | None:
@@ -28,8 +29,6 @@ def check_target(pid: int, tid: int = 0) -> None:
 
 def check_privileges() -> None:
     """One-line error unless this process may load and attach the probes (doctor's check)."""
-    from engramprof import doctor
-
     c = doctor.check_privileges()
     if c.status == doctor.FAIL:
         raise UserError(c.detail.split("; engramprof syscalls")[0] + ": tracing needs root or CAP_BPF + CAP_PERFMON",

@@ -18,16 +18,17 @@ import tempfile
 from rich.console import Console
 from rich.table import Table
 
+from engramprof.analysis import diagnose
 from engramprof.errors import UserError
+from engramprof.host import doctor
+from engramprof.lab.scenarios import Scenario
+from engramprof.lab.table import make_table
 
 DEMO_ROWS = 1 << 17  # 2 layers x 131072 rows x 264 bytes = 66 MiB
 DIAGNOSE_S = 10.0
 
 
 def _arm(console: Console, name: str, reader_label: str, table: str, workdir: str) -> dict:
-    from engramprof import diagnose
-    from engramprof.lab.scenarios import Scenario
-
     console.print(f"\n[bold]{reader_label}[/bold]: starting the lab reader ({name} scenario)...")
     with Scenario(name, table=table, duration=DIAGNOSE_S + 20, markers=os.path.join(workdir, f"{name}.jsonl"),
                   log=lambda m: None) as sc:
@@ -42,9 +43,6 @@ def _arm(console: Console, name: str, reader_label: str, table: str, workdir: st
 
 
 def run(console: Console | None = None) -> dict:
-    from engramprof import doctor
-    from engramprof.lab.table import make_table
-
     console = console or Console()
     console.print("[bold]engramprof demo[/bold]: is a slow Engram reader held back by the SSD, or by Python?")
     report = doctor.run_checks(".")

@@ -1,7 +1,7 @@
 """Rendering: rich tables, JSON, PNG plots (batch-tail's rendering lives here).
 
 Every number printed comes from the summary dict / batches DataFrame returned by
-:func:`engramprof.attribution.analyse`, which in turn come from trace columns.
+:func:`engramprof.analysis.attribution.analyse`, which in turn come from trace columns.
 """
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engramprof import present
+from engramprof.analysis import advice as present
 from engramprof.analysis.verdicts import CAUSES, col
 from engramprof.errors import UserError
-from engramprof.render import Col, fit_table
-from engramprof.render import say as render_say
+from engramprof.jsonable import to_json as _strict_json
+from engramprof.report.render import Col, fit_table
+from engramprof.report.render import say as render_say
 
 CAUSE_COLOURS = {
     "residency": "#d62728",
@@ -72,7 +73,7 @@ def _pct(v: float | None) -> str:
 
 def to_json(summary: dict) -> str:
     """The summary as strict JSON (no NaN/Infinity)."""
-    return present.to_json(summary)
+    return _strict_json(summary)
 
 
 # ---------------------------------------------------------------------------- tables --
