@@ -1,4 +1,4 @@
-"""The package's layers import in one direction (docs/package-layout.md draws them).
+"""The package's layers import in one direction (docs/layout.md draws them).
 
 Walks every module of ``engramprof`` with :mod:`ast` (nothing is imported) and fails on:
 
@@ -110,7 +110,7 @@ def test_every_module_has_a_layer(graph):
     mods, _ = graph
     rank = _rank()
     unplaced = sorted({_top(m) for m in mods} - set(rank))
-    assert not unplaced, f"place these in LAYERS (and docs/package-layout.md): {unplaced}"
+    assert not unplaced, f"place these in LAYERS (and docs/layout.md): {unplaced}"
 
 
 def test_no_import_goes_up(graph):

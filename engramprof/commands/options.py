@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 LAYOUT_HELP = ("A layout file (TOML) naming the tensor, row bytes and first row of raw table files "
-               "(.bin); safetensors files need none. See docs/layout.md.")
+               "(.bin); safetensors files need none. See docs/tables.md.")
 
 
 def use_layout(path) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from engramprof.errors import UserError
 from engramprof.host.cachestat import SYS_CACHESTAT, CacheStat, cachestat
-from engramprof.host.files import real_file
+from engramprof.host import files as host_files
 from engramprof.tables import safetensors as layout
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -208,7 +208,7 @@ def _layer_fd(path: str, fd: int, size: int) -> int:
     cachestat(2) of the overlay fd counts the overlay inode's own mapping, which never holds a
     page (docs/kernel.md); mincore through a mapping of it does see the layer's pages.  Kept
     as is when the layer file is not found or does not look like the same file."""
-    real = real_file(path)
+    real = host_files.real_file(path)
     if not real:
         return fd
     try:

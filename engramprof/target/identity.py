@@ -45,7 +45,11 @@ FILES_SCHEMA = table_schema("files")  # the columns: engramprof/trace/schema.py 
 
 
 @dataclass
-class FileIdentity:
+class FileFingerprint:
+    """A traced file as the bundle records it (its ``files`` row): where it was, its device and
+    inode (user-space st_dev), size, mtime and a hash of its header and first bytes, so that a
+    later analysis can tell whether the file it reads is still the file that was traced."""
+
     path: str
     dev: int
     ino: int
@@ -111,7 +115,7 @@ def read_start(path: str, n: int) -> tuple[bytes | None, str]:
     return data, "resident pages"
 
 
-def identify(path: str, open_path: str | None = None, seen_ns: int | None = None) -> FileIdentity | None:
+def identify(path: str, open_path: str | None = None, seen_ns: int | None = None) -> FileFingerprint | None:
     """The identity of ``path`` (read through ``open_path``, e.g. /proc/PID/fd/N, when given:
     the file the target has open, even if the path was replaced since); None if not a
     regular file."""
@@ -122,7 +126,7 @@ def identify(path: str, open_path: str | None = None, seen_ns: int | None = None
         return None
     if not stat_mod.S_ISREG(st.st_mode):
         return None
-    ident = FileIdentity(path=path, dev=st.st_dev, ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns,
+    ident = FileFingerprint(path=path, dev=st.st_dev, ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns,
                          first_seen_ns=seen_ns if seen_ns is not None else time.monotonic_ns())
     head_n = min(st.st_size, HEAD_BYTES)
     data, ident.method = read_start(src, head_n) if head_n else (b"", "empty")
@@ -158,7 +162,7 @@ class FileIdentities:
         self.pid = pid
         self.paths = paths  # the Interner of path codes
         self.proc_root = proc_root
-        self.by_path: dict[str, FileIdentity | None] = {}
+        self.by_path: dict[str, FileFingerprint | None] = {}
         self.changed = False
 
     def enrich(self, batch) -> None:
