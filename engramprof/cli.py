@@ -14,20 +14,27 @@ from engramprof.commands import (batch_tail, compare, demo, diagnose, doctor, ex
                                  residency, sample, syscalls)
 from engramprof.errors import UserError
 
+#: ``-h`` as well as ``--help``, on every command (sub-commands' contexts inherit it; lab_app sets it too)
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     name="engramprof",
     help=(
         "Tell, with evidence, which of page-cache residency, memory reclaim, storage service "
-        "or Python scheduling holds back a table-on-disk reader's decode batches."
+        "or Python scheduling holds back a table-on-disk reader's decode batches.\n\n"
+        "On call: run `engramprof doctor`, then `engramprof diagnose -p PID`, then follow "
+        "playbooks/decode-steps-slow.md."
     ),
+    context_settings=CONTEXT_SETTINGS,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
-#: registration order: ``lab_scenario`` adds its command to the ``lab`` group
-COMMAND_MODULES = (doctor, lab, lab_scenario, syscalls, sample, batch_tail, residency, replay, diagnose, compare, export,
-                   demo)
+#: registration order (the order of the root --help, diagnose first: what an on-call user
+#: runs); ``lab_scenario`` adds its command to the ``lab`` group
+COMMAND_MODULES = (diagnose, doctor, syscalls, sample, batch_tail, residency, replay, compare, export, demo, lab,
+                   lab_scenario)
 
 for _mod in COMMAND_MODULES:
     _mod.register(app)
@@ -50,6 +57,41 @@ def _unwrap_help(typer_app: typer.Typer) -> None:
 
 
 _unwrap_help(app)
+
+
+def _conventional_help() -> None:
+    """--help as bcc / perf / py-spy users read it: an option's value is named by its metavar
+    (``PID``, ``SECONDS``; set on each option), a flag shows none (typer would print
+    ``<bool>``), an argument is named once, by its metavar (not again as ``<str>``), and the
+    usage line shows a required argument bare (``TRACE``, not ``{TRACE}``).  typer has no
+    setting for these; each patch is skipped where its typer lacks the method."""
+    from typer import core
+
+    opt, arg = getattr(core, "TyperOption", None), getattr(core, "TyperArgument", None)
+    if opt is not None and hasattr(opt, "display_type_rich"):
+        opt_type = opt.display_type_rich
+
+        def option_type(self, ctx):
+            return None if self.is_flag or self.count else opt_type(self, ctx)
+
+        opt.display_type_rich = option_type
+    if arg is not None and hasattr(arg, "display_type_rich"):
+        arg_type = arg.display_type_rich
+
+        def argument_type(self, ctx):
+            return None if self.metavar is not None else arg_type(self, ctx)
+
+        arg.display_type_rich = argument_type
+    if arg is not None and hasattr(arg, "_usage_display_name"):
+        def usage_name(self):
+            name = self.metavar if self.metavar is not None else self.name.upper()
+            name = name if self.required else f"[{name}]"
+            return name + ("..." if self.nargs != 1 else "")
+
+        arg._usage_display_name = usage_name
+
+
+_conventional_help()
 
 
 def _print_version(value: bool) -> None:

@@ -20,6 +20,7 @@ from engramprof.errors import UserError
 
 lab_app = typer.Typer(
     help="Built-in Engram-shaped workload: make a table on disk, read it like a model server.",
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
 )
 
