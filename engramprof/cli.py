@@ -86,7 +86,7 @@ def _conventional_help() -> None:
         def usage_name(self):
             name = self.metavar if self.metavar is not None else self.name.upper()
             name = name if self.required else f"[{name}]"
-            return name + ("..." if self.nargs != 1 else "")
+            return name + ("..." if self.nargs != 1 and not name.endswith("...") else "")
 
         arg._usage_display_name = usage_name
 

@@ -53,9 +53,9 @@ def register(app: typer.Typer) -> None:
     def doctor(
         json_out: bool = typer.Option(False, "--json", help='Print {"ok": bool, "read_paths": [..], "checks": [{name, status, detail, fix}]}.'),
         path: Path = typer.Option(
-            Path("."), "--path",
+            Path("."), "--path", metavar="DIR", show_default="current directory",
             help="Directory on the tables' filesystem: RWF_NOWAIT and cachestat are tried on a temporary "
-                 "file of the doctor's own there (default: current directory)."),
+                 "file of the doctor's own there."),
     ) -> None:
         """Can this machine trace? One row per check with a fix; exit 0 only when `syscalls` can run."""
         if not path.exists():

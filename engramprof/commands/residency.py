@@ -21,12 +21,12 @@ def _pct(resident: int, pages: int) -> str:
 
 
 def residency(
-    paths: Optional[List[str]] = typer.Argument(None, help="Files to report on (not read: cachestat/mincore only)."),
+    paths: Optional[List[str]] = typer.Argument(None, metavar="PATH...", help="Files to report on (not read: cachestat/mincore only)."),
     tensors: bool = typer.Option(False, "--tensors", help="Also per safetensors tensor."),
-    ranges: int = typer.Option(0, "--ranges", min=0, help="Also per N row ranges of each tensor (implies --tensors)."),
-    rows: Optional[str] = typer.Option(None, "--rows", help="Classify the distinct rows a TRACE read as resident / partly / cold."),
-    method: str = typer.Option("auto", "--method", help="auto (cachestat, else mincore) | cachestat | mincore."),
-    layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
+    ranges: int = typer.Option(0, "--ranges", metavar="N", help="Also per N row ranges of each tensor (implies --tensors)."),
+    rows: Optional[str] = typer.Option(None, "--rows", metavar="TRACE", help="Classify the distinct rows a TRACE read as resident / partly / cold."),
+    method: str = typer.Option("auto", "--method", metavar="METHOD", help="auto (cachestat, else mincore) | cachestat | mincore."),
+    layout_file: Optional[str] = typer.Option(None, "--layout", metavar="FILE", help=LAYOUT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     allow_changed: bool = typer.Option(False, "--allow-changed", help="With --rows: classify the rows of a file that changed since the trace, with a warning, instead of refusing."),
 ) -> None:

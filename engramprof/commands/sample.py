@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from engramprof.commands.options import duration_option, output_option, pid_option
 from engramprof.commands.signals import install_stop_handlers
 
 
@@ -250,14 +251,14 @@ def register(app: typer.Typer) -> None:
         "No eBPF needed. Page: docs/commands/sample.md"
     ))
     def sample(
-        pid: Optional[list[int]] = typer.Option(None, "--pid", help="Target process: its cgroup, process and per-thread counters too; repeat for several."),
+        pid: Optional[list[int]] = pid_option("Target process: its cgroup, process and per-thread counters too; repeat for several."),
         children: bool = typer.Option(False, "--children", help="Also every descendant of --pid (found in /proc about once a second)."),
-        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2 or v1); repeatable."),
-        file: Optional[list[str]] = typer.Option(None, "--file", help="The processes that have this file (a directory: any regular file under it) open or mapped; repeatable. With --pid / --cgroup: those of them."),
-        duration: Optional[float] = typer.Option(None, "--duration", help="Seconds to sample (default: until Ctrl-C or the target exits)."),
-        sample_hz: float = typer.Option(10.0, "--sample-hz", help="Sampling rate."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", metavar="CGROUP", help="Every process in this cgroup directory and its sub-groups (v2 or v1); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", metavar="PATH", help="The processes that have this file (a directory: any regular file under it) open or mapped; repeatable. With --pid / --cgroup: those of them."),
+        duration: Optional[float] = duration_option(None, "Seconds to sample (default: until Ctrl-C or the target exits)."),
+        sample_hz: float = typer.Option(10.0, "--sample-hz", metavar="HZ", help="Sampling rate."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-        output: Optional[Path] = typer.Option(None, "--output", help="Write the sample series to this TRACE bundle (a new directory)."),
+        output: Optional[Path] = output_option("Write the sample series to this TRACE bundle (a new directory)."),
     ) -> None:
         """Sample PSI, reclaim/refault counters, kswapd, the target's memory cgroup and threads (no eBPF)."""
         selection = None
