@@ -123,6 +123,28 @@ def usage_line(exc) -> str:
 PROG = "engramprof"
 
 
+def _number_line(exc) -> str | None:
+    """A value that does not parse as the number an option takes (``--duration abc``), in
+    the words of every other bad number (engramprof.commands.validate.bad_number); None for
+    any other usage error."""
+    from engramprof.commands.validate import bad_number
+
+    cause, param = getattr(exc, "__cause__", None), getattr(exc, "param", None)
+    errors = getattr(cause, "errors", None)
+    if param is None or not callable(errors):
+        return None
+    try:
+        err = errors()[0]
+    except Exception:  # not pydantic's ValidationError
+        return None
+    kind = str(err.get("type", ""))
+    what = "an integer" if kind.startswith("int_") else "a number" if kind.startswith("float_") else None
+    if what is None:
+        return None
+    flag = max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0] if param.opts else "")
+    return f"{PROG}: {bad_number(flag or param.name, what, str(err.get('input')))}"
+
+
 def main() -> None:
     from typer import exceptions as typer_exc
     from typer._click import exceptions as click_exc  # typer's own click
@@ -139,7 +161,7 @@ def main() -> None:
     except click_exc.NoArgsIsHelpError:  # `engramprof lab`: typer printed the help, as before
         sys.exit(2)
     except click_exc.UsageError as exc:
-        print(usage_line(exc), file=sys.stderr)
+        print(_number_line(exc) or usage_line(exc), file=sys.stderr)
         sys.exit(2)
     except click_exc.ClickException as exc:
         print(f"{PROG}: {' '.join(exc.format_message().split())}", file=sys.stderr)

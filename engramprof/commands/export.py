@@ -49,8 +49,9 @@ def register(app: typer.Typer) -> None:
         labels = options.parse_labels(label)
         if hook not in ("auto", "raw", "tracepoint"):
             raise UserError(f"--hook {hook}: expected auto, raw or tracepoint", code=2)
-        if window_sample < 1:
-            raise UserError(f"--window-sample {window_sample}: must be at least 1", code=2)
+        from engramprof.commands import validate
+
+        validate.at_least("--window-sample", window_sample, 1)
         for p in pid or ():
             check_target(p)  # a pid that exits later is waited for; one that does not exist now is a typo
         check_privileges()

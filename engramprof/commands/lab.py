@@ -70,7 +70,7 @@ def make_table_cmd(
 
     validate.at_least("--rows", rows, 1)
     if dim < table.SCALE_BLOCK or dim % table.SCALE_BLOCK:
-        raise UserError(f"--dim must be a positive multiple of {table.SCALE_BLOCK} (got {dim})")
+        raise validate.bad_number("--dim", f"a positive multiple of {table.SCALE_BLOCK}", dim)
     layer_list = _parse_layers(layers)
     if not layer_list or len(set(layer_list)) != len(layer_list) or min(layer_list) < 0:
         raise UserError(f"--layers must be distinct non-negative integers, e.g. 3,17 (got {layers!r})")
@@ -223,9 +223,7 @@ def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, ran
         if given:
             raise UserError(f"{given[0]} needs --workers")
         return None
-    validate.at_least("--workers", workers, 1)
-    if workers > ranks.MAX_WORKERS:
-        raise UserError(f"--workers must be at most {ranks.MAX_WORKERS} (got {workers})")
+    validate.at_least("--workers", workers, 1, ranks.MAX_WORKERS)
 
     def check_reader(v):
         if v not in readers.READERS:

@@ -88,6 +88,9 @@ def scenario_cmd(
     validate.at_least("--iops", iops, 1)
     validate.seed("--seed", seed)
     validate.threads("--threads", threads)
+    from engramprof.lab.ranks import MAX_WORKERS
+
+    validate.at_least("--workers", workers, 0, MAX_WORKERS)
     validate.existing_file("--table", table)
     if markers is not None:
         validate.new_or_regular_file("--markers", markers)

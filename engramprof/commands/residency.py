@@ -35,6 +35,9 @@ def residency(
 
     use_layout(layout_file)
 
+    from engramprof.commands import validate
+
+    validate.at_least("--ranges", ranges, 0)
     if not paths and rows is None:
         raise UserError("give at least one PATH, or --rows TRACE")
     if method not in res.METHODS:

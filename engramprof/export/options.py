@@ -67,7 +67,9 @@ def parse_labels(items) -> dict[str, str]:
 
 def check_window(window: float) -> float:
     if not (isinstance(window, (int, float)) and math.isfinite(window) and window >= 1):
-        raise UserError(f"--window {window}: must be at least 1 second", code=2)
+        from engramprof.commands.validate import bad_number
+
+        raise bad_number("--window", "a number of seconds >= 1", window)
     return float(window)
 
 
