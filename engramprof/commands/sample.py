@@ -45,6 +45,7 @@ def run_sample(
     """
     from engramprof.commands import validate
     from engramprof.samplers import Sampler  # pandas: imported when sampling, not for --help
+    from engramprof.trace.writer import END_DURATION, END_SIGNAL, END_TARGET_EXIT
 
     validate.pid("--pid", pid)
     validate.duration("--duration", duration)
@@ -72,10 +73,10 @@ def run_sample(
         writer = TraceWriter(output, meta={"command": "sample", "argv": sys.argv, "pid": pid, "sample_hz": hz,
                                            **(selection.meta() if selection is not None else {})})
     stop = stop_event or threading.Event()
-    reason = {"why": "duration"}
+    reason = {"why": END_DURATION, "signal": None}
 
     def on_signal(signum, _frame):
-        reason["why"] = signal.Signals(signum).name
+        reason["why"], reason["signal"] = END_SIGNAL, signal.Signals(signum).name
         stop.set()
 
     restore_signals = install_stop_handlers(on_signal)
@@ -102,7 +103,7 @@ def run_sample(
                 # file selects whoever comes: until the duration or a signal
                 if sampler.target_exited.is_set() and (follow is None or (
                         selection.ends_with_targets and not sampler.followed)):
-                    reason["why"] = "target exited"
+                    reason["why"] = END_TARGET_EXIT
                     break
                 if status is not None:
                     status.update(sampler.status_line())
@@ -116,8 +117,8 @@ def run_sample(
             writer.close(end_reason=reason["why"])
     summary = sampler.summary()
     summary["end_reason"] = reason["why"]
-    if reason["why"] in ("SIGINT", "SIGTERM"):
-        summary["notes"].append(f"ended by {reason['why']}: output covers the window sampled so far")
+    if reason["why"] == END_SIGNAL:
+        summary["notes"].append(f"ended by {reason['signal']}: output covers the window sampled so far")
     if writer is not None:
         summary["output"] = str(output)
     return summary

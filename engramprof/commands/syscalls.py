@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
         """
         from engramprof import syscalls as sc
         from engramprof.bpf import loader
+        from engramprof.trace.writer import END_SIGNAL
 
         from engramprof.commands import validate
 
@@ -91,7 +92,7 @@ def register(app: typer.Typer) -> None:
                                   fault_address=not no_fault_address)
 
         def on_signal(signum, _frame):
-            tracer.end_reason = "signal"
+            tracer.end_reason = END_SIGNAL
             tracer.stop.set()
 
         restore_signals = install_stop_handlers(on_signal)

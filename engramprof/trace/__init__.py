@@ -31,7 +31,7 @@ from engramprof.trace.schema import (CALL_SCHEMA, CGROUP_COUNTERS, CGROUP_GAUGES
                                      check_record_columns, fd_latency_table, kswapd_events_table, lost_records_table, sample_schema,
                                      table_schema)
 from engramprof.trace.schema import FAULT_DEFAULTS, FAULT_FIELDS, fault_default_column, with_fault_columns
-from engramprof.trace.writer import TraceWriter
+from engramprof.trace.writer import END_DURATION, END_REASONS, END_SIGNAL, END_TARGET_EXIT, TraceWriter  # noqa: F401
 
 __all__ = [
     "CALL_SCHEMA", "CGROUP_COUNTERS", "CGROUP_GAUGES", "CONTRACT_COLUMNS", "DICT_COLUMNS", "ENRICHED_COLUMNS", "EVENT_READ_COLUMNS",
