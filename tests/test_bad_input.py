@@ -86,6 +86,7 @@ def inputs(tmp_path_factory):
     w = TraceWriter(d / "trace")
     w.append_calls(df)
     w.close()
+    TraceWriter(d / "nocalls").close()  # a bundle whose target never read
     (d / "garbage.json").write_text("{not json")
     (d / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (d / "empty").write_text("")
@@ -236,6 +237,9 @@ FILES = [
     (["residency", "--rows", "{d}/nope"], ["no such trace"]),
     (["residency", "--rows", "{d}/garbage.parquet"], ["not a trace"]),
     (["doctor", "--path", "{d}/nope"], ["no such file"]),
+    (["doctor", "--path", "{table}"], ["--path", "not a directory"]),  # a regular file: no mount to test
+    (["residency", "--rows", "{d}/nocalls"], ["--rows", "no calls"]),  # as batch-tail: exit 2, not an empty table
+    (["batch-tail", "{d}/nocalls"], ["no calls"]),
     (["lab", "run", "--table", "{d}/nope"], ["no such file"]),
     (["lab", "run", "--table", "{d}/adir"], ["is a directory"]),
     (["lab", "run", "--table", "{d}/garbage.json"], []),

@@ -50,6 +50,9 @@ def residency(
         from engramprof.record import identity
 
         trace = load_bundle(rows)
+        if not len(trace.calls):  # as batch-tail: nothing to classify is an error, not an empty table
+            raise UserError(f"--rows {rows}: the trace has no calls: no rows to classify (was the target reading "
+                            "while traced?)")
         traced = sorted(p for p in set(trace.calls["path"]) if p)
         checked = [p for p in traced if not file_list or p in {os.path.realpath(f) for f in file_list} | set(file_list)]
         id_notes = identity.verify(trace, checked, allow_changed)
