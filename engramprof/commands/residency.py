@@ -12,6 +12,10 @@ from engramprof.commands.options import LAYOUT_HELP, use_layout
 from engramprof.errors import UserError
 
 
+#: --ranges rows printed per tensor unless --ranges-shown says otherwise (--json has them all)
+RANGES_SHOWN = 16
+
+
 def _fmt(v) -> str:
     return "-" if v is None else f"{v:,}"
 
@@ -28,6 +32,7 @@ def residency(
     method: str = typer.Option("auto", "--method", metavar="METHOD", help="auto (cachestat, else mincore) | cachestat | mincore."),
     layout_file: Optional[str] = typer.Option(None, "--layout", metavar="FILE", help=LAYOUT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ranges_shown: int = typer.Option(RANGES_SHOWN, "--ranges-shown", metavar="N", help="With --ranges: print at most N ranges per tensor, and say how many were left out (0: all; --json has all of them)."),
     allow_changed: bool = typer.Option(False, "--allow-changed", help="With --rows: classify the rows of a file that changed since the trace, with a warning, instead of refusing."),
 ) -> None:
     """Non-perturbing page-cache residency per file / tensor (never reads a data page)."""
@@ -38,6 +43,7 @@ def residency(
     from engramprof.commands import validate
 
     validate.at_least("--ranges", ranges, 0)
+    validate.at_least("--ranges-shown", ranges_shown, 0)
     if not paths and rows is None:
         raise UserError("give at least one PATH, or --rows TRACE")
     if method not in res.METHODS:
@@ -69,10 +75,10 @@ def residency(
             out["rows"] = rows_summary.to_dict()
         print(json.dumps(out, indent=2))
         return
-    _print(files, rows_summary, res)
+    _print(files, rows_summary, res, ranges_shown)
 
 
-def _print(files, rows_summary, res) -> None:
+def _print(files, rows_summary, res, ranges_shown: int = RANGES_SHOWN) -> None:
     from rich.console import Console
 
     from engramprof.render import Col, fit_table, say
@@ -96,16 +102,21 @@ def _print(files, rows_summary, res) -> None:
             cols = [Col("tensor", "left"), Col("rows"), Col("pages", drop=3), Col("resident"),
                     Col("dirty", drop_if_zero=True, drop=2), Col("evicted", drop_if_zero=True, drop=4),
                     Col("recently evicted", drop_if_zero=True, drop=1)]
-            rows = []
+            rows, left_out = [], 0
             for tr in f.tensors:
                 r = tr.residency
                 rows.append([tr.name, _fmt(tr.rows), _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
                              _fmt(r.dirty), _fmt(r.evicted), _fmt(r.recently_evicted)])
-                for rg in tr.ranges:
+                shown = tr.ranges if not ranges_shown else tr.ranges[:ranges_shown]
+                left_out += len(tr.ranges) - len(shown)
+                for rg in shown:
                     rows.append([f"  rows {rg['row_start']:,}-{rg['row_end'] - 1:,}", _fmt(rg["row_end"] - rg["row_start"]),
                                  _fmt(rg["pages"]), f"{_fmt(rg['resident'])} ({_pct(rg['resident'], rg['pages'])})",
                                  _fmt(rg["dirty"]), _fmt(rg["evicted"]), _fmt(rg["recently_evicted"])])
             con.print(fit_table(con, cols, rows, title=f"{f.path}: per tensor"))
+            if left_out:
+                say(con, f"{left_out:,} more row ranges left out (the first {ranges_shown:,} of each tensor are "
+                         "shown; --ranges-shown 0 prints all, --json has all)")
     if rows_summary is not None:
         cols = [Col("file / tensor", "left", shrink=True), Col("rows"), Col("resident"), Col("partly"), Col("cold")]
         rows = []
