@@ -215,6 +215,23 @@ def test_bad_number_names_the_flag_exit_2(args, flag, inputs):
     check(result(_fill(args, inputs), [_fill(a, inputs) for a, _ in NUMBERS]), 2, flag)
 
 
+NOT_NUMBERS = {"--hook", "--layers", "--reader"}  # words, lists: their own messages
+UNPARSED = [(["sample", "--duration", "abc"], "--duration"), (["diagnose", "-p", "abc"], "--pid"),
+            (["lab", "make-table", "{d}/n.st", "--rows", "1.5"], "--rows"), (["compare", "--top", "x"], "--top")]
+WORDING = re.compile(r"^engramprof: (--[a-z-]+) must be (a number|an integer|a positive multiple)[^']*, got '[^']*'$")
+
+
+@pytest.mark.parametrize("args,flag", [c for c in NUMBERS if c[1] not in NOT_NUMBERS] + UNPARSED,
+                         ids=[" ".join(a) for a, f in NUMBERS + UNPARSED if f not in NOT_NUMBERS])
+def test_every_bad_number_in_one_wording(args, flag, inputs):
+    """``FLAG must be a number > 0, got 'x'``: the same words for a value out of range and for
+    one that does not parse (which was "Invalid value for '--duration' / '-d': Input should be
+    a valid number ...")."""
+    line = check(result(_fill(args, inputs), [_fill(a, inputs) for a, _ in NUMBERS + UNPARSED]), 2, flag)
+    m = WORDING.match(line)
+    assert m and m.group(1) == flag, line
+
+
 # ------------------------------------------------------------- files and inputs (item 13, ...)
 
 FILES = [
