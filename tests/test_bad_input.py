@@ -111,8 +111,8 @@ USAGE = [
     (["syscalls"], ["--pid"]),                      # missing required option
     (["diagnose"], ["--pid"]),
     (["lab", "run"], ["--table"]),
-    (["batch-tail"], ["Missing argument 'trace'"]),
-    (["replay"], ["Missing argument 'trace'"]),
+    (["batch-tail"], ["Missing argument 'TRACE'"]),  # named by its metavar, as --help names it
+    (["replay"], ["Missing argument 'TRACE'"]),
     (["syscalls", "--pid", "1", "--bogus"], ["--bogus"]),
     (["doctor", "--bogus"], ["--bogus"]),
     (["lab", "bogus"], ["No such command"]),
