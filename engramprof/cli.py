@@ -27,21 +27,29 @@ from engramprof.commands import (
 )
 from engramprof.errors import UserError
 from engramprof.host.pages import prefer_small_pages
+from engramprof.validate import bad_number
+
+#: ``-h`` as well as ``--help``, on every command (sub-commands' contexts inherit it; lab_app sets it too)
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="engramprof",
     help=(
         "Tell, with evidence, which of page-cache residency, memory reclaim, storage service "
-        "or Python scheduling holds back a table-on-disk reader's decode batches."
+        "or Python scheduling holds back a table-on-disk reader's decode batches.\n\n"
+        "On call: run `engramprof doctor`, then `engramprof diagnose -p PID`, then follow "
+        "playbooks/decode-steps-slow.md."
     ),
+    context_settings=CONTEXT_SETTINGS,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
-#: registration order: ``lab_scenario`` adds its command to the ``lab`` group
-COMMAND_MODULES = (doctor, lab, lab_scenario, syscalls, sample, batch_tail, residency, replay, diagnose, compare, export,
-                   demo)
+#: registration order (the order of the root --help, diagnose first: what an on-call user
+#: runs); ``lab_scenario`` adds its command to the ``lab`` group
+COMMAND_MODULES = (diagnose, doctor, syscalls, sample, batch_tail, residency, replay, compare, export, demo, lab,
+                   lab_scenario)
 
 for _mod in COMMAND_MODULES:
     _mod.register(app)
@@ -64,6 +72,41 @@ def _unwrap_help(typer_app: typer.Typer) -> None:
 
 
 _unwrap_help(app)
+
+
+def _conventional_help() -> None:
+    """--help as bcc / perf / py-spy users read it: an option's value is named by its metavar
+    (``PID``, ``SECONDS``; set on each option), a flag shows none (typer would print
+    ``<bool>``), an argument is named once, by its metavar (not again as ``<str>``), and the
+    usage line shows a required argument bare (``TRACE``, not ``{TRACE}``).  typer has no
+    setting for these; each patch is skipped where its typer lacks the method."""
+    from typer import core
+
+    opt, arg = getattr(core, "TyperOption", None), getattr(core, "TyperArgument", None)
+    if opt is not None and hasattr(opt, "display_type_rich"):
+        opt_type = opt.display_type_rich
+
+        def option_type(self, ctx):
+            return None if self.is_flag or self.count else opt_type(self, ctx)
+
+        opt.display_type_rich = option_type
+    if arg is not None and hasattr(arg, "display_type_rich"):
+        arg_type = arg.display_type_rich
+
+        def argument_type(self, ctx):
+            return None if self.metavar is not None else arg_type(self, ctx)
+
+        arg.display_type_rich = argument_type
+    if arg is not None and hasattr(arg, "_usage_display_name"):
+        def usage_name(self):
+            name = self.metavar if self.metavar is not None else self.name.upper()
+            name = name if self.required else f"[{name}]"
+            return name + ("..." if self.nargs != 1 and not name.endswith("...") else "")
+
+        arg._usage_display_name = usage_name
+
+
+_conventional_help()
 
 
 def _print_version(value: bool) -> None:
@@ -93,6 +136,26 @@ def usage_line(exc) -> str:
 PROG = "engramprof"
 
 
+def _number_line(exc) -> str | None:
+    """A value that does not parse as the number an option takes (``--duration abc``), in
+    the words of every other bad number (engramprof.validate.bad_number); None for
+    any other usage error."""
+    cause, param = getattr(exc, "__cause__", None), getattr(exc, "param", None)
+    errors = getattr(cause, "errors", None)
+    if param is None or not callable(errors):
+        return None
+    try:
+        err = errors()[0]
+    except Exception:  # not pydantic's ValidationError
+        return None
+    kind = str(err.get("type", ""))
+    what = "an integer" if kind.startswith("int_") else "a number" if kind.startswith("float_") else None
+    if what is None:
+        return None
+    flag = max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0] if param.opts else "")
+    return f"{PROG}: {bad_number(flag or param.name, what, str(err.get('input')))}"
+
+
 def main() -> None:
     from typer import exceptions as typer_exc
     from typer._click import exceptions as click_exc  # typer's own click
@@ -107,7 +170,7 @@ def main() -> None:
     except click_exc.NoArgsIsHelpError:  # `engramprof lab`: typer printed the help, as before
         sys.exit(2)
     except click_exc.UsageError as exc:
-        print(usage_line(exc), file=sys.stderr)
+        print(_number_line(exc) or usage_line(exc), file=sys.stderr)
         sys.exit(2)
     except click_exc.ClickException as exc:
         print(f"{PROG}: {' '.join(exc.format_message().split())}", file=sys.stderr)

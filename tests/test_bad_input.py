@@ -86,6 +86,7 @@ def inputs(tmp_path_factory):
     w = TraceWriter(d / "trace")
     w.append_calls(df)
     w.close()
+    TraceWriter(d / "nocalls").close()  # a bundle whose target never read
     (d / "garbage.json").write_text("{not json")
     (d / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
     (d / "empty").write_text("")
@@ -110,8 +111,8 @@ USAGE = [
     (["syscalls"], ["--pid"]),                      # missing required option
     (["diagnose"], ["--pid"]),
     (["lab", "run"], ["--table"]),
-    (["batch-tail"], ["Missing argument 'trace'"]),
-    (["replay"], ["Missing argument 'trace'"]),
+    (["batch-tail"], ["Missing argument 'TRACE'"]),  # named by its metavar, as --help names it
+    (["replay"], ["Missing argument 'TRACE'"]),
     (["syscalls", "--pid", "1", "--bogus"], ["--bogus"]),
     (["doctor", "--bogus"], ["--bogus"]),
     (["lab", "bogus"], ["No such command"]),
@@ -214,6 +215,23 @@ def test_bad_number_names_the_flag_exit_2(args, flag, inputs):
     check(result(_fill(args, inputs), [_fill(a, inputs) for a, _ in NUMBERS]), 2, flag)
 
 
+NOT_NUMBERS = {"--hook", "--layers", "--reader"}  # words, lists: their own messages
+UNPARSED = [(["sample", "--duration", "abc"], "--duration"), (["diagnose", "-p", "abc"], "--pid"),
+            (["lab", "make-table", "{d}/n.st", "--rows", "1.5"], "--rows"), (["compare", "--top", "x"], "--top")]
+WORDING = re.compile(r"^engramprof: (--[a-z-]+) must be (a number|an integer|a positive multiple)[^']*, got '[^']*'$")
+
+
+@pytest.mark.parametrize("args,flag", [c for c in NUMBERS if c[1] not in NOT_NUMBERS] + UNPARSED,
+                         ids=[" ".join(a) for a, f in NUMBERS + UNPARSED if f not in NOT_NUMBERS])
+def test_every_bad_number_in_one_wording(args, flag, inputs):
+    """``FLAG must be a number > 0, got 'x'``: the same words for a value out of range and for
+    one that does not parse (which was "Invalid value for '--duration' / '-d': Input should be
+    a valid number ...")."""
+    line = check(result(_fill(args, inputs), [_fill(a, inputs) for a, _ in NUMBERS + UNPARSED]), 2, flag)
+    m = WORDING.match(line)
+    assert m and m.group(1) == flag, line
+
+
 # ------------------------------------------------------------- files and inputs (item 13, ...)
 
 FILES = [
@@ -236,6 +254,9 @@ FILES = [
     (["residency", "--rows", "{d}/nope"], ["no such trace"]),
     (["residency", "--rows", "{d}/garbage.parquet"], ["not a trace"]),
     (["doctor", "--path", "{d}/nope"], ["no such file"]),
+    (["doctor", "--path", "{table}"], ["--path", "not a directory"]),  # a regular file: no mount to test
+    (["residency", "--rows", "{d}/nocalls"], ["--rows", "no calls"]),  # as batch-tail: exit 2, not an empty table
+    (["batch-tail", "{d}/nocalls"], ["no calls"]),
     (["lab", "run", "--table", "{d}/nope"], ["no such file"]),
     (["lab", "run", "--table", "{d}/adir"], ["is a directory"]),
     (["lab", "run", "--table", "{d}/garbage.json"], []),

@@ -196,6 +196,36 @@ def test_plot_heat_map(tmp_path):
     assert "gating rank: 1" in p.stdout
 
 
+def test_identical_ranks_name_no_gating_rank(tmp_path):
+    """Two ranks with the same batches: no rank is slower than the median, so none gates (it
+    named rank 0, "0 ms over the median rank")."""
+    traces = [make_rank(tmp_path / f"r{r}", np.zeros(20, bool), np.random.default_rng(9), 20) for r in range(2)]
+    doc = json.loads(run("--ranks", *traces, "--json").stdout)
+    assert doc["gating_rank"] is None, doc["gating_rank"]
+    assert all(r["gated_steps"] == 0 and r["excess_ms"] == 0 for r in doc["ranks"])
+    p = run("--ranks", *traces)
+    assert p.returncode == 0, p.stderr
+    assert "gating rank:" not in p.stdout and "no rank gates" in p.stdout, p.stdout
+
+
+def test_a_skipped_part_is_noted_as_batch_tail_notes_it(tmp_path):
+    """A foreign Parquet file in a bundle's calls/: batch-tail skips it with a note; compare
+    skipped it in silence."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(10)
+    traces = [make_rank(tmp_path / f"r{r}", np.zeros(20, bool), rng, 20) for r in range(2)]
+    pq.write_table(pa.table({"a": [1, 2, 3]}), traces[1] / "calls" / "part-999999.parquet")
+    bt = json.loads(subprocess.run([PY, "-m", "engramprof", "batch-tail", traces[1], "--json"], capture_output=True,
+                                   text=True, cwd=REPO, timeout=300).stdout)
+    assert any("part-999999.parquet" in n for n in bt["notes"]), bt["notes"]
+    doc = json.loads(run("--ranks", *traces, "--json").stdout)
+    assert any("part-999999.parquet" in n and str(traces[1]) in n for n in doc["notes"]), doc["notes"]
+    doc = json.loads(run("--before", traces[0], "--after", traces[1], "--json", "--resamples", "50").stdout)
+    assert any("part-999999.parquet" in n for n in doc["notes"]), doc["notes"]
+
+
 # ------------------------------------------------------------------ stratification, intervals --
 
 def _side(rng, n_by_stratum: dict, med_by_stratum: dict) -> pd.DataFrame:

@@ -241,3 +241,24 @@ def test_sample_at_80():
     out = run("sample", "--duration", "1")
     fits(out)
     assert "PSI" in out or "psi" in out
+
+
+def test_verdict_line_explains_a_largest_share_that_is_not_a_cause():
+    """"verdict: python-scheduling — largest share: cpu-copy 64%" left the reader to guess
+    what cpu-copy is; the line says it is copying cached rows, not a cause, and fits 80."""
+    from engramprof.analysis.verdicts import CAUSES
+    from engramprof.render import say
+
+    from engramprof import report
+
+    share = dict.fromkeys(CAUSES, 0.0) | {"cpu-copy": 0.64, "python-scheduling": 0.30}
+    s = {"verdict": "python-scheduling", "share": share, "tail_threshold_ms": 3.2, "tail_verdict": "python-scheduling"}
+    con = Console(width=80, record=True, force_terminal=False)
+    say(con, report.verdict_line(s))
+    text = con.export_text()
+    fits(text)
+    flat = " ".join(text.split())
+    assert "largest share: cpu-copy 64" in flat and "copying rows already cached" in flat and "not a cause" in flat
+    share = dict.fromkeys(CAUSES, 0.0) | {"residency": 0.7}  # a verdict cause needs no gloss
+    flat = " ".join(report.verdict_line({**s, "verdict": "residency", "share": share}).plain.split())
+    assert "not a cause" not in flat and "largest share: residency 70" in flat

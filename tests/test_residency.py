@@ -352,3 +352,24 @@ def test_no_permission(tmp_path_factory):
 def test_needs_a_path(workdir):
     out = _run_cli("residency", check_rc=None)
     assert out.returncode == 2 and "at least one PATH" in out.stderr
+
+
+def test_ranges_are_capped_in_text_with_a_count_and_all_in_json(workdir):
+    """--ranges 300 printed 300 rows per tensor (16,403 lines on a real table); the text shows
+    RANGES_SHOWN per tensor and says how many it left out; --json keeps every range."""
+    from engramprof.commands.residency import RANGES_SHOWN
+    from engramprof.lab import table
+
+    p = workdir / "t.safetensors"
+    table.make_table(p, rows=4096, seed=5)
+    out = _run_cli("residency", str(p), "--ranges", "300").stdout
+    shown = [line for line in out.splitlines() if line.strip("│┃ ").startswith("rows ")]
+    ntensors = len(json.loads(_run_cli("residency", str(p), "--tensors", "--json").stdout)["files"][0]["tensors"])
+    assert len(shown) == RANGES_SHOWN * ntensors, len(shown)
+    left = ntensors * (300 - RANGES_SHOWN)
+    assert f"{left:,} more row ranges left out" in " ".join(out.split()), out[-400:]
+    d = json.loads(_run_cli("residency", str(p), "--ranges", "300", "--json").stdout)
+    assert all(len(t["ranges"]) == 300 for t in d["files"][0]["tensors"])
+    out = _run_cli("residency", str(p), "--ranges", "300", "--ranges-shown", "0").stdout
+    assert sum(line.strip("│┃ ").startswith("rows ") for line in out.splitlines()) == 300 * ntensors
+    assert "left out" not in out

@@ -348,7 +348,7 @@ def test_cli_json_ends_when_pid_exits():
     for k in ("workingset_refault_file", "pgscan_kswapd", "pgscan_direct", "allocstall"):
         assert k in s["vmstat"]
     assert s["cgroup"]["version"] in ("v1", "v2", "hybrid")
-    assert s["process"]["exited"] is True and s["end_reason"] == "target exited"
+    assert s["process"]["exited"] is True and s["end_reason"] == "target-exit"
     assert isinstance(s["notes"], list) and s["window"]["duration_s"] < 10
 
 
@@ -368,7 +368,8 @@ def test_cli_sigterm_ends_cleanly_with_trace(tmp_path):
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     s = json.loads(out)
-    assert s["end_reason"] == "SIGTERM" and s["window"]["samples"] >= 5
+    assert s["end_reason"] == "signal" and s["window"]["samples"] >= 5
+    assert any(n.startswith("ended by SIGTERM") for n in s["notes"]), s["notes"]
     assert "process" not in s and "cgroup" not in s  # no --pid
     tr = load_bundle(tmp_path / "t")
     assert tr.meta["complete"] and tr.meta["sampler"]["hz"] == 10

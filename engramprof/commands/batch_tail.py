@@ -18,19 +18,19 @@ def register(app: typer.Typer) -> None:
         "Page: docs/commands/batch-tail.md"
     ))
     def batch_tail(
-        trace: Path = typer.Argument(..., help="Trace written by `syscalls` / `diagnose` (bundle directory or a per-call Parquet file)."),
-        markers: Optional[Path] = typer.Option(None, "--markers", help="JSON lines with start_ns/end_ns per batch (CLOCK_MONOTONIC ns)."),
-        slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this is 'slow'."),
-        gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="Split inferred batches where no read is in flight for longer than this (default: chosen from the trace)."),
-        normal_miss_us: Optional[float] = typer.Option(None, "--normal-miss-us", help="Normal device service per miss I/O (default: the trace's median, at most 1000 µs)."),
-        min_share: float = typer.Option(0.25, "--min-share", help="Share of batch time a cause needs to be the verdict (else healthy)."),
-        top: int = typer.Option(10, "--top", min=1, help="How many of the slowest batches to list."),
+        trace: Path = typer.Argument(..., metavar="TRACE", help="Trace written by `syscalls` / `diagnose` (bundle directory or a per-call Parquet file)."),
+        markers: Optional[Path] = typer.Option(None, "--markers", metavar="FILE", help="JSON lines with start_ns/end_ns per batch (CLOCK_MONOTONIC ns)."),
+        slow_ms: float = typer.Option(4.0, "--slow-ms", metavar="MS", help="A call slower than this is 'slow'."),
+        gap_ms: Optional[float] = typer.Option(None, "--gap-ms", metavar="MS", help="Split inferred batches where no read is in flight for longer than this (default: chosen from the trace)."),
+        normal_miss_us: Optional[float] = typer.Option(None, "--normal-miss-us", metavar="US", help="Normal device service per miss I/O (default: the trace's median, at most 1000 µs)."),
+        min_share: float = typer.Option(0.25, "--min-share", metavar="SHARE", help="Share of batch time a cause needs to be the verdict (else healthy)."),
+        top: int = typer.Option(10, "--top", metavar="N", help="How many of the slowest batches to list."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
-        plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: batch timeline by cause, latency vs offset heatmap."),
+        plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Write a PNG: batch timeline by cause, latency vs offset heatmap."),
     ) -> None:
         """Per-batch tail analysis: which cause holds each decode batch back, with evidence."""
         from engramprof.analysis import attribution, batches
-        from engramprof.commands import validate
+        from engramprof import validate
         from engramprof.extras import require_plot
         from engramprof.report import batch_tail as report
         from engramprof.trace import EVENT_READ_COLUMNS, load_bundle

@@ -28,22 +28,22 @@ EPILOG = (
 def register(app: typer.Typer) -> None:
     @app.command("compare", epilog=EPILOG)
     def compare(
-        traces: Optional[List[Path]] = typer.Argument(None, help="With --ranks: one bundle per rank, or one bundle of several processes (one rank per pid); a directory of bundles (ROOT/host=H/rank=R/<bundle>) stands for every bundle below it, ranked by rank=."),
+        traces: Optional[List[Path]] = typer.Argument(None, metavar="TRACE...", help="With --ranks: one bundle per rank, or one bundle of several processes (one rank per pid); a directory of bundles (ROOT/host=H/rank=R/<bundle>) stands for every bundle below it, ranked by rank=."),
         ranks: bool = typer.Option(False, "--ranks", help="Compare ranks of one job: which rank gates each step, and why."),
-        before: Optional[List[Path]] = typer.Option(None, "--before", help="A bundle of the control / old side, or a directory of bundles (repeat for several)."),
-        after: Optional[List[Path]] = typer.Option(None, "--after", help="A bundle of the canary / new side, or a directory of bundles (repeat for several)."),
-        markers: Optional[List[Path]] = typer.Option(None, "--markers", help="Batch markers, once per TRACE in order (a bundle's own markers.jsonl is used when none are given)."),
-        clock_error_ms: Optional[float] = typer.Option(None, "--clock-error-ms", help="--ranks by clock: the clocks' error to assume (default: from the bundles' NTP state)."),
-        slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this is 'slow' (batch-tail's threshold)."),
-        resamples: int = typer.Option(1000, "--resamples", help="Bootstrap resamples for the confidence intervals."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
-        top: int = typer.Option(10, "--top", help="--ranks: steps with the largest excess listed."),
+        before: Optional[List[Path]] = typer.Option(None, "--before", metavar="TRACE", help="A bundle of the control / old side, or a directory of bundles (repeat for several)."),
+        after: Optional[List[Path]] = typer.Option(None, "--after", metavar="TRACE", help="A bundle of the canary / new side, or a directory of bundles (repeat for several)."),
+        markers: Optional[List[Path]] = typer.Option(None, "--markers", metavar="FILE", help="Batch markers, once per TRACE in order (a bundle's own markers.jsonl is used when none are given)."),
+        clock_error_ms: Optional[float] = typer.Option(None, "--clock-error-ms", metavar="MS", help="--ranks by clock: the clocks' error to assume (default: from the bundles' NTP state)."),
+        slow_ms: float = typer.Option(4.0, "--slow-ms", metavar="MS", help="A call slower than this is 'slow' (batch-tail's threshold)."),
+        resamples: int = typer.Option(1000, "--resamples", metavar="N", help="Bootstrap resamples for the confidence intervals."),
+        seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the bootstrap."),
+        top: int = typer.Option(10, "--top", metavar="N", help="--ranks: steps with the largest excess listed."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-        plot: Optional[Path] = typer.Option(None, "--plot", help="--ranks: write a PNG heat map, steps x ranks, coloured by cause."),
+        plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="--ranks: write a PNG heat map, steps x ranks, coloured by cause."),
     ) -> None:
         """Which rank gates each step; or a matched, stratified before/after comparison."""
         from engramprof import compare as cmp
-        from engramprof.commands import validate
+        from engramprof import validate
         from engramprof.extras import require_plot
         from engramprof.report import batch_tail as report
 

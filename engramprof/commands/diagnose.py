@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from engramprof.commands.options import LAYOUT_HELP, use_layout
+from engramprof.commands.options import LAYOUT_HELP, duration_option, output_option, pid_option, use_layout
 from engramprof.host.signals import install_stop_handlers
 
 EPILOG = """Examples:
@@ -29,18 +29,18 @@ Page: docs/commands/diagnose.md
 def register(app: typer.Typer) -> None:
     @app.command("diagnose", epilog=EPILOG)
     def diagnose_cmd(
-        pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", help="The reader process (all its threads); repeat for several."),
+        pid: Optional[list[int]] = pid_option("The reader process (all its threads); repeat for several."),
         children: bool = typer.Option(False, "--children", help="Also every descendant of --pid, including processes forked while recording."),
-        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
-        file: Optional[list[str]] = typer.Option(None, "--file", help="Only reads of this file (a directory: every regular file under it), by whichever process, matched in the kernel by device + inode; repeatable. With --pid / --cgroup: their reads of it."),
-        duration: float = typer.Option(20.0, "--duration", "-d", help="Seconds to record."),
-        markers: Optional[str] = typer.Option(None, "--markers", help="Batch markers (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC)."),
-        output: Optional[str] = typer.Option(None, "--output", "-o", help="Keep the recorded trace here (a new directory); default: a private temporary one, removed."),
-        slow_ms: float = typer.Option(4.0, "--slow-ms", help="A call slower than this (ms) is 'slow'."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", metavar="CGROUP", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", metavar="PATH", help="Only reads of this file (a directory: every regular file under it), by whichever process, matched in the kernel by device + inode; repeatable. With --pid / --cgroup: their reads of it."),
+        duration: float = duration_option(20.0, "Seconds to record."),
+        markers: Optional[str] = typer.Option(None, "--markers", metavar="FILE", help="Batch markers (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC)."),
+        output: Optional[str] = output_option("Keep the recorded trace here (a new directory); if not given: a private temporary one, removed."),
+        slow_ms: float = typer.Option(4.0, "--slow-ms", metavar="MS", help="A call slower than this (ms) is 'slow'."),
         as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
         no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (less scheduling evidence)."),
         no_fault_address: bool = typer.Option(False, "--no-fault-address", help="Record page faults without exceptions:page_fault_user (the generic path arm64 has: no faulting address)."),
-        layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
+        layout_file: Optional[str] = typer.Option(None, "--layout", metavar="FILE", help=LAYOUT_HELP),
     ):
         """Which of residency, reclaim, storage or Python scheduling holds PID's batches back.
 
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         answers with a verdict, the evidence chain, what the data cannot prove, and the fix to try.
         """
         from engramprof.analysis import batches, diagnose
-        from engramprof.commands import validate
+        from engramprof import validate
 
         use_layout(layout_file)
 

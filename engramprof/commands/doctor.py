@@ -53,14 +53,16 @@ def register(app: typer.Typer) -> None:
     def doctor(
         json_out: bool = typer.Option(False, "--json", help='Print {"ok": bool, "read_paths": [..], "checks": [{name, status, detail, fix}]}.'),
         path: Path = typer.Option(
-            Path("."), "--path",
+            Path("."), "--path", metavar="DIR", show_default="current directory",
             help="Directory on the tables' filesystem: RWF_NOWAIT and cachestat are tried on a temporary "
-                 "file of the doctor's own there (default: current directory)."),
+                 "file of the doctor's own there."),
     ) -> None:
         """Can this machine trace? One row per check with a fix; exit 0 only when `syscalls` can run."""
         if not path.exists():
             raise UserError(f"--path {path}: no such file or directory", code=2)
-        directory = path if path.is_dir() else path.parent
+        if not path.is_dir():  # the checks make a file of their own in it: a file is a mistake
+            raise UserError(f"--path {path}: not a directory (give a directory on the tables' filesystem)", code=2)
+        directory = path
         if not os.access(directory, os.X_OK):
             raise UserError(f"--path {directory}: not accessible", code=2)
         report = doc.run_checks(directory)

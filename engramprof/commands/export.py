@@ -20,17 +20,17 @@ Page: docs/commands/export.md
 def register(app: typer.Typer) -> None:
     @app.command("export", epilog=EPILOG)
     def export_cmd(
-        pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", help="A reader process (all its threads); repeat for several. One that exits is waited for (engramprof_target_waiting)."),
+        pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", metavar="PID", help="A reader process (all its threads); repeat for several. One that exits is waited for (engramprof_target_waiting)."),
         children: bool = typer.Option(False, "--children", help="Also every descendant of --pid, including processes forked later."),
-        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups, now and later (v2, or a v1 hierarchy path); repeatable."),
-        file: Optional[list[str]] = typer.Option(None, "--file", help="Only reads of this file (a directory: every regular file under it); repeatable."),
-        listen: str = typer.Option("127.0.0.1:9435", "--listen", help="HOST:PORT to serve /metrics on (loopback unless --allow-remote)."),
-        window: float = typer.Option(10.0, "--window", help="Seconds of reads per batch analysis (the cause split)."),
-        markers: Optional[str] = typer.Option(None, "--markers", help="Batch markers the server appends to (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC); default: batches inferred."),
-        label: Optional[list[str]] = typer.Option(None, "--label", help="NAME=VALUE added to every metric (for example rank=2); repeatable."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", metavar="CGROUP", help="Every process in this cgroup directory and its sub-groups, now and later (v2, or a v1 hierarchy path); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", metavar="PATH", help="Only reads of this file (a directory: every regular file under it); repeatable."),
+        listen: str = typer.Option("127.0.0.1:9435", "--listen", metavar="HOST:PORT", help="HOST:PORT to serve /metrics on (loopback unless --allow-remote)."),
+        window: float = typer.Option(10.0, "--window", metavar="SECONDS", help="Seconds of reads per batch analysis (the cause split)."),
+        markers: Optional[str] = typer.Option(None, "--markers", metavar="FILE", help="Batch markers the server appends to (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC); default: batches inferred."),
+        label: Optional[list[str]] = typer.Option(None, "--label", metavar="NAME=VALUE", help="NAME=VALUE added to every metric (for example rank=2); repeatable."),
         allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --listen (the metrics name the files read)."),
-        window_sample: int = typer.Option(25_000, "--window-sample", help="Reads recorded per window for its analysis (the rest are only counted)."),
-        hook: str = typer.Option("auto", "--hook", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
+        window_sample: int = typer.Option(25_000, "--window-sample", metavar="N", help="Reads recorded per window for its analysis (the rest are only counted)."),
+        hook: str = typer.Option("auto", "--hook", metavar="HOOK", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
     ) -> None:
         """Serve Prometheus metrics of the target's reads until SIGTERM.
 
@@ -49,8 +49,9 @@ def register(app: typer.Typer) -> None:
         labels = options.parse_labels(label)
         if hook not in ("auto", "raw", "tracepoint"):
             raise UserError(f"--hook {hook}: expected auto, raw or tracepoint", code=2)
-        if window_sample < 1:
-            raise UserError(f"--window-sample {window_sample}: must be at least 1", code=2)
+        from engramprof import validate
+
+        validate.at_least("--window-sample", window_sample, 1)
         for p in pid or ():
             check_target(p)  # a pid that exits later is waited for; one that does not exist now is a typo
         check_privileges()

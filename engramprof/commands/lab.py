@@ -21,11 +21,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from engramprof.commands.options import duration_option
 from engramprof.errors import UserError
 from engramprof.host.signals import events_on_signals, install_stop_handlers
+from engramprof.lab.readers import READERS
 
 lab_app = typer.Typer(
     help="Built-in Engram-shaped workload: make a table on disk, read it like a model server.",
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
 )
 
@@ -60,20 +63,20 @@ def _parse_layers(text: str) -> tuple[int, ...]:
 
 @lab_app.command("make-table", epilog=MAKE_TABLE_EPILOG)
 def make_table_cmd(
-    path: Path = typer.Argument(..., help="safetensors file to create"),
-    rows: int = typer.Option(1 << 19, "--rows", help="rows per tensor (default: 264 MiB with 2 layers, dim 256)"),
-    dim: int = typer.Option(256, "--dim", help="F8_E4M3 weights per row (a multiple of 32)"),
-    layers: str = typer.Option("3,17", "--layers", help="Engram layer numbers, comma-separated"),
-    force: bool = typer.Option(False, "--force", help="replace PATH if it exists"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="random seed for the contents"),
+    path: Path = typer.Argument(..., metavar="FILE", help="safetensors file to create"),
+    rows: int = typer.Option(1 << 19, "--rows", metavar="N", help="rows per tensor (524288: 264 MiB with 2 layers, dim 256)"),
+    dim: int = typer.Option(256, "--dim", metavar="N", help="F8_E4M3 weights per row (a multiple of 32)"),
+    layers: str = typer.Option("3,17", "--layers", metavar="N,N", help="Engram layer numbers, comma-separated"),
+    force: bool = typer.Option(False, "--force", help="replace FILE if it exists"),
+    seed: Optional[int] = typer.Option(None, "--seed", metavar="N", help="random seed for the contents"),
 ) -> None:
     """Write a safetensors Engram table (weight F8_E4M3 + scale U8 per layer) of random bytes."""
-    from engramprof.commands import validate
+    from engramprof import validate
     from engramprof.lab import table
 
     validate.at_least("--rows", rows, 1)
     if dim < table.SCALE_BLOCK or dim % table.SCALE_BLOCK:
-        raise UserError(f"--dim must be a positive multiple of {table.SCALE_BLOCK} (got {dim})")
+        raise validate.bad_number("--dim", f"a positive multiple of {table.SCALE_BLOCK}", dim)
     layer_list = _parse_layers(layers)
     if not layer_list or len(set(layer_list)) != len(layer_list) or min(layer_list) < 0:
         raise UserError(f"--layers must be distinct non-negative integers, e.g. 3,17 (got {layers!r})")
@@ -108,31 +111,31 @@ def make_table_cmd(
 
 @lab_app.command("run", epilog=RUN_EPILOG)
 def run_cmd(
-    table_path: Path = typer.Option(..., "--table", help="table made by `lab make-table`"),
-    reader: str = typer.Option("pool", "--reader", help="pool | nowait | serial"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="batches to run (default 200, or unlimited with --duration)"),
-    duration: Optional[float] = typer.Option(None, "--duration", help="stop after S seconds"),
-    tokens: int = typer.Option(4, "--tokens", help="tokens per step: a few = decode, thousands = prefill"),
-    heads: int = typer.Option(6, "--heads", help="hash heads per token (rows per token per job)"),
-    gap_ms: float = typer.Option(0.0, "--gap-ms", help="sleep between steps (stand-in for the GPU forward pass)"),
-    zipf: float = typer.Option(1.1, "--zipf", help="Zipf exponent of token popularity (0 = uniform)"),
-    markers: Optional[Path] = typer.Option(None, "--markers", help="write one JSON line per batch here"),
+    table_path: Path = typer.Option(..., "--table", metavar="FILE", help="table made by `lab make-table`"),
+    reader: str = typer.Option("pool", "--reader", metavar="READER", help=" | ".join(READERS)),
+    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", help="batches to run (default 200, or unlimited with --duration)"),
+    duration: Optional[float] = duration_option(None, "stop after SECONDS"),
+    tokens: int = typer.Option(4, "--tokens", metavar="N", help="tokens per step: a few = decode, thousands = prefill"),
+    heads: int = typer.Option(6, "--heads", metavar="N", help="hash heads per token (rows per token per job)"),
+    gap_ms: float = typer.Option(0.0, "--gap-ms", metavar="MS", help="sleep between steps (stand-in for the GPU forward pass)"),
+    zipf: float = typer.Option(1.1, "--zipf", metavar="EXPONENT", help="Zipf exponent of token popularity (0 = uniform)"),
+    markers: Optional[Path] = typer.Option(None, "--markers", metavar="FILE", help="write one JSON line per batch here"),
     cache: Optional[bool] = typer.Option(None, "--warm/--cold", help="read the table once first / evict it first"),
-    seed: int = typer.Option(0, "--seed", help="seed of the row plan"),
-    start_delay: float = typer.Option(0.0, "--start-delay", help="sleep S seconds before the first step (attach a tracer); SIGUSR1 ends the wait early"),
-    threads: int = typer.Option(32, "--threads", help="pool threads"),
-    random: bool = typer.Option(True, "--random/--no-random", help="POSIX_FADV_RANDOM / MADV_RANDOM on the table (default); --no-random leaves readahead on"),
-    prefetch: Optional[str] = typer.Option(None, "--prefetch", help="willneed: hint each step's rows with WILLNEED --prefetch-lead steps before reading them"),
-    prefetch_lead: int = typer.Option(1, "--prefetch-lead", help="steps between a batch's WILLNEED hint and its read (0: just before the read)"),
-    workers: int = typer.Option(0, "--workers", help="fork N rank processes, each reading its own shard of the table (or its --rank-table); markers carry pid and rank"),
-    rank_table: Optional[list[str]] = typer.Option(None, "--rank-table", help="RANK:PATH: that rank reads its own table (whole) instead of its shard; repeatable"),
-    rank_reader: Optional[list[str]] = typer.Option(None, "--rank-reader", help="RANK:READER: that rank's reader; repeatable"),
-    rank_cache: Optional[list[str]] = typer.Option(None, "--rank-cache", help="RANK:warm|cold: that rank's cache preparation; repeatable"),
-    rank_join: Optional[list[str]] = typer.Option(None, "--rank-join", help="RANK:CGROUP_PROCS: that rank joins this cgroup (its cgroup.procs file) before anything else; repeatable"),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="seed of the row plan"),
+    start_delay: float = typer.Option(0.0, "--start-delay", metavar="SECONDS", help="sleep SECONDS before the first step (attach a tracer); SIGUSR1 ends the wait early"),
+    threads: int = typer.Option(32, "--threads", metavar="N", help="pool threads"),
+    random: bool = typer.Option(True, "--random/--no-random", help="POSIX_FADV_RANDOM / MADV_RANDOM on the table; --no-random leaves readahead on"),
+    prefetch: Optional[str] = typer.Option(None, "--prefetch", metavar="HINT", help="willneed: hint each step's rows with WILLNEED --prefetch-lead steps before reading them"),
+    prefetch_lead: int = typer.Option(1, "--prefetch-lead", metavar="N", help="steps between a batch's WILLNEED hint and its read (0: just before the read)"),
+    workers: int = typer.Option(0, "--workers", metavar="N", help="fork N rank processes, each reading its own shard of the table (or its --rank-table); markers carry pid and rank"),
+    rank_table: Optional[list[str]] = typer.Option(None, "--rank-table", metavar="RANK:FILE", help="RANK:PATH: that rank reads its own table (whole) instead of its shard; repeatable"),
+    rank_reader: Optional[list[str]] = typer.Option(None, "--rank-reader", metavar="RANK:READER", help="RANK:READER: that rank's reader; repeatable"),
+    rank_cache: Optional[list[str]] = typer.Option(None, "--rank-cache", metavar="RANK:CACHE", help="RANK:warm|cold: that rank's cache preparation; repeatable"),
+    rank_join: Optional[list[str]] = typer.Option(None, "--rank-join", metavar="RANK:FILE", help="RANK:CGROUP_PROCS: that rank joins this cgroup (its cgroup.procs file) before anything else; repeatable"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Read Engram rows like a model server: one batch of 2 jobs per layer per step."""
-    from engramprof.commands import validate
+    from engramprof import validate
     from engramprof.lab import readers, workload
     from engramprof.markers import MarkerFileError
 
@@ -216,7 +219,7 @@ def run_cmd(
 
 def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, rank_cache, rank_join):
     """--workers N and the per-rank options: the ranks' plans, or None (one process)."""
-    from engramprof.commands import validate
+    from engramprof import validate
     from engramprof.lab import ranks, readers
 
     given = [o for o, v in (("--rank-table", rank_table), ("--rank-reader", rank_reader),
@@ -225,9 +228,7 @@ def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, ran
         if given:
             raise UserError(f"{given[0]} needs --workers")
         return None
-    validate.at_least("--workers", workers, 1)
-    if workers > ranks.MAX_WORKERS:
-        raise UserError(f"--workers must be at most {ranks.MAX_WORKERS} (got {workers})")
+    validate.at_least("--workers", workers, 1, ranks.MAX_WORKERS)
 
     def check_reader(v):
         if v not in readers.READERS:

@@ -14,6 +14,7 @@ from rich.table import Table
 from engramprof.commands.lab import lab_app
 from engramprof.host.signals import install_stop_handlers
 from engramprof.lab import scenarios as sc_mod
+from engramprof.lab.readers import READERS
 
 SCENARIO_EPILOG = """Scenarios: python-scheduling, healthy, residency, reclaim, storage, dropper,
 boot-stream.
@@ -43,34 +44,33 @@ def _fmt_evidence(ev: dict) -> str:
 
 
 def scenario_cmd(
-    name: str = typer.Argument(..., help="python-scheduling | healthy | residency | reclaim | storage | dropper | "
-                                         "boot-stream"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="batches to run"),
-    duration: Optional[float] = typer.Option(None, "--duration",
+    name: str = typer.Argument(..., metavar="SCENARIO", help=" | ".join(sc_mod.SCENARIOS)),
+    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", help="batches to run"),
+    duration: Optional[float] = typer.Option(None, "--duration", "-d", metavar="SECONDS",
                                              help=f"seconds to run (default {sc_mod.DEFAULT_DURATION:g})"),
-    tokens: int = typer.Option(4, "--tokens", help="tokens per step: a few = decode, thousands = prefill"),
-    gap_ms: float = typer.Option(sc_mod.DEFAULT_GAP_MS, "--gap-ms", help="sleep between steps"),
-    rows: Optional[int] = typer.Option(None, "--rows",
+    tokens: int = typer.Option(4, "--tokens", metavar="N", help="tokens per step: a few = decode, thousands = prefill"),
+    gap_ms: float = typer.Option(sc_mod.DEFAULT_GAP_MS, "--gap-ms", metavar="MS", help="sleep between steps"),
+    rows: Optional[int] = typer.Option(None, "--rows", metavar="N",
                                        help=f"rows per tensor of the table made (default {sc_mod.DEFAULT_ROWS}: 132 MiB)"),
-    table: Optional[Path] = typer.Option(None, "--table",
+    table: Optional[Path] = typer.Option(None, "--table", metavar="FILE",
                                          help="reuse this table (storage copies it into the loop filesystem)"),
-    markers: Optional[Path] = typer.Option(None, "--markers",
+    markers: Optional[Path] = typer.Option(None, "--markers", metavar="FILE",
                                            help="batch markers file (default: a new private temp dir, kept)"),
     as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout: a 'ready' object, then 'done'"),
-    start_delay: float = typer.Option(0.0, "--start-delay", help="reader sleeps S s after ready, before step 1"),
+    start_delay: float = typer.Option(0.0, "--start-delay", metavar="SECONDS", help="reader sleeps SECONDS after ready, before step 1"),
     keep_running: bool = typer.Option(False, "--keep-running", help="run until Ctrl-C / SIGTERM"),
-    reader: Optional[str] = typer.Option(None, "--reader", help="override the scenario's reader (pool|nowait|serial|mmap|mmap-pool; mmap: a numpy.memmap gather, its rows read by page faults)"),
-    evict_ms: float = typer.Option(sc_mod.DEFAULT_EVICT_MS, "--evict-ms", help="residency, dropper: eviction period"),
-    memory_mib: float = typer.Option(sc_mod.DEFAULT_MEMORY_MIB, "--memory-mib",
+    reader: Optional[str] = typer.Option(None, "--reader", metavar="READER", help=f"override the scenario's reader ({'|'.join(READERS)}; mmap: a numpy.memmap gather, its rows read by page faults)"),
+    evict_ms: float = typer.Option(sc_mod.DEFAULT_EVICT_MS, "--evict-ms", metavar="MS", help="residency, dropper: eviction period"),
+    memory_mib: float = typer.Option(sc_mod.DEFAULT_MEMORY_MIB, "--memory-mib", metavar="MIB",
                                      help="reclaim: page cache allowed in the cgroup"),
-    iops: int = typer.Option(sc_mod.DEFAULT_IOPS, "--iops", help="storage: read IOPS limit of the loop device"),
-    seed: int = typer.Option(0, "--seed", help="seed of the row plan and the table contents"),
-    threads: int = typer.Option(32, "--threads", help="pool threads"),
-    workers: int = typer.Option(0, "--workers", help="N rank processes forked from one reader process (lab run --workers)"),
-    faulty_rank: Optional[int] = typer.Option(None, "--faulty-rank", help="the fault applies to this rank only; the others run the healthy reader on a cached table of their own"),
+    iops: int = typer.Option(sc_mod.DEFAULT_IOPS, "--iops", metavar="N", help="storage: read IOPS limit of the loop device"),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="seed of the row plan and the table contents"),
+    threads: int = typer.Option(32, "--threads", metavar="N", help="pool threads"),
+    workers: int = typer.Option(0, "--workers", metavar="N", help="N rank processes forked from one reader process (lab run --workers)"),
+    faulty_rank: Optional[int] = typer.Option(None, "--faulty-rank", metavar="RANK", help="the fault applies to this rank only; the others run the healthy reader on a cached table of their own"),
 ) -> None:
     """Run the lab reader under one real fault, print its pid, remove everything on exit."""
-    from engramprof.commands import validate
+    from engramprof import validate
     from engramprof.lab import readers
 
     if name not in sc_mod.SCENARIOS:
@@ -88,6 +88,9 @@ def scenario_cmd(
     validate.at_least("--iops", iops, 1)
     validate.seed("--seed", seed)
     validate.threads("--threads", threads)
+    from engramprof.lab.ranks import MAX_WORKERS
+
+    validate.at_least("--workers", workers, 0, MAX_WORKERS)
     validate.existing_file("--table", table)
     if markers is not None:
         validate.new_or_regular_file("--markers", markers)

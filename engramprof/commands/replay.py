@@ -13,23 +13,23 @@ from engramprof.errors import UserError
 
 
 def replay(
-    trace: str = typer.Argument(..., help="Trace bundle written by `engramprof syscalls` / `diagnose`."),
-    strategies: str = typer.Option("pool,nowait,serial", "--strategies", help="Comma-separated reader arms: pool, nowait, serial, mmap, mmap-pool (mmap: the same rows gathered through a numpy.memmap of each file, MADV_RANDOM)."),
-    cold_frac: float = typer.Option(0.0, "--cold-frac", help="Fraction of each job's rows that must be cold (not in the page cache) when its arm starts."),
-    repeat: int = typer.Option(5, "--repeat", help="Timed runs of every batch per arm."),
-    rows_per_batch: Optional[int] = typer.Option(None, "--rows-per-batch", help="Re-batch the trace's distinct rows into batches of K rows (default: the trace's own batches)."),
+    trace: str = typer.Argument(..., metavar="TRACE", help="Trace bundle written by `engramprof syscalls` / `diagnose`."),
+    strategies: str = typer.Option("pool,nowait,serial", "--strategies", metavar="ARMS", help="Comma-separated reader arms: pool, nowait, serial, mmap, mmap-pool (mmap: the same rows gathered through a numpy.memmap of each file, MADV_RANDOM)."),
+    cold_frac: float = typer.Option(0.0, "--cold-frac", metavar="FRACTION", help="Fraction of each job's rows that must be cold (not in the page cache) when its arm starts."),
+    repeat: int = typer.Option(5, "--repeat", metavar="N", help="Timed runs of every batch per arm."),
+    rows_per_batch: Optional[int] = typer.Option(None, "--rows-per-batch", metavar="N", help="Re-batch the trace's distinct rows into batches of K rows (default: the trace's own batches)."),
     allow_evict: bool = typer.Option(False, "--allow-evict", help="With --cold-frac: evict (POSIX_FADV_DONTNEED) the pages of the rows chosen as cold before each timed batch. Drops those pages of the data file from the page cache."),
-    threads: int = typer.Option(32, "--threads", help="Pool size of the pool / nowait-fallback readers."),
-    batches: int = typer.Option(8, "--batches", help="Replay at most this many of the trace's batches (evenly spaced)."),
-    markers: Optional[str] = typer.Option(None, "--markers", help="Application batch markers (JSON lines with start_ns/end_ns) for the trace's batch boundaries."),
-    gap_ms: Optional[float] = typer.Option(None, "--gap-ms", help="Without markers: a gap this long with no read in flight starts a new batch (default: chosen from the trace's gaps, as batch-tail does)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the row sampling."),
-    layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
+    threads: int = typer.Option(32, "--threads", metavar="N", help="Pool size of the pool / nowait-fallback readers."),
+    batches: int = typer.Option(8, "--batches", metavar="N", help="Replay at most this many of the trace's batches (evenly spaced)."),
+    markers: Optional[str] = typer.Option(None, "--markers", metavar="FILE", help="Application batch markers (JSON lines with start_ns/end_ns) for the trace's batch boundaries."),
+    gap_ms: Optional[float] = typer.Option(None, "--gap-ms", metavar="MS", help="Without markers: a gap this long with no read in flight starts a new batch (default: chosen from the trace's gaps, as batch-tail does)."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Seed of the row sampling."),
+    layout_file: Optional[str] = typer.Option(None, "--layout", metavar="FILE", help=LAYOUT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     allow_changed: bool = typer.Option(False, "--allow-changed", help="Replay a file that changed since the trace (size, header, first MiB, inode or mtime) with a warning instead of refusing."),
 ) -> None:
     """Component A/B of reader strategies on the trace's recorded files, offsets and sizes."""
-    from engramprof.commands import validate
+    from engramprof import validate
     from engramprof.lab import replay as rp
 
     use_layout(layout_file)

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from engramprof.commands.options import duration_option, output_option, pid_option
 from engramprof.host.signals import install_stop_handlers
 
 
@@ -42,8 +43,9 @@ def run_sample(
     Returns the summary (see :func:`engramprof.sampling.sampler.summarize`); writes a TRACE bundle
     with the sample series when ``output`` is given.
     """
-    from engramprof.commands import validate
-    from engramprof.sampling.sampler import Sampler
+    from engramprof import validate
+    from engramprof.sampling.sampler import Sampler  # pandas: imported when sampling, not for --help
+    from engramprof.trace.writer import END_DURATION, END_SIGNAL, END_TARGET_EXIT
 
     validate.pid("--pid", pid)
     validate.duration("--duration", duration)
@@ -71,10 +73,10 @@ def run_sample(
         writer = TraceWriter(output, meta={"command": "sample", "argv": sys.argv, "pid": pid, "sample_hz": hz,
                                            **(selection.meta() if selection is not None else {})})
     stop = stop_event or threading.Event()
-    reason = {"why": "duration"}
+    reason = {"why": END_DURATION, "signal": None}
 
     def on_signal(signum, _frame):
-        reason["why"] = signal.Signals(signum).name
+        reason["why"], reason["signal"] = END_SIGNAL, signal.Signals(signum).name
         stop.set()
 
     restore_signals = install_stop_handlers(on_signal)
@@ -101,7 +103,7 @@ def run_sample(
                 # file selects whoever comes: until the duration or a signal
                 if sampler.target_exited.is_set() and (follow is None or (
                         selection.ends_with_targets and not sampler.followed)):
-                    reason["why"] = "target exited"
+                    reason["why"] = END_TARGET_EXIT
                     break
                 if status is not None:
                     status.update(sampler.status_line())
@@ -115,8 +117,8 @@ def run_sample(
             writer.close(end_reason=reason["why"])
     summary = sampler.summary()
     summary["end_reason"] = reason["why"]
-    if reason["why"] in ("SIGINT", "SIGTERM"):
-        summary["notes"].append(f"ended by {reason['why']}: output covers the window sampled so far")
+    if reason["why"] == END_SIGNAL:
+        summary["notes"].append(f"ended by {reason['signal']}: output covers the window sampled so far")
     if writer is not None:
         summary["output"] = str(output)
     return summary
@@ -250,19 +252,19 @@ def register(app: typer.Typer) -> None:
         "No eBPF needed. Page: docs/commands/sample.md"
     ))
     def sample(
-        pid: Optional[list[int]] = typer.Option(None, "--pid", help="Target process: its cgroup, process and per-thread counters too; repeat for several."),
+        pid: Optional[list[int]] = pid_option("Target process: its cgroup, process and per-thread counters too; repeat for several."),
         children: bool = typer.Option(False, "--children", help="Also every descendant of --pid (found in /proc about once a second)."),
-        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2 or v1); repeatable."),
-        file: Optional[list[str]] = typer.Option(None, "--file", help="The processes that have this file (a directory: any regular file under it) open or mapped; repeatable. With --pid / --cgroup: those of them."),
-        duration: Optional[float] = typer.Option(None, "--duration", help="Seconds to sample (default: until Ctrl-C or the target exits)."),
-        sample_hz: float = typer.Option(10.0, "--sample-hz", help="Sampling rate."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", metavar="CGROUP", help="Every process in this cgroup directory and its sub-groups (v2 or v1); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", metavar="PATH", help="The processes that have this file (a directory: any regular file under it) open or mapped; repeatable. With --pid / --cgroup: those of them."),
+        duration: Optional[float] = duration_option(None, "Seconds to sample (default: until Ctrl-C or the target exits)."),
+        sample_hz: float = typer.Option(10.0, "--sample-hz", metavar="HZ", help="Sampling rate."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-        output: Optional[Path] = typer.Option(None, "--output", help="Write the sample series to this TRACE bundle (a new directory)."),
+        output: Optional[Path] = output_option("Write the sample series to this TRACE bundle (a new directory)."),
     ) -> None:
         """Sample PSI, reclaim/refault counters, kswapd, the target's memory cgroup and threads (no eBPF)."""
         selection = None
         if pid or children or cgroup or file:
-            from engramprof.commands import validate
+            from engramprof import validate
             from engramprof.target.selection import Selection
 
             for p in pid or ():

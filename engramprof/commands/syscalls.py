@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from engramprof.commands.options import LAYOUT_HELP, use_layout
+from engramprof.commands.options import LAYOUT_HELP, duration_option, output_option, pid_option, use_layout
 from engramprof.errors import UserError
 from engramprof.host import tracepoints
 from engramprof.host.signals import install_stop_handlers
@@ -32,21 +32,21 @@ Page: docs/commands/syscalls.md
 def register(app: typer.Typer) -> None:
     @app.command("syscalls", epilog=EPILOG)
     def syscalls_cmd(
-        pid: Optional[list[int]] = typer.Option(None, "--pid", "-p", help="Process to trace (all its threads); repeat for several."),
+        pid: Optional[list[int]] = pid_option("Process to trace (all its threads); repeat for several."),
         children: bool = typer.Option(False, "--children", help="Also every descendant of --pid, including processes forked while tracing."),
-        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
-        file: Optional[list[str]] = typer.Option(None, "--file", help="Only reads of this file (a directory: every regular file under it), by whichever process, matched in the kernel by device + inode; repeatable. With --pid / --cgroup: their reads of it."),
-        tid: int = typer.Option(0, "--tid", help="Trace only this thread of PID."),
-        duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after S seconds (default: until Ctrl-C or PID exits)."),
-        min_us: float = typer.Option(0.0, "--min-us", help="Record only calls at least this long (all calls are still counted in the kernel)."),
-        output: Optional[str] = typer.Option(None, "--output", "-o", help="Write a trace bundle (a new directory) with every recorded call."),
+        cgroup: Optional[list[str]] = typer.Option(None, "--cgroup", metavar="CGROUP", help="Every process in this cgroup directory and its sub-groups (v2, or a v1 hierarchy path); repeatable."),
+        file: Optional[list[str]] = typer.Option(None, "--file", metavar="PATH", help="Only reads of this file (a directory: every regular file under it), by whichever process, matched in the kernel by device + inode; repeatable. With --pid / --cgroup: their reads of it."),
+        tid: int = typer.Option(0, "--tid", metavar="TID", help="Trace only this thread of PID."),
+        duration: Optional[float] = duration_option(None, "Stop after SECONDS (default: until Ctrl-C or PID exits)."),
+        min_us: float = typer.Option(0.0, "--min-us", metavar="US", help="Record only calls at least this long (all calls are still counted in the kernel)."),
+        output: Optional[str] = output_option("Write a trace bundle (a new directory) with every recorded call."),
         as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
         ebpf: bool = typer.Option(False, "--ebpf", help="Print the BPF program that would be loaded, and exit."),
-        sample_hz: float = typer.Option(10.0, "--sample-hz", help="PSI / vmstat / thread sampling rate (0: off)."),
-        hook: str = typer.Option("auto", "--hook", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
+        sample_hz: float = typer.Option(10.0, "--sample-hz", metavar="HZ", help="PSI / vmstat / thread sampling rate (0: off)."),
+        hook: str = typer.Option("auto", "--hook", metavar="HOOK", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
         no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (samples/offcpu)."),
         no_fault_address: bool = typer.Option(False, "--no-fault-address", help="Trace page faults without exceptions:page_fault_user (the x86-only tracepoint giving the address): the generic path, as on arm64."),
-        layout_file: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP),
+        layout_file: Optional[str] = typer.Option(None, "--layout", metavar="FILE", help=LAYOUT_HELP),
     ):
         """Trace every preadv2/preadv/pread64 call of PID with its latency, file, offset and
         in-kernel evidence (page-cache misses, bio time, reclaim, off-CPU and run-queue time).
@@ -55,7 +55,8 @@ def register(app: typer.Typer) -> None:
         Ctrl-C, SIGTERM, --duration or the exit of PID; the trace is complete in every case.
         """
         from engramprof.bpf import loader
-        from engramprof.commands import validate
+        from engramprof.trace.writer import END_SIGNAL
+        from engramprof import validate
         from engramprof.record import recorder as sc
 
         use_layout(layout_file)
@@ -90,7 +91,7 @@ def register(app: typer.Typer) -> None:
                                   fault_address=not no_fault_address)
 
         def on_signal(signum, _frame):
-            tracer.end_reason = "signal"
+            tracer.end_reason = END_SIGNAL
             tracer.stop.set()
 
         restore_signals = install_stop_handlers(on_signal)

@@ -96,7 +96,8 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
         if len(g) > 1:
             notes.append(f"{b.trace}: {len(g)} processes, one rank each (pids {', '.join(str(x.pid) for x in g)}), "
                          "each analysed on its own as batch-tail does")
-        notes.extend(f"{b.trace}: {n}" for n in b.notes if n.startswith(("left out: pid ", load.MARKERS_BY_TID)))
+        notes.extend(f"{b.trace}: {n}" for n in b.notes if n.startswith(("left out: pid ", load.MARKERS_BY_TID)
+                                                                        + PART_NOTES))
     hosts = sorted({r["host"] for r in doc["ranks"] if r["host"]})
     out = {"mode": "ranks", "gating_rank": doc["gating_rank"], "steps": int(len(al.steps)),
            "alignment": al.method, "alignment_error_ms": round(al.error_ms, 6),
@@ -106,6 +107,11 @@ def run_ranks(traces: list[Path], markers: list[Path] | None = None, *, clock_er
            "worst_steps": ranks.worst_steps(al.steps, W, att, labels, top),
            "hosts": hosts, "warnings": warn, "notes": notes}
     return out, {"steps": al.steps, "W": W, "att": att, "labels": labels}
+
+
+#: the trace reader's notes about parts it skipped or could not trust: compare passes them on,
+#: as batch-tail does (engramprof.trace.reader)
+PART_NOTES = ("skipped ", "trace was not closed cleanly", "recording stopped early")
 
 
 def run_before_after(before: list[Path], after: list[Path], markers: list[Path] | None = None, *,
@@ -125,5 +131,6 @@ def run_before_after(before: list[Path], after: list[Path], markers: list[Path] 
         if b.summary.get("batch_source") != "markers":
             notes.append(f"{b.trace}: batches inferred from gaps in the read stream (no markers): time before the "
                          "first read of a batch is not seen")
+        notes.extend(f"{b.trace}: {n}" for n in b.notes if n.startswith(PART_NOTES))
     return {"mode": "before-after", **doc, "before": strata.side_facts(bb), "after": strata.side_facts(ab),
             "warnings": strata.warnings(bb, ab), "notes": notes}

@@ -58,7 +58,7 @@ def summarise(W: np.ndarray, att: dict, labels: list[int], traces: list[str], ta
     S, N = W.shape
     ranks = []
     for r in range(N):
-        mine = att["gate"] == r
+        mine = (att["gate"] == r) & (att["excess"] > 0)  # a step no rank is slower in has no gating rank
         causes = att["diff"][mine].sum(axis=0) if mine.any() else np.zeros(len(CAUSES))
         order = np.argsort(-causes, kind="stable")
         top = CAUSES[int(order[0])] if mine.any() and causes[order[0]] > 0 else None
@@ -74,6 +74,8 @@ def summarise(W: np.ndarray, att: dict, labels: list[int], traces: list[str], ta
             "batches": int(len(tables[r])),
         })
     gating = max(ranks, key=lambda x: (x["gated_steps"], x["excess_ms"])) if ranks else None
+    if gating is not None and not gating["excess_ms"] > 0:  # ranks even: none gates (not "0 ms slower")
+        gating = None
     return {"gating_rank": gating["rank"] if gating else None, "ranks": ranks,
             "lost_to_stragglers_ms": round(float(att["excess"].sum()), 4),
             "step_ms": {"p50": round(float(np.percentile(W.max(axis=1), 50)), 4),

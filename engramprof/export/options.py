@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from engramprof.errors import UserError
+from engramprof.validate import bad_number
 
 #: label names the exporter's own metrics use: a --label may not take them
 RESERVED_LABELS = ("file", "kind", "cause", "verdict", "le", "what", "result", "quantile")
@@ -67,7 +68,7 @@ def parse_labels(items) -> dict[str, str]:
 
 def check_window(window: float) -> float:
     if not (isinstance(window, (int, float)) and math.isfinite(window) and window >= 1):
-        raise UserError(f"--window {window}: must be at least 1 second", code=2)
+        raise bad_number("--window", "a number of seconds >= 1", window)
     return float(window)
 
 

@@ -379,7 +379,7 @@ class SyscallTracer:
         last_flush = last_hist = t0
         while True:
             if self.stop.wait(DRAIN_S):
-                self.end_reason = self.end_reason if self.end_reason != "running" else "signal"
+                self.end_reason = self.end_reason if self.end_reason != "running" else trace.END_SIGNAL
                 break
             if self.write_failed():
                 self.end_reason = self.writer.failed[0] if self.writer.failed else "write-error"
@@ -398,10 +398,10 @@ class SyscallTracer:
                 self.state.reset_window()
                 last_flush = now
             if duration is not None and now - t0 >= duration:
-                self.end_reason = "duration"
+                self.end_reason = trace.END_DURATION
                 break
             if self.target_exited():
-                self.end_reason = "target-exit"
+                self.end_reason = trace.END_TARGET_EXIT
                 break
 
     def write_failed(self) -> bool:
@@ -438,7 +438,7 @@ class SyscallTracer:
         self.flush()
         self.sink.close()
         if self.write_failed():
-            if self.end_reason in ("running", "duration", "signal", "target-exit") or not self.end_reason:
+            if self.end_reason in ("running", *trace.END_REASONS) or not self.end_reason:
                 self.end_reason = self.writer.failed[0] if self.writer.failed else "write-error"
             self.write_error = self.writer.failed[1] if self.writer.failed else str(self.sink.failed)
             self.notes.append(f"recording stopped: {self.write_error}; the kernel's totals count every call, "

@@ -177,6 +177,25 @@ def process_table(console: Console, processes: list[dict] | None, slowest: int |
                             title=f"Processes ({len(processes)}), each analysed on its own"))
 
 
+#: the causes that are never a verdict, as the verdict line explains them when one of them
+#: has the largest share (a reader told "python-scheduling; largest share: cpu-copy 64%"
+#: should not go looking for cpu-copy's cause)
+NOT_A_CAUSE = {"cpu-copy": "copying rows already cached: the read's own work, not a cause",
+               "unexplained": "time no evidence accounts for, not a cause"}
+
+
+def verdict_line(s: dict) -> Text:
+    """``verdict: V — largest share: C N% of batch time[ (what C is)]; tail (...): T``."""
+    v = s["verdict"]
+    top_cause = max(CAUSES, key=lambda c: s["share"][c])
+    line = Text("verdict: ", style="bold")
+    line.append(v, style=f"bold {CAUSE_STYLE.get(v, '')}")
+    gloss = f" ({NOT_A_CAUSE[top_cause]})" if top_cause in NOT_A_CAUSE else ""
+    line.append(f" — largest share: {top_cause} {_pct(s['share'][top_cause])} of batch time{gloss}; "
+                f"tail (batches > p90 {fmt_time(s['tail_threshold_ms'])}): {s['tail_verdict']}")
+    return line
+
+
 def render(result, console: Console | None = None, top: int = 10) -> None:
     """Rich terminal report: summary sentences, cause shares (all / tail), slowest batches."""
     batches, s = result
@@ -199,12 +218,7 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
             f"{fmt_time(s['batch_ms']['p99'])})"
         )
     v = s["verdict"]
-    top_cause = max(CAUSES, key=lambda c: s["share"][c])
-    line = Text("verdict: ", style="bold")
-    line.append(v, style=f"bold {CAUSE_STYLE.get(v, '')}")
-    line.append(f" — largest share: {top_cause} {_pct(s['share'][top_cause])} of batch time; "
-                f"tail (batches > p90 {fmt_time(s['tail_threshold_ms'])}): {s['tail_verdict']}")
-    say(line)
+    say(verdict_line(s))
     say(Text(present.ADVICE.get(v, {}).get("hint", ""), style="italic"))
     process_table(console, s.get("processes"), s.get("slowest_process"))
 

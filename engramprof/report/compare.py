@@ -38,6 +38,9 @@ def ranks(doc: dict, con: Console | None = None) -> None:
         _say(con, f"gating rank: {g['rank']} ({where}) was the slowest in {g['gated_share']:.0%} of "
                   f"steps, {fmt_ms(g['excess_ms'])} ms over the median rank, mostly {g['top_cause'] or '-'}",
              style="bold")
+    else:
+        _say(con, "no rank gates: the ranks are even (no rank was slower than the median rank in any step)",
+             style="bold")
     _say(con, f"step time lost to stragglers (sum of slowest minus median rank): "
               f"{fmt_ms(doc['lost_to_stragglers_ms'])} ms; step p50 {fmt_ms(doc['step_ms']['p50'])} ms vs median "
               f"rank p50 {fmt_ms(doc['median_rank_ms']['p50'])} ms")
@@ -134,7 +137,8 @@ def plot(path: str | os.PathLike, doc: dict, arrays: dict, max_steps: int = 2000
               extent=(0, ex.shape[0] * k, N - 0.5, -0.5))
     ax.set_yticks(range(N), [f"rank {r}" for r in arrays["labels"]])
     ax.set_xlabel("aligned step" + (f" (max of each {k} steps)" if k > 1 else ""))
-    ax.set_title(f"time over the median rank, by cause — gating rank {doc['gating_rank']} "
+    gate = "none (ranks even)" if doc["gating_rank"] is None else doc["gating_rank"]
+    ax.set_title(f"time over the median rank, by cause — gating rank {gate} "
                  f"({doc['steps']:,} steps, aligned by {doc['alignment']}); white: at the median")
     fig.legend(handles=[Patch(color=CAUSE_COLOURS[c], label=c) for c in CAUSES], loc="outside lower center",
                ncol=6, fontsize=8)

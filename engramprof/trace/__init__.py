@@ -24,40 +24,14 @@ Modules: :mod:`.schema` (every column, the version), :mod:`.writer` (TraceWriter
 from __future__ import annotations
 
 from engramprof.trace.reader import Trace, empty_calls, load, load_bundle
-from engramprof.trace.schema import (
-                                     CALL_SCHEMA,
-                                     CGROUP_COUNTERS,
-                                     CGROUP_GAUGES,
-                                     CONTRACT_COLUMNS,
-                                     DICT_COLUMNS,
-                                     ENRICHED_COLUMNS,
-                                     EVENT_READ_COLUMNS,
-                                     EVENT_SCHEMA,
-                                     EVIDENCE_COLUMNS,
-                                     FAULT_DEFAULTS,
-                                     FAULT_FIELDS,
-                                     FORMAT,
-                                     FORMAT_VERSION,
-                                     PSI_RESOURCES,
-                                     READ_KINDS,
-                                     SAMPLE_NAMES,
-                                     SAMPLE_READ_COLUMNS,
-                                     SAMPLE_SCHEMAS,
-                                     TABLE_SCHEMAS,
-                                     VMSTAT_COUNTERS,
-                                     VMSTAT_DERIVED,
-                                     WRITE_SCHEMA,
-                                     bio_latency_table,
-                                     check_record_columns,
-                                     fault_default_column,
-                                     fd_latency_table,
-                                     kswapd_events_table,
-                                     lost_records_table,
-                                     sample_schema,
-                                     table_schema,
-                                     with_fault_columns,
-)
-from engramprof.trace.writer import TraceWriter
+from engramprof.trace.schema import (CALL_SCHEMA, CGROUP_COUNTERS, CGROUP_GAUGES, CONTRACT_COLUMNS, DICT_COLUMNS,
+                                     ENRICHED_COLUMNS, EVENT_READ_COLUMNS, EVENT_SCHEMA, EVIDENCE_COLUMNS, FORMAT, FORMAT_VERSION,
+                                     PSI_RESOURCES, READ_KINDS, SAMPLE_NAMES, SAMPLE_READ_COLUMNS, SAMPLE_SCHEMAS,
+                                     TABLE_SCHEMAS, VMSTAT_COUNTERS, VMSTAT_DERIVED, WRITE_SCHEMA, bio_latency_table,
+                                     check_record_columns, fd_latency_table, kswapd_events_table, lost_records_table, sample_schema,
+                                     table_schema)
+from engramprof.trace.schema import FAULT_DEFAULTS, FAULT_FIELDS, fault_default_column, with_fault_columns
+from engramprof.trace.writer import END_DURATION, END_REASONS, END_SIGNAL, END_TARGET_EXIT, TraceWriter  # noqa: F401
 
 __all__ = [
     "CALL_SCHEMA", "CGROUP_COUNTERS", "CGROUP_GAUGES", "CONTRACT_COLUMNS", "DICT_COLUMNS", "ENRICHED_COLUMNS", "EVENT_READ_COLUMNS",

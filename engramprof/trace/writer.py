@@ -45,6 +45,12 @@ from engramprof.trace.schema import (
 
 RESERVE_BYTES = 256 << 10  # room kept for the closing meta.json on a disk that fills up
 RESERVE_NAME = ".reserve"
+# why a recording ended (meta.json's and the JSON summaries' end_reason): the one vocabulary
+# of `syscalls`, `diagnose` and `sample`; a failed write adds WRITE_END_REASONS
+END_DURATION = "duration"  # --duration reached
+END_SIGNAL = "signal"  # Ctrl-C (SIGINT) or SIGTERM
+END_TARGET_EXIT = "target-exit"  # every traced process exited
+END_REASONS = (END_DURATION, END_SIGNAL, END_TARGET_EXIT)
 # end_reason of a recording stopped by a failed write, by errno name
 WRITE_END_REASONS = {"ENOSPC": "disk-full", "EDQUOT": "disk-quota", "EIO": "disk-io-error"}
 

@@ -1,5 +1,7 @@
 """Checks of command-line numbers, worded with the flag the user typed (one place, so every
-command rejects a bad number the same way: ``UserError`` with code 2, one line naming the flag).
+command rejects a bad number the same way: ``UserError`` with code 2, one line naming the flag,
+in one wording: ``--duration must be a number > 0, got 'x'``; see :func:`bad_number`, which
+the CLI also uses for a value that does not parse as a number at all).
 
 Every check lets ``None`` (an optional flag not given) through.  Floats must be finite
 (``nan`` and ``inf`` parse as floats but mean nothing here: "no limit" is spelled by leaving
@@ -20,6 +22,18 @@ MAX_THREADS = 4096
 MAX_PID = 1 << 22
 
 
+def shown(value) -> str:
+    """A number as the user would have typed it: 3 (not 3.0), 0.5, nan, inf, 1e+10."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value) if not isinstance(value, float) else f"{value:g}" if abs(value) >= 1e15 else repr(value)
+
+
+def bad_number(flag: str, what: str, value) -> UserError:
+    """The one wording of a bad number: ``FLAG must be WHAT, got 'VALUE'`` (exit 2)."""
+    return UserError(f"{flag} must be {what}, got '{value if isinstance(value, str) else shown(value)}'")
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -27,19 +41,19 @@ def _is_number(value) -> bool:
 def finite(flag: str, value: float | None) -> None:
     """Any finite number (not nan, not +-inf)."""
     if value is not None and not (_is_number(value) and math.isfinite(value)):
-        raise UserError(f"{flag} must be a finite number (got {value})")
+        raise bad_number(flag, "a number", value)
 
 
 def positive(flag: str, value: float | None) -> None:
     """A finite number > 0."""
     if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
-        raise UserError(f"{flag} must be a finite number > 0 (got {value})")
+        raise bad_number(flag, "a number > 0", value)
 
 
 def non_negative(flag: str, value: float | None) -> None:
     """A finite number >= 0."""
     if value is not None and not (_is_number(value) and math.isfinite(value) and value >= 0):
-        raise UserError(f"{flag} must be a number >= 0 (got {value})")
+        raise bad_number(flag, "a number >= 0", value)
 
 
 def in_range(flag: str, value: float | None, lo: float, hi: float, *, lo_open: bool = False,
@@ -51,7 +65,7 @@ def in_range(flag: str, value: float | None, lo: float, hi: float, *, lo_open: b
     ok = ok and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
     if not ok:
         interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-        raise UserError(f"{flag} must be in {interval}{what} (got {value})")
+        raise bad_number(flag, f"a number in {interval}{what}", value)
 
 
 def at_least(flag: str, value: int | None, lo: int, hi: int | None = None) -> None:
@@ -60,7 +74,7 @@ def at_least(flag: str, value: int | None, lo: int, hi: int | None = None) -> No
         return
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)):
         bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise UserError(f"{flag} must be an integer {bound} (got {value})")
+        raise bad_number(flag, f"an integer {bound}", value)
 
 
 def share(flag: str, value: float | None) -> None:
@@ -79,8 +93,8 @@ def duration(flag: str, value: float | None) -> None:
         return
     positive(flag, value)
     if value > MAX_DURATION_S:
-        raise UserError(f"{flag} must be at most {MAX_DURATION_S:,} s (10 years) (got {value:g}); "
-                        "leave it out to run until Ctrl-C")
+        raise bad_number(flag, f"a number of seconds <= {MAX_DURATION_S} (10 years; leave it out to run until "
+                               "Ctrl-C)", value)
 
 
 def sample_hz(flag: str, value: float | None, *, zero_is_off: bool = False) -> None:
