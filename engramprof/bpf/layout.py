@@ -28,6 +28,28 @@ def header_text() -> str:
     return (probe_dir() / "engramprof.h").read_text()
 
 
+_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', flags=re.M)
+
+
+def inline_headers(src: str) -> str:
+    """``src`` with each ``#include "x.h"`` of a header in probes/ replaced by its text, and so
+    on inside it (a header already pasted: nothing).  BCC compiles one text, and the program
+    printed by ``--ebpf`` is complete."""
+    done: set[str] = set()
+
+    def paste(m: re.Match) -> str:
+        name = m.group(1)
+        path = probe_dir() / name
+        if not path.is_file():
+            return m.group(0)
+        if name in done:
+            return ""
+        done.add(name)
+        return _INCLUDE.sub(paste, path.read_text())
+
+    return _INCLUDE.sub(paste, src)
+
+
 @lru_cache(maxsize=None)
 def struct_dtype(name: str) -> np.dtype:
     text = re.sub(r"/\*.*?\*/", "", header_text(), flags=re.S)
