@@ -438,7 +438,7 @@ static __always_inline u64 call_switched_in(u32 next)
 	u64 now = 0;
 	u64 *w = call_out_word(next);
 	if (tid_bit_maybe(w, next)) {
-		tid_bit_clear(w, next);
+		tid_bit_drop(w, next);
 		struct offcpu_state *o = offcpu_by_tid.lookup(&next);
 		if (o && o->out_ts) {
 			now = bpf_ktime_get_ns();

@@ -47,6 +47,13 @@ static __always_inline void tid_bit_set(u64 *w, u32 tid)
 		__sync_fetch_and_or(w, tid_bit(tid));
 }
 
+/* clear tid's bit, known to be set (a switch-in that tested it) */
+static __always_inline void tid_bit_drop(u64 *w, u32 tid)
+{
+	if (w)
+		__sync_fetch_and_and(w, ~tid_bit(tid));
+}
+
 /* clear tid's bit (the atomic only when it is set) */
 static __always_inline void tid_bit_clear(u64 *w, u32 tid)
 {

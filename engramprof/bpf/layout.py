@@ -50,12 +50,13 @@ def inline_headers(src: str) -> str:
     return _INCLUDE.sub(paste, src)
 
 
-@lru_cache(maxsize=None)
-def struct_dtype(name: str) -> np.dtype:
-    text = re.sub(r"/\*.*?\*/", "", header_text(), flags=re.S)
+def parse_struct(text: str, name: str, where: str = "engramprof.h") -> np.dtype:
+    """``struct name`` of C source ``text`` (fixed-width members only) as a numpy dtype: the one
+    parser of the structs user space decodes (``where`` names the file in the error)."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     m = re.search(r"struct\s+%s\s*\{(.*?)\};" % re.escape(name), text, flags=re.S)
     if not m:
-        raise KeyError(f"struct {name} not in engramprof.h")
+        raise KeyError(f"struct {name} not in {where}")
     fields = []
     for line in m.group(1).split(";"):
         line = line.strip()
@@ -64,6 +65,11 @@ def struct_dtype(name: str) -> np.dtype:
         ctype, fname = line.split()
         fields.append((fname, _CTYPES[ctype]))
     return np.dtype(fields, align=True)
+
+
+@lru_cache(maxsize=None)
+def struct_dtype(name: str) -> np.dtype:
+    return parse_struct(header_text(), name)
 
 
 @lru_cache(maxsize=None)
