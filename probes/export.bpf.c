@@ -5,8 +5,8 @@
  * the read kind (syscall / fault), holding counters and a log2(ns) latency histogram.  User
  * space reads the maps when Prometheus scrapes.
  *
- * Syscall reads (preadv2 / preadv / pread64) use the mechanism of preadv.bpf.c: the call in
- * task-local storage from enter to exit; evidence hooks that fire in the reading thread while
+ * Syscall reads (preadv2 / preadv / pread64) use the mechanism of preadv.bpf.c, one header
+ * for both (probes/inflight.h): the call in task-local storage from enter to exit; evidence hooks that fire in the reading thread while
  * the call is in flight (page-cache insertions, bios queued and their queue -> complete time,
  * direct / memcg reclaim, being switched out and waiting for a CPU) add to it.  The bios are
  * kept in the in-flight bio table of probes/bios.h (completed at block_rq_complete for
@@ -39,7 +39,7 @@
  *                 (probes/targets.h)
  *   RING_PAGES    sample ring size in pages       MAX_READ_FILES  entries of read_stats_by_file
  *   BIO_SLOTS, BIO_STALE_NS  the in-flight bio table (probes/bios.h)
- *   TID_WORDS     u64 words of call_out_bits (HAVE_SCHED: tids < 64 * TID_WORDS)
+ *   TID_WORDS     u64 words of call_out_bits (HAVE_SCHED: tids < 64 * TID_WORDS; probes/tidbits.h)
  *   MATCH_FILES and the OFF_* offsets: --file, matched in the kernel (targets.h: is_target_fd at
  *                 syscall entry, is_target_file for a fault's device + inode)
  *   USE_RAW_SYSCALLS  1: raw_syscalls sys_enter/sys_exit (x86_64); 0: per-syscall tracepoints
@@ -47,13 +47,8 @@
  *   HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_SCHED  feature-probed tracepoints
  */
 #include <linux/fs.h>
-#include <linux/ptrace.h>
-#include <linux/uio.h>
 #include "engramprof.h"
 
-#define MAX_IOV 8
-#define RWF_NOWAIT_BIT 0x00000008
-#define EAGAIN_RET (-11)
 #define READ_KIND_SYSCALL 0
 #define READ_KIND_FAULT   1
 #define FAULT_SPANS (HAVE_PFU && USE_RAW_SYSCALLS && HAVE_FAULT)
@@ -93,47 +88,22 @@ struct export_totals {
 			     * (probes/bios.h): in the read's bio_count, not in its bio_ns */
 };
 
-/* ---- in-flight state (as in preadv.bpf.c) ---- */
+/* ---- the exporter's own state ---- */
 
-struct inflight {
-	u64 ts;           /* entry ns; 0 = no call in flight */
-	s64 offset;
-	u64 size;
-	u64 flags;
-	u64 reclaim_start;
-	u64 reclaim_ns;
-	u64 ino;
-	u32 dev;
-	s32 fd;
-	u32 pages_added;
-	u32 bio_count;
-	u16 syscall;
-	u8 switched;
-	u8 fault_open;    /* the thread's last fault is file-backed: its file is fault_key */
-	u8 fault_missed;  /* that fault already counted as a miss */
-	u8 fault_slept;   /* FAULT_SPANS: switched out asleep inside the open fault */
-	u8 __pad0[6];
-	struct read_key fault_key;
-	u64 pf_ts;        /* FAULT_SPANS: the open fault's entry; 0 = none */
-	u64 pf_end;       /* its last in-fault event */
+/* more of struct inflight (probes/inflight.h): the call's file, the thread's last fault */
+#define INFLIGHT_EXTRA \
+	u64 ino;          /* the call's file (mm_filemap_get_pages); 0: not seen */ \
+	u32 dev; \
+	u8 fault_open;    /* the thread's last fault is file-backed: its file is fault_key */ \
+	u8 fault_missed;  /* that fault already counted as a miss */ \
+	u8 fault_slept;   /* FAULT_SPANS: switched out asleep inside the open fault */ \
+	u8 __pad1; \
+	struct read_key fault_key; \
+	u64 pf_ts;        /* FAULT_SPANS: the open fault's entry; 0 = none */ \
+	u64 pf_end;       /* its last in-fault event */ \
 	u64 pf_pages;     /* pages it inserted */
-};
-
-struct offcpu_state {
-	u64 out_ts;
-	u64 in_ts;        /* last switch back in */
-	u64 wake_ts;
-	u64 offcpu_ns;
-	u64 runq_ns;
-	u32 preempted;
-	u32 __pad0;
-};
-
-struct bio_wait {
-	u64 call_ts;
-	u64 ns;
-	u64 count;
-};
+/* FAULT_SPANS: any syscall of a target thread ends its open fault (every_syscall) */
+#define INFLIGHT_EVERY_SYSCALL FAULT_SPANS
 
 struct fd_key {
 	u32 tgid;
@@ -149,8 +119,8 @@ struct file_id {
 BPF_PERCPU_HASH(read_stats_by_file, struct read_key, struct read_stats, MAX_READ_FILES);
 BPF_PERCPU_ARRAY(read_stats_zero, struct read_stats, 1);   /* never written: the initial value */
 BPF_PERCPU_ARRAY(export_totals, struct export_totals, 1);
-/* queue -> complete of every bio a target thread queued inside a syscall read (all files) */
-BPF_ARRAY(bio_latency_log2, u64, LAT_SLOTS);
+/* the sum of bio_latency_log2's (probes/inflight.h) bios: every bio a target thread queued inside
+ * a syscall read (all files) */
 BPF_ARRAY(bio_latency_sum_ns, u64, 1);
 BPF_ARRAY(sample_budget, s64, 1);
 /* 1 once every program is attached (set by user space): BCC attaches them one by one while it
@@ -160,47 +130,19 @@ BPF_ARRAY(export_armed, u32, 1);
 BPF_RINGBUF_OUTPUT(sample_records, RING_PAGES);
 BPF_ARRAY(call_record_layout, struct call_record, 1);
 
-BPF_TASK_STORAGE(inflight_by_task, struct inflight);
-#if HAVE_SCHED
-/* bit (tid & 63) of word (tid >> 6): that target thread is switched out inside a traced call or
- * asleep inside an open fault (its offcpu_by_tid entry has out_ts set).  sched_switch (next) and
- * sched_wakeup fire for every task of the machine: they test this bit (an inlined array lookup)
- * before the clock read and the hash lookup.  A tid past the bitmap (pid_max raised beyond
- * TID_WORDS' headroom while exporting) has no word: its hooks do the hash lookup, as without
- * the bitmap.  (preadv.bpf.c's call_out_bits.) */
-BPF_ARRAY(call_out_bits, u64, TID_WORDS);
-
-static __always_inline u64 *call_out_word(u32 tid)
-{
-	u32 w = tid >> 6;
-	return call_out_bits.lookup(&w);  /* array: inlined, bounds-checked */
-}
-
-static __always_inline u64 tid_bit(u32 tid)
-{
-	return 1ULL << (tid & 63);
-}
-
-/* the thread's offcpu_by_tid entry is deleted: a bit its switch-in did not clear goes with it,
- * or an untraced thread reusing the tid pays lookups */
-static __always_inline void call_out_clear(u32 tid)
-{
-	u64 *w = call_out_word(tid);
-	if (w && (*w & tid_bit(tid)))
-		__sync_fetch_and_and(w, ~tid_bit(tid));
-}
-#endif
-BPF_HASH(offcpu_by_tid, u32, struct offcpu_state, 4096);
 #if HAVE_BIO
 /* bio_slots, bio_slots_taken: the bios the targets' syscall reads queued, until their
  * completion (the owner's time in a slot is the call's entry time: it identifies the call) */
 #include "bios.h"
 #endif
-BPF_HASH(bio_wait_by_tid, u32, struct bio_wait, 4096);
 BPF_TABLE("lru_hash", struct fd_key, struct file_id, inode_by_fd, 16384);
 
 /* is_target(pid_tgid): probes/targets.h (one pid, a set of pids, cgroups, children) */
 #include "targets.h"
+/* struct inflight in task storage, offcpu_by_tid, bio_wait_by_tid, call_out_bits (asleep inside
+ * an open fault too), bio_latency_log2; the syscall, bio, reclaim and sched_wakeup hooks:
+ * probes/inflight.h */
+#include "inflight.h"
 
 static __always_inline struct export_totals *totals(void)
 {
@@ -234,20 +176,6 @@ static __always_inline struct read_stats *stats_of(struct read_key *k)
 	return st;
 }
 
-static __always_inline struct inflight *task_state(int create)
-{
-	return inflight_by_task.task_storage_get(bpf_get_current_task_btf(), 0,
-						 create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-}
-
-static __always_inline struct inflight *current_call(void)
-{
-	struct inflight *s = task_state(0);
-	if (s && s->ts)
-		return s;
-	return 0;
-}
-
 static __always_inline void add_latency(struct read_stats *st, u64 dur)
 {
 	st->sum_ns += dur;
@@ -273,9 +201,7 @@ static __always_inline void fault_close(struct inflight *s, u32 tid)
 			rq = o->runq_ns;
 			offcpu_by_tid.delete(&tid);
 		}
-#if HAVE_SCHED
 		call_out_clear(tid);
-#endif
 	}
 	if (s->fault_open) {
 		struct export_totals *t = totals();
@@ -320,6 +246,17 @@ static __always_inline void fault_file_event(u32 dev, u64 ino)
 }
 #endif
 
+#if FAULT_SPANS
+/* any syscall entry of a target thread (raw sys_enter): its open fault had returned to user
+ * space before it */
+static __always_inline void every_syscall(u64 pid_tgid)
+{
+	struct inflight *fs = task_state(0);
+	if (fs && fs->pf_ts)
+		fault_close(fs, (u32)pid_tgid);
+}
+#endif
+
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
 	if (!armed() || !is_target_fd(fd))
@@ -327,35 +264,10 @@ static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64
 	struct inflight *s = task_state(1);
 	if (!s)
 		return;
-	s->offset = offset;
-	s->size = size;
-	s->flags = flags;
-	s->reclaim_start = 0;
-	s->reclaim_ns = 0;
 	s->ino = 0;
 	s->dev = 0;
-	s->fd = fd;
-	s->pages_added = 0;
-	s->bio_count = 0;
-	s->syscall = sc;
-	s->switched = 0;
 	s->fault_open = 0;   /* a syscall ends the thread's last fault */
-	s->ts = bpf_ktime_get_ns();
-}
-
-static __always_inline u64 iov_bytes(const struct iovec *vec, u64 vlen)
-{
-	u64 total = 0;
-	struct iovec iov;
-#pragma unroll
-	for (int i = 0; i < MAX_IOV; i++) {
-		if (i >= vlen)
-			break;
-		if (bpf_probe_read_user(&iov, sizeof(iov), &vec[i]))
-			break;
-		total += iov.iov_len;
-	}
-	return total;
+	call_begin(s, sc, fd, offset, size, flags);
 }
 
 static __always_inline void call_file(struct inflight *s, u64 pid_tgid, struct read_key *k)
@@ -394,23 +306,7 @@ static __always_inline void sample(struct inflight *s, u64 pid_tgid, u64 dur, s6
 			t->sample_lost++;
 		return;
 	}
-	r->ts_ns = s->ts;
-	r->dur_ns = dur;
-	r->offset = s->offset;
-	r->size = s->size;
-	r->ret = ret;
-	r->flags = s->flags;
-	r->offcpu_ns = offcpu;
-	r->runq_ns = runq;
-	r->reclaim_ns = s->reclaim_ns;
-	r->bio_ns = bio_ns;
-	r->pid = pid_tgid >> 32;
-	r->tid = (u32)pid_tgid;
-	r->fd = s->fd;
-	r->pages_added = s->pages_added;
-	r->bio_count = s->bio_count;
-	r->syscall = s->syscall;
-	r->__pad0 = 0;
+	call_record_fill(r, s, pid_tgid, dur, ret, offcpu, runq, bio_ns);
 	sample_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 	if (t)
 		t->sampled++;
@@ -423,29 +319,8 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 	if (!s)
 		return;
 	u64 dur = now - s->ts;
-	u32 tid = (u32)pid_tgid;
-
-	u64 offcpu = 0, runq = 0;
-	if (s->switched) {
-		struct offcpu_state *o = offcpu_by_tid.lookup(&tid);
-		if (o) {
-			offcpu = o->offcpu_ns;
-			runq = o->runq_ns;
-			offcpu_by_tid.delete(&tid);
-		}
-#if HAVE_SCHED
-		call_out_clear(tid);
-#endif
-	}
-	u64 bio_ns = 0;
-	if (s->bio_count) {
-		struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
-		if (w) {
-			if (w->call_ts == s->ts)
-				bio_ns = w->ns;
-			bio_wait_by_tid.delete(&tid);
-		}
-	}
+	u64 offcpu, runq, bio_ns;
+	call_evidence(s, (u32)pid_tgid, &offcpu, &runq, &bio_ns);
 
 	struct export_totals *t = totals();
 	if (t)
@@ -472,109 +347,6 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 	sample(s, pid_tgid, dur, ret, offcpu, runq, bio_ns, t);
 	s->ts = 0;
 }
-
-#if USE_RAW_SYSCALLS
-#define NR_PREAD64 17
-#define NR_PREADV 295
-#define NR_PREADV2 327
-RAW_TRACEPOINT_PROBE(sys_enter)
-{
-	u64 id = ctx->args[1];
-#if FAULT_SPANS
-	/* any syscall ends the thread's open fault (it returned to user space before it) */
-	u64 pt = bpf_get_current_pid_tgid();
-	if (!is_target(pt))
-		return 0;
-	struct inflight *fs = task_state(0);
-	if (fs && fs->pf_ts)
-		fault_close(fs, (u32)pt);
-	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
-		return 0;
-#else
-	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
-		return 0;
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-#endif
-	struct pt_regs regs = {};
-	bpf_probe_read_kernel(&regs, sizeof(regs), (void *)ctx->args[0]);
-	u64 a0 = regs.di, a1 = regs.si, a2 = regs.dx, a3 = regs.r10;
-	u64 a5 = id == NR_PREADV2 ? regs.r9 : 0;
-	if (id == NR_PREAD64) {
-		call_enter(SYSCALL_PREAD64, (s32)a0, (s64)a3, a2, 0);
-		return 0;
-	}
-	call_enter(id == NR_PREADV2 ? SYSCALL_PREADV2 : SYSCALL_PREADV, (s32)a0, (s64)a3,
-		   iov_bytes((const struct iovec *)a1, a2), a5);
-	return 0;
-}
-
-RAW_TRACEPOINT_PROBE(sys_exit)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, (s64)ctx->args[1]);
-	return 0;
-}
-#else
-TRACEPOINT_PROBE(syscalls, sys_enter_preadv2)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_PREADV2, (s32)args->fd, (s64)args->pos_l,
-		   iov_bytes((const struct iovec *)args->vec, args->vlen), (u64)args->flags);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_preadv2)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, args->ret);
-	return 0;
-}
-
-#if HAVE_PREADV
-TRACEPOINT_PROBE(syscalls, sys_enter_preadv)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_PREADV, (s32)args->fd, (s64)args->pos_l,
-		   iov_bytes((const struct iovec *)args->vec, args->vlen), 0);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_preadv)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, args->ret);
-	return 0;
-}
-#endif
-
-#if HAVE_PREAD64
-TRACEPOINT_PROBE(syscalls, sys_enter_pread64)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_PREAD64, (s32)args->fd, (s64)args->pos, args->count, 0);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_pread64)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, args->ret);
-	return 0;
-}
-#endif
-#endif /* USE_RAW_SYSCALLS */
 
 #if HAVE_GET_PAGES
 /* Inside filemap_read, in the reader's context, once the pages of a chunk are found. */
@@ -679,142 +451,32 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 #endif
 
 #if HAVE_BIO
-/* A bio queued by a target thread inside a syscall read (as preadv.bpf.c): tracked in the bio
- * table until its completion, found by device + first sector.  A back-merged bio is dropped
- * from matching (in bio_count, not in bio_ns); a bio whose slot another bio in flight holds is
- * not tracked (export_totals.bios_untracked). */
-TRACEPOINT_PROBE(block, block_bio_queue)
+/* the bio hooks are probes/inflight.h's */
+static __always_inline void call_bio_untracked(void)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	struct inflight *s = current_call();
-	if (!s)
-		return 0;
-	s->bio_count++;
-	if (bio_claim(args->dev, args->sector, bpf_ktime_get_ns(), s->ts, (u32)bpf_get_current_pid_tgid())) {
-		struct export_totals *t = totals();
-		if (t)
-			t->bios_untracked++;
-	}
-	return 0;
+	struct export_totals *t = totals();
+	if (t)
+		t->bios_untracked++;
 }
 
-TRACEPOINT_PROBE(block, block_bio_backmerge)
+static __always_inline void call_bio_done(u64 delta)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	struct bio_found b;
-	bio_completed(args->dev, args->sector, &b);  /* merged: no completion of its own to time */
-	return 0;
-}
-
-/* the completion hooks (every I/O of the machine, interrupt context): the count of taken slots
- * comes first (probes/bios.h) */
-static __always_inline void bio_done(u32 dev, u64 sector)
-{
-	struct bio_found b;
-	if (!bio_completed(dev, sector, &b))
-		return;
-	u64 delta = bpf_ktime_get_ns() - b.ts;
-	u32 tid = b.tid;
-	u64 call_ts = b.owner_ts;
-	u32 slot = bpf_log2l(delta);
-	if (slot >= LAT_SLOTS)
-		slot = LAT_SLOTS - 1;
-	u64 *h = bio_latency_log2.lookup(&slot);
-	if (h)
-		__sync_fetch_and_add(h, 1);
 	int zero = 0;
 	u64 *sum = bio_latency_sum_ns.lookup(&zero);
 	if (sum)
 		__sync_fetch_and_add(sum, delta);
-	/* credit the call that queued it; one that already returned sees a different call_ts */
-	struct bio_wait *w = bio_wait_by_tid.lookup(&tid);
-	if (!w || w->call_ts != call_ts) {
-		struct bio_wait fresh = {.call_ts = call_ts};
-		bio_wait_by_tid.update(&tid, &fresh);
-		w = bio_wait_by_tid.lookup(&tid);
-		if (!w)
-			return;
-	}
-	__sync_fetch_and_add(&w->ns, delta);
-	__sync_fetch_and_add(&w->count, 1);
 }
-
-/* request-based devices (NVMe, SCSI, virtio, loop): the request's first sector is the bio's */
-TRACEPOINT_PROBE(block, block_rq_complete)
-{
-	bio_done(args->dev, args->sector);
-	return 0;
-}
-
-/* bio-based devices (device-mapper / LVM, md, zram, NVMe multipath's head) complete the bio
- * itself and make no request: without this their bios never left the bio table (no bio time
- * for the read, slots held until they go stale).  For a request-based device the bio's sector
- * has advanced by then: no match.  (As old as block_bio_queue: compiled with HAVE_BIO.) */
-TRACEPOINT_PROBE(block, block_bio_complete)
-{
-	bio_done(args->dev, args->sector);
-	return 0;
-}
-#endif
-
-static __always_inline void reclaim_begin(void)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return;
-	struct inflight *s = current_call();
-	if (s)
-		s->reclaim_start = bpf_ktime_get_ns();
-}
-
-static __always_inline void reclaim_end(void)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return;
-	struct inflight *s = current_call();
-	if (s && s->reclaim_start) {
-		s->reclaim_ns += bpf_ktime_get_ns() - s->reclaim_start;
-		s->reclaim_start = 0;
-	}
-}
-
-#if HAVE_VMSCAN_DIRECT
-TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { reclaim_begin(); return 0; }
-TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_end) { reclaim_end(); return 0; }
-#endif
-#if HAVE_VMSCAN_MEMCG
-TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_begin) { reclaim_begin(); return 0; }
-TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0; }
 #endif
 
 #if HAVE_SCHED
+/* runs in the context of the task switched out (prev = current) */
 TRACEPOINT_PROBE(sched, sched_switch)
 {
-	u64 now = 0;
-	u32 next = args->next_pid;
-	u64 *w = call_out_word(next);
-	if (!w || (*w & tid_bit(next))) {
-		if (w)
-			__sync_fetch_and_and(w, ~tid_bit(next));
-		struct offcpu_state *o = offcpu_by_tid.lookup(&next);
-		if (o && o->out_ts) {
-			now = bpf_ktime_get_ns();
-			u64 gap = now - o->out_ts;
-			o->offcpu_ns += gap;
-			if (o->preempted)
-				o->runq_ns += gap;
-			else if (o->wake_ts)
-				o->runq_ns += now - o->wake_ts;
-			o->out_ts = 0;
-			o->wake_ts = 0;
-			o->in_ts = now;
-		}
-	}
+	u64 now = call_switched_in(args->next_pid);
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
 	u32 prev = (u32)bpf_get_current_pid_tgid();
-	u32 preempted = (args->prev_state & 0x7f) == 0;
+	u32 preempted = switch_preempted(args->prev_state);
 #if FAULT_SPANS
 	struct inflight *f = task_state(0);
 	if (f && !f->ts && f->pf_ts) {
@@ -822,54 +484,16 @@ TRACEPOINT_PROBE(sched, sched_switch)
 			fault_close(f, prev);
 			return 0;
 		}
-		struct offcpu_state fresh = {};
-		if (!f->fault_slept)
-			offcpu_by_tid.update(&prev, &fresh);
-		struct offcpu_state *fo = offcpu_by_tid.lookup(&prev);
-		if (!fo)
-			return 0;
-		if (!now)
-			now = bpf_ktime_get_ns();
-		f->fault_slept = 1;
-		fo->out_ts = now;
-		fo->wake_ts = 0;
-		fo->preempted = 0;
-		u64 *fw = call_out_word(prev);
-		if (fw)
-			__sync_fetch_and_or(fw, tid_bit(prev));
+		if (call_switched_out(prev, !f->fault_slept, 0, now))
+			f->fault_slept = 1;
 		return 0;
 	}
 #endif
 	struct inflight *s = current_call();
 	if (!s)
 		return 0;
-	struct offcpu_state init = {};
-	if (!s->switched)
-		offcpu_by_tid.update(&prev, &init);
-	struct offcpu_state *o = offcpu_by_tid.lookup(&prev);
-	if (!o)
-		return 0;
-	if (!now)
-		now = bpf_ktime_get_ns();
-	s->switched = 1;
-	o->out_ts = now;
-	o->wake_ts = 0;
-	o->preempted = preempted;
-	u64 *pw = call_out_word(prev);
-	if (pw)
-		__sync_fetch_and_or(pw, tid_bit(prev));
-	return 0;
-}
-
-TRACEPOINT_PROBE(sched, sched_wakeup)
-{
-	u32 pid = args->pid;
-	u64 *w = call_out_word(pid);
-	if (w && !(*w & tid_bit(pid)))
-		return 0;
-	struct offcpu_state *o = offcpu_by_tid.lookup(&pid);
-	if (o && o->out_ts && !o->wake_ts)
-		o->wake_ts = bpf_ktime_get_ns();
+	if (call_switched_out(prev, !s->switched, preempted, now))
+		s->switched = 1;
 	return 0;
 }
 #endif

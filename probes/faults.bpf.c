@@ -62,10 +62,11 @@ struct fault_state {
 
 BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
 #if HAVE_SCHED
-/* bit (tid & 63) of word (tid >> 6): that target thread is switched out inside an open fault.
- * sched_switch (next) and sched_wakeup fire for every task of the machine: they test this bit
- * (an inlined array lookup) before any hash lookup. */
+/* that target thread is switched out inside an open fault: sched_switch (next) and sched_wakeup
+ * fire for every task of the machine, and test its bit (probes/tidbits.h) before any hash lookup.
+ * A tid past the array (no word) is not timed. */
 BPF_ARRAY(fault_out_bits, u64, TID_WORDS);
+#include "tidbits.h"
 #endif
 #if HAVE_BIO
 /* bio_slots, bio_slots_taken: the bios the target's faults queued, until their completion */
@@ -434,7 +435,7 @@ TRACEPOINT_PROBE(vmscan, mm_vmscan_memcg_reclaim_end) { reclaim_end(); return 0;
 #if HAVE_SCHED
 static __always_inline u64 *out_word(u32 tid)
 {
-	u32 w = tid >> 6;
+	u32 w = tid_word_index(tid);
 	return fault_out_bits.lookup(&w);  /* array: inlined, bounds-checked */
 }
 
@@ -444,8 +445,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	u64 now = 0;
 	u32 next = args->next_pid;
 	u64 *w = out_word(next);
-	if (w && (*w & (1ULL << (next & 63)))) {
-		__sync_fetch_and_and(w, ~(1ULL << (next & 63)));
+	if (tid_bit_is_set(w, next)) {
+		tid_bit_drop(w, next);
 		struct fault_state *o = fault_by_tid.lookup(&next);
 		if (o && o->ts && o->out_ts) {
 			now = bpf_ktime_get_ns();
@@ -477,17 +478,14 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	s->wake_ts = 0;
 	s->flags |= FAULT_SLEPT;
 	s->slept_since_filemap = 1;
-	u64 *pw = out_word(prev);
-	if (pw)
-		__sync_fetch_and_or(pw, 1ULL << (prev & 63));
+	tid_bit_set(out_word(prev), prev);
 	return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup)
 {
 	u32 pid = args->pid;
-	u64 *w = out_word(pid);
-	if (!w || !(*w & (1ULL << (pid & 63))))
+	if (!tid_bit_is_set(out_word(pid), pid))
 		return 0;
 	struct fault_state *o = fault_by_tid.lookup(&pid);
 	if (o && o->ts && o->out_ts && !o->wake_ts)

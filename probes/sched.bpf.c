@@ -40,8 +40,10 @@ struct span_state {
 };
 
 BPF_HASH(span_by_tid, u32, struct span_state, MAX_THREADS);
-/* bit (tid & 63) of word (tid >> 6): a span of that target thread is open */
+/* a span of that target thread is open: one bit per tid (probes/tidbits.h; a tid past the array
+ * has no word: not traced) */
 BPF_ARRAY(open_spans, u64, TID_WORDS);
+#include "tidbits.h"
 BPF_RINGBUF_OUTPUT(offcpu_records, RING_PAGES);
 BPF_PERCPU_ARRAY(offcpu_totals, struct offcpu_totals, 1);
 /* never written: lets user space read the layout clang compiled */
@@ -53,7 +55,7 @@ BPF_ARRAY(offcpu_totals_layout, struct offcpu_totals, 1);
 
 static __always_inline u64 *open_word(u32 tid)
 {
-	u32 w = tid >> 6;
+	u32 w = tid_word_index(tid);
 	return open_spans.lookup(&w);   /* array: inlined, bounds-checked */
 }
 
@@ -76,14 +78,12 @@ static __always_inline void span_open(u32 tid, u64 now, u32 preempted, s32 waker
 	s->preempted = preempted;
 	s->waker_tid = waker_tid;
 	s->waker_pid = waker_pid;
-	u64 *w = open_word(tid);
-	if (w)
-		__sync_fetch_and_or(w, 1ULL << (tid & 63));
+	tid_bit_set(open_word(tid), tid);
 }
 
-static __always_inline void span_close(u32 tid, u64 *w, u64 bit, u64 now)
+static __always_inline void span_close(u32 tid, u64 *w, u64 now)
 {
-	__sync_fetch_and_and(w, ~bit);
+	tid_bit_drop(w, tid);
 	struct span_state *s = span_by_tid.lookup(&tid);
 	if (!s)
 		return;
@@ -119,12 +119,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	/* next first: its span ends now */
 	u32 next = args->next_pid;
 	u64 *w = open_word(next);
-	if (w) {
-		u64 bit = 1ULL << (next & 63);
-		if (*w & bit) {
-			now = bpf_ktime_get_ns();
-			span_close(next, w, bit, now);
-		}
+	if (tid_bit_is_set(w, next)) {
+		now = bpf_ktime_get_ns();
+		span_close(next, w, now);
 	}
 	if (!is_target(pid_tgid))
 		return 0;
@@ -144,8 +141,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
 static __always_inline void woken(u32 tid)
 {
-	u64 *w = open_word(tid);
-	if (!w || !(*w & (1ULL << (tid & 63))))
+	if (!tid_bit_is_set(open_word(tid), tid))
 		return;
 	struct span_state *s = span_by_tid.lookup(&tid);
 	if (!s || s->waker_tid >= 0)

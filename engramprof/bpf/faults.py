@@ -96,7 +96,7 @@ def plan(config: FaultProbeConfig, tracefs_root=None) -> FaultProbePlan:
 
 def program_text(p: FaultProbePlan) -> str:
     src = (layout.probe_dir() / PROBE_FILE).read_text()
-    src = bios.inline(targets.inline(src.replace('#include "engramprof.h"', layout.header_text())))
+    src = layout.inline_headers(src)  # engramprof.h, bios.h, targets.h, tidbits.h
     c = p.config
     defines = {**targets.defines(c.selection, c.tgid, c.tid), **bios.defines(c.bio_slots, c.bio_stale_ns),
                "RING_PAGES": c.ring_pages,

@@ -134,8 +134,7 @@ def plan(config: ProbeConfig, tracefs_root=None) -> ProbePlan:
 def program_text(p: ProbePlan) -> str:
     """The complete C program (header inlined, constants defined) that load() compiles."""
     src = (layout.probe_dir() / PROBE_FILE).read_text()
-    header = layout.header_text()
-    src = bios.inline(targets.inline(src.replace('#include "engramprof.h"', header)))
+    src = layout.inline_headers(src)  # engramprof.h, bios.h, targets.h, inflight.h, tidbits.h
     c = p.config
     defines = {
         **targets.defines(c.selection, c.tgid, c.tid),

@@ -44,18 +44,8 @@ def source() -> str:
 
 @lru_cache(maxsize=None)
 def struct_dtype(name: str) -> np.dtype:
-    """A struct of probes/pagecache.bpf.c as a numpy dtype (the parser of engramprof.h's)."""
-    text = re.sub(r"/\*.*?\*/", "", source(), flags=re.S)
-    m = re.search(r"struct\s+%s\s*\{(.*?)\};" % re.escape(name), text, flags=re.S)
-    if not m:
-        raise KeyError(f"struct {name} not in {PROBE_FILE}")
-    fields = []
-    for line in m.group(1).split(";"):
-        line = line.strip()
-        if line:
-            ctype, fname = line.split()
-            fields.append((fname, layout._CTYPES[ctype]))
-    return np.dtype(fields, align=True)
+    """A struct of probes/pagecache.bpf.c as a numpy dtype (layout's parser)."""
+    return layout.parse_struct(source(), name, PROBE_FILE)
 
 
 @lru_cache(maxsize=None)

@@ -86,7 +86,7 @@ def plan(config: SchedConfig, tracefs_root=None) -> SchedPlan:
 def program_text(p: SchedPlan) -> str:
     """The complete C program (header inlined, constants defined) that load() compiles."""
     src = (layout.probe_dir() / PROBE_FILE).read_text()
-    src = targets.inline(src.replace('#include "engramprof.h"', layout.header_text()))
+    src = layout.inline_headers(src)  # engramprof.h, targets.h, tidbits.h
     c = p.config
     defines = {
         **targets.defines(c.selection, c.tgid, c.tid),

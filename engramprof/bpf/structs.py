@@ -28,12 +28,35 @@ def header_text() -> str:
     return (probe_dir() / "engramprof.h").read_text()
 
 
-@lru_cache(maxsize=None)
-def struct_dtype(name: str) -> np.dtype:
-    text = re.sub(r"/\*.*?\*/", "", header_text(), flags=re.S)
+_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', flags=re.M)
+
+
+def inline_headers(src: str) -> str:
+    """``src`` with each ``#include "x.h"`` of a header in probes/ replaced by its text, and so
+    on inside it (a header already pasted: nothing).  BCC compiles one text, and the program
+    printed by ``--ebpf`` is complete."""
+    done: set[str] = set()
+
+    def paste(m: re.Match) -> str:
+        name = m.group(1)
+        path = probe_dir() / name
+        if not path.is_file():
+            return m.group(0)
+        if name in done:
+            return ""
+        done.add(name)
+        return _INCLUDE.sub(paste, path.read_text())
+
+    return _INCLUDE.sub(paste, src)
+
+
+def parse_struct(text: str, name: str, where: str = "engramprof.h") -> np.dtype:
+    """``struct name`` of C source ``text`` (fixed-width members only) as a numpy dtype: the one
+    parser of the structs user space decodes (``where`` names the file in the error)."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     m = re.search(r"struct\s+%s\s*\{(.*?)\};" % re.escape(name), text, flags=re.S)
     if not m:
-        raise KeyError(f"struct {name} not in engramprof.h")
+        raise KeyError(f"struct {name} not in {where}")
     fields = []
     for line in m.group(1).split(";"):
         line = line.strip()
@@ -42,6 +65,11 @@ def struct_dtype(name: str) -> np.dtype:
         ctype, fname = line.split()
         fields.append((fname, _CTYPES[ctype]))
     return np.dtype(fields, align=True)
+
+
+@lru_cache(maxsize=None)
+def struct_dtype(name: str) -> np.dtype:
+    return parse_struct(header_text(), name)
 
 
 @lru_cache(maxsize=None)

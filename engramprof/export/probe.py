@@ -81,7 +81,7 @@ def plan(config: ExportProbeConfig, tracefs_root=None) -> ExportPlan:
 
 def program_text(p: ExportPlan) -> str:
     src = (layout.probe_dir() / PROBE_FILE).read_text()
-    src = bios.inline(targets.inline(src.replace('#include "engramprof.h"', layout.header_text())))
+    src = layout.inline_headers(src)  # engramprof.h, bios.h, targets.h, inflight.h, tidbits.h
     c = p.config
     sel = c.selection
     defines = {

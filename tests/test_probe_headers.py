@@ -1,0 +1,86 @@
+"""The probes' shared kernel code is pasted from probes/*.h by one resolver (layout.inline_headers),
+and the structs user space decodes are parsed by one parser (layout.parse_struct).
+
+No BPF needed: the program texts are built from plans with every feature on.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from engramprof.bpf import layout
+
+PROBES = Path(layout.probe_dir())
+
+
+def _texts() -> dict[str, str]:
+    from engramprof.bpf import faults, loader, sched
+    from engramprof.export import probe as ep
+    from engramprof.record.selection import Selection
+
+    out = {}
+    for raw in (True, False):
+        p = loader.assumed_plan(loader.ProbeConfig(tgid=4242, syscall_hook="raw" if raw else "tracepoint"), "test")
+        out[f"preadv raw={raw}"] = loader.program_text(p)
+        e = ep.ExportPlan(config=ep.ExportProbeConfig(selection=Selection(pids=[4242])),
+                          features={f: True for f in ep.FEATURES}, raw_syscalls=raw)
+        out[f"export raw={raw}"] = ep.program_text(e)
+    out["faults"] = faults.program_text(faults.FaultProbePlan(
+        config=faults.FaultProbeConfig(tgid=4242), features={f: True for f in faults.FEATURES}))
+    out["sched"] = sched.program_text(sched.SchedPlan(
+        config=sched.SchedConfig(tgid=4242), features={f: True for f in sched.FEATURES}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def texts():
+    try:
+        return _texts()
+    except (AttributeError, TypeError) as exc:  # a plan / config class renamed: adapt the builder above
+        pytest.fail(f"cannot build the program texts: {exc}")
+
+
+def test_every_local_include_is_pasted_once(texts):
+    for what, text in texts.items():
+        assert not re.search(r'^#include "', text, flags=re.M), what
+        for guard in ("ENGRAMPROF_H", "ENGRAMPROF_TIDBITS_H"):
+            assert text.count(f"#define {guard}\n") == 1, (what, guard)
+
+
+def test_inflight_state_is_written_once(texts):
+    """struct inflight, offcpu_state, bio_wait and the call_out_bits helpers come from probes/inflight.h
+    alone: the two probes do not define them again."""
+    for name in ("preadv.bpf.c", "export.bpf.c"):
+        src = (PROBES / name).read_text()
+        assert '#include "inflight.h"' in src
+        code = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
+        for own in ("struct inflight {", "struct offcpu_state {", "struct bio_wait {", "BPF_ARRAY(call_out_bits",
+                    "RAW_TRACEPOINT_PROBE(sys_enter)", "reclaim_begin(void)", "(sched, sched_wakeup)"):
+            assert own not in code, (name, own)
+    for what, text in texts.items():
+        if what.startswith(("preadv", "export")):
+            assert text.count("struct inflight {") == 1 and text.count("BPF_ARRAY(call_out_bits") == 1, what
+            assert text.count("RAW_TRACEPOINT_PROBE(sys_enter)") == 1, what  # (#if USE_RAW_SYSCALLS)
+
+
+def test_one_bit_per_tid_helpers_are_written_once():
+    """The bit arithmetic of call_out_bits / fault_out_bits / open_spans is probes/tidbits.h's."""
+    for path in PROBES.glob("*"):
+        if path.name == "tidbits.h" or path.suffix not in (".c", ".h"):
+            continue
+        code = re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S)
+        assert "& 63" not in code and ">> 6;" not in code, path.name
+
+
+def test_the_one_struct_parser():
+    from engramprof.bpf import pagecache
+
+    text = "struct s {\n\tu64 a;   /* one */\n\tu32 b;\n\tu16 c;\n\tu8 d;\n\tu8 __pad0;\n};\n"
+    dt = layout.parse_struct(text, "s")
+    assert dt.names == ("a", "b", "c", "d", "__pad0") and dt.itemsize == 16
+    assert pagecache.struct_dtype("pagecache_record") == layout.parse_struct(
+        (PROBES / "pagecache.bpf.c").read_text(), "pagecache_record")
+    with pytest.raises(KeyError):
+        layout.parse_struct(text, "t")
