@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engramprof.bpf import layout
+from engramprof.bpf import structs as layout
 
 PROBES = Path(layout.probe_dir())
 
@@ -18,7 +18,7 @@ PROBES = Path(layout.probe_dir())
 def _texts() -> dict[str, str]:
     from engramprof.bpf import faults, loader, sched
     from engramprof.export import probe as ep
-    from engramprof.record.selection import Selection
+    from engramprof.target.selection import Selection
 
     out = {}
     for raw in (True, False):
