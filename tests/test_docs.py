@@ -194,6 +194,88 @@ def test_links_resolve(md):
     assert not bad, f"{md.relative_to(REPO)}: broken links {bad}"
 
 
+def _outside_code(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("md", DOC_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_tables_are_whole(md):
+    """Every run of table rows starts with its header and `| --- |` line: a paragraph dropped
+    into the middle of a table (sample.md's OPTIONS once) splits it and leaves headless rows."""
+    lines = _outside_code(md.read_text()).splitlines()
+    bad = []
+    for i, line in enumerate(lines):
+        if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):
+            if i + 1 >= len(lines) or not re.match(r"^\|\s*:?-", lines[i + 1]):
+                bad.append(line[:60])
+    assert not bad, f"{md.relative_to(REPO)}: table rows without a header: {bad}"
+
+
+@pytest.mark.parametrize("md", DOC_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_section_twice(md):
+    """No heading appears twice in one file (kernel.md once held a section twice, word for word)."""
+    heads = re.findall(r"^#{1,6} (.+)$", _outside_code(md.read_text()), flags=re.M)
+    twice = sorted({h for h in heads if heads.count(h) > 1})
+    assert not twice, f"{md.relative_to(REPO)}: headings repeated: {twice}"
+
+
+REFERENCE_PAGES = [*sorted(PAGES.glob("*.md")), DOCS / "model.md", DOCS / "kernel.md"]
+#: what belongs in benchmarks/RESULTS.md, not on a reference page: a dated run, a commit, "today"
+DATED = [(re.compile(r"\b20\d\d-\d\d-\d\d\b"), "a date"),
+         (re.compile(r"\bcommit [0-9a-f]{7,40}\b"), "a commit hash"),
+         (re.compile(r"\btoday'?s? (code|run|main)\b", re.I), "today's code"),
+         (re.compile(r"\bduckdb\b.*\b\d+(\.\d+)?x\b", re.I), "the DuckDB study")]
+
+
+@pytest.mark.parametrize("md", REFERENCE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_reference_pages_hold_no_dated_runs(md):
+    """Command pages, model.md and kernel.md are reference: measured runs live in
+    benchmarks/RESULTS.md and the pages link there (code blocks, e.g. example paths, are exempt)."""
+    found = []
+    for line in _outside_code(md.read_text()).splitlines():
+        if "](" in line and "RESULTS.md#" in line and not re.sub(r"\[[^]]*\]\([^)]*\)", "", line).strip():
+            continue  # a line that is only a link to a RESULTS.md anchor
+        for rx, what in DATED:
+            if rx.search(re.sub(r"\]\([^)]*\)", "]", line)):
+                found.append(f"{what}: {line.strip()[:90]}")
+    assert not found, f"{md.relative_to(REPO)} holds measured runs (move them to benchmarks/RESULTS.md): {found}"
+
+
+@pytest.mark.parametrize("page", sorted(PAGES.glob("*.md")), ids=lambda p: p.name)
+def test_overhead_and_limits_are_short(page):
+    """OVERHEAD and LIMITS: a short statement, the figures behind a link."""
+    sec = sections(page.read_text())
+    for name, most in (("OVERHEAD", 12), ("LIMITS", 30)):
+        body = [l for l in _outside_code(sec[name]).splitlines() if l.strip()]
+        assert len(body) <= most, f"{page.name}: {name} has {len(body)} lines (at most {most}: move figures to RESULTS.md)"
+
+
+def _playbook_steps(text: str) -> list[str]:
+    return re.findall(r"^#{2,3} (\d+[a-z]?)\. ", text, flags=re.M)
+
+
+def test_playbook_steps_are_numbered_in_order():
+    """Steps 1, 2, 3a, 3b, 3c...: no letter or number skipped (decode-steps-slow once went 3b, 3d)."""
+    for pb in sorted((REPO / "playbooks").glob("*.md")):
+        text = pb.read_text()
+        seen: dict[int, list[str]] = {}
+        for s in _playbook_steps(text):
+            seen.setdefault(int(re.match(r"\d+", s).group()), []).append(s[len(str(int(re.match(r"\d+", s).group()))):])
+        nums = sorted(seen)
+        assert nums == list(range(nums[0], nums[0] + len(nums))), f"{pb.name}: steps {nums}"
+        for n, letters in seen.items():
+            first = "b" if "" in letters else "a"  # "1." then "1b." (the bare step is the first)
+            letters = [l for l in letters if l]
+            want = [chr(ord(first) + i) for i in range(len(letters))]
+            assert letters == want, f"{pb.name}: step {n} sub-steps {letters}, expected {want}"
+        for line in text.splitlines():
+            if ".md" in line:
+                continue  # "[other.md](other.md) step 3a": another playbook's step
+            for ref in re.findall(r"\bstep (\d+[a-z]?)\b", line):
+                assert ref in _playbook_steps(text), f"{pb.name}: 'step {ref}' names no step"
+    assert _playbook_steps("## 3a. x\n## 3b. y\n### 1b. z\n") == ["3a", "3b", "1b"]
+
+
 # ------------------------------------------------------------------------- JSON keys: the parser
 
 
