@@ -3,7 +3,7 @@
 
 Run it as root from the repository (BPF commands need root; `make setup` first):
 
-    sudo .venv/bin/python scripts/make_examples.py              # every page, about 3 minutes
+    sudo .venv/bin/python scripts/make_examples.py              # every page, 3-4 minutes on 2 cores
     sudo .venv/bin/python scripts/make_examples.py batch-tail replay   # only these pages
     .venv/bin/python scripts/make_examples.py --list            # the pages it makes
 
@@ -16,7 +16,8 @@ stderr, as a terminal shows them; `# exit N` when N is not 0). Commentary belong
 EXAMPLES section of docs/commands/<page>.md, not here.  The inputs are the built-in lab: a
 33 MiB lab table (`table.safetensors`), a lab reader (`lab run --warm --gap-ms 2 --markers
 markers.jsonl`) and a trace of it recorded by `syscalls --output trace`; everything runs in one
-working directory under /var/tmp (removed at the end), so file names in the commands are short.
+working directory, /var/tmp/engramprof-examples (made afresh, removed at the end; so two runs at
+once collide), so file names in the commands are short.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "docs" / "examples"
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 COLUMNS = 80
+WORK = Path("/var/tmp/engramprof-examples")  # not tmpfs: residency and replay need a droppable page cache
 HEADER = ("# Made by scripts/make_examples.py at COLUMNS={cols}: re-run it, do not edit.\n"
           "# What the output means: docs/commands/{page}.md, EXAMPLES.\n")
 ROOT_PAGES = {"doctor", "syscalls", "diagnose", "export", "lab-scenario", "demo", "compare"}
@@ -231,7 +232,9 @@ def main() -> int:
         ap.error(f"unknown pages {sorted(want - set(PAGES))}; known: {PAGES}")
     if os.geteuid() != 0 and want & ROOT_PAGES:
         ap.error(f"pages {sorted(want & ROOT_PAGES)} need root (BPF, cgroups, evictions): run with sudo")
-    work = Path(tempfile.mkdtemp(prefix="engramprof-examples-", dir="/var/tmp"))
+    work = WORK  # one fixed path, so that a re-run changes only the numbers in the files
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     t0 = time.monotonic()
     s = Session(work)
     try:
