@@ -194,6 +194,88 @@ def test_links_resolve(md):
     assert not bad, f"{md.relative_to(REPO)}: broken links {bad}"
 
 
+def _outside_code(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("md", DOC_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_tables_are_whole(md):
+    """Every run of table rows starts with its header and `| --- |` line: a paragraph dropped
+    into the middle of a table (sample.md's OPTIONS once) splits it and leaves headless rows."""
+    lines = _outside_code(md.read_text()).splitlines()
+    bad = []
+    for i, line in enumerate(lines):
+        if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):
+            if i + 1 >= len(lines) or not re.match(r"^\|\s*:?-", lines[i + 1]):
+                bad.append(line[:60])
+    assert not bad, f"{md.relative_to(REPO)}: table rows without a header: {bad}"
+
+
+@pytest.mark.parametrize("md", DOC_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_section_twice(md):
+    """No heading appears twice in one file (kernel.md once held a section twice, word for word)."""
+    heads = re.findall(r"^#{1,6} (.+)$", _outside_code(md.read_text()), flags=re.M)
+    twice = sorted({h for h in heads if heads.count(h) > 1})
+    assert not twice, f"{md.relative_to(REPO)}: headings repeated: {twice}"
+
+
+REFERENCE_PAGES = [*sorted(PAGES.glob("*.md")), DOCS / "model.md", DOCS / "kernel.md"]
+#: what belongs in benchmarks/RESULTS.md, not on a reference page: a dated run, a commit, "today"
+DATED = [(re.compile(r"\b20\d\d-\d\d-\d\d\b"), "a date"),
+         (re.compile(r"\bcommit [0-9a-f]{7,40}\b"), "a commit hash"),
+         (re.compile(r"\btoday'?s? (code|run|main)\b", re.I), "today's code"),
+         (re.compile(r"\bduckdb\b.*\b\d+(\.\d+)?x\b", re.I), "the DuckDB study")]
+
+
+@pytest.mark.parametrize("md", REFERENCE_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_reference_pages_hold_no_dated_runs(md):
+    """Command pages, model.md and kernel.md are reference: measured runs live in
+    benchmarks/RESULTS.md and the pages link there (code blocks, e.g. example paths, are exempt)."""
+    found = []
+    for line in _outside_code(md.read_text()).splitlines():
+        if "](" in line and "RESULTS.md#" in line and not re.sub(r"\[[^]]*\]\([^)]*\)", "", line).strip():
+            continue  # a line that is only a link to a RESULTS.md anchor
+        for rx, what in DATED:
+            if rx.search(re.sub(r"\]\([^)]*\)", "]", line)):
+                found.append(f"{what}: {line.strip()[:90]}")
+    assert not found, f"{md.relative_to(REPO)} holds measured runs (move them to benchmarks/RESULTS.md): {found}"
+
+
+@pytest.mark.parametrize("page", sorted(PAGES.glob("*.md")), ids=lambda p: p.name)
+def test_overhead_and_limits_are_short(page):
+    """OVERHEAD and LIMITS: a short statement, the figures behind a link."""
+    sec = sections(page.read_text())
+    for name, most in (("OVERHEAD", 12), ("LIMITS", 30)):
+        body = [l for l in _outside_code(sec[name]).splitlines() if l.strip()]
+        assert len(body) <= most, f"{page.name}: {name} has {len(body)} lines (at most {most}: move figures to RESULTS.md)"
+
+
+def _playbook_steps(text: str) -> list[str]:
+    return re.findall(r"^#{2,3} (\d+[a-z]?)\. ", text, flags=re.M)
+
+
+def test_playbook_steps_are_numbered_in_order():
+    """Steps 1, 2, 3a, 3b, 3c...: no letter or number skipped (decode-steps-slow once went 3b, 3d)."""
+    for pb in sorted((REPO / "playbooks").glob("*.md")):
+        text = pb.read_text()
+        seen: dict[int, list[str]] = {}
+        for s in _playbook_steps(text):
+            seen.setdefault(int(re.match(r"\d+", s).group()), []).append(s[len(str(int(re.match(r"\d+", s).group()))):])
+        nums = sorted(seen)
+        assert nums == list(range(nums[0], nums[0] + len(nums))), f"{pb.name}: steps {nums}"
+        for n, letters in seen.items():
+            first = "b" if "" in letters else "a"  # "1." then "1b." (the bare step is the first)
+            letters = [l for l in letters if l]
+            want = [chr(ord(first) + i) for i in range(len(letters))]
+            assert letters == want, f"{pb.name}: step {n} sub-steps {letters}, expected {want}"
+        for line in text.splitlines():
+            if ".md" in line:
+                continue  # "[other.md](other.md) step 3a": another playbook's step
+            for ref in re.findall(r"\bstep (\d+[a-z]?)\b", line):
+                assert ref in _playbook_steps(text), f"{pb.name}: 'step {ref}' names no step"
+    assert _playbook_steps("## 3a. x\n## 3b. y\n### 1b. z\n") == ["3a", "3b", "1b"]
+
+
 # ------------------------------------------------------------------------- JSON keys: the parser
 
 
@@ -433,3 +515,240 @@ def test_every_json_command_is_checked():
     checked = {("batch-tail",), ("residency",), ("replay",), ("lab", "run"), ("sample",), ("doctor",),
                ("lab", "scenario"), ("syscalls",), ("diagnose",), ("compare",)}
     assert {p for p, c in COMMANDS.items() if _has_json(c)} == checked
+
+
+# ------------------------------------------------------------------------- examples: the shape of current output
+#
+# docs/examples/<page>.txt is made by scripts/make_examples.py: `$ command` lines, each followed by
+# what it printed.  Its shape (rich tables' titles and column titles, the labels of key/value
+# panels, the keys of JSON output) must still be the shape the current code prints:
+#   * cheap commands (no BPF) run again here, on the lab inputs above, and every recorded table,
+#     column and JSON key must be in their output (a column the command now hides as all-zero or
+#     too wide is named on its "not shown" line, and counts as there);
+#   * the live ones (syscalls, diagnose, export, demo, compare of a recorded job) are checked
+#     against their renderers' source: each recorded title, column and label is a literal of
+#     engramprof/.  A renamed column or heading fails either way.
+
+EXAMPLE_HEADER = "# Made by scripts/make_examples.py"
+#: pages whose commands this test runs again (the rest are checked against the source)
+RERUN_PAGES = {"lab", "doctor", "batch-tail", "residency", "replay", "sample", "lab-scenario"}
+_BOX = "┏┃┡│└━╇╋┗┓┛┩"
+
+
+def example_blocks(text: str) -> list[tuple[str, str]]:
+    """(command line, its output) for each `$ ` line of an example file."""
+    blocks: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            blocks.append((line[2:], []))
+        elif blocks:
+            blocks[-1][1].append(line)
+    return [(c, "\n".join(o)) for c, o in blocks]
+
+
+def _norm_title(t: str) -> str:
+    t = re.split(r"\s\(|,|:|\d", t.strip(), maxsplit=1)[0]
+    return " ".join(t.lower().split())
+
+
+def _norm_col(c: str) -> str:
+    return " ".join(re.sub(r"\d[\d,.]*", "#", c).split())
+
+
+def output_shape(out: str) -> dict[str, set]:
+    """tables: {title}; columns: {(title, column)}; hidden: {column}; labels: {label}; keys: {json key}."""
+    shape = {"tables": set(), "columns": set(), "hidden": set(), "labels": set(), "keys": set()}
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("┏"):
+            # a rich title is padded to its table's width; any other line above a table is text
+            prev = lines[i - 1].strip() if i and len(lines[i - 1]) == len(line.rstrip()) else ""
+            title = _norm_title(prev)
+            shape["tables"].add(title)
+            cells: dict[int, list[str]] = {}
+            for h in lines[i + 1:]:
+                if not h.startswith("┃"):
+                    break
+                parts = h.split("┃")[1:]
+                cut = not h.rstrip().endswith("┃")  # cropped at 80 columns: its last cell is partial
+                if not cut:
+                    parts = parts[:-1]
+                for k, p in enumerate(parts):
+                    cells.setdefault(k, []).append(p.strip() + ("…" if cut and k == len(parts) - 1 and p.strip() else ""))
+            for k in sorted(cells):
+                col = _norm_col(" ".join(p for p in cells[k] if p).replace("… ", "…"))
+                if col:
+                    shape["columns"].add((title, col))
+        m = re.match(r"^ ([A-Za-z][\w /-]*?\S)\s{2,}\S", line)  # a key/value panel row: " calls     102,419"
+        if m:
+            shape["labels"].add(m.group(1))
+    flat = " ".join(l.strip() for l in lines)  # a "not shown" line wraps like any other
+    for m in re.finditer(r"not shown(?: at \d+ columns)?: ([^;(]+)", flat):
+        shape["hidden"] |= {_norm_col(c) for c in m.group(1).split(",")}
+    shape["keys"] = set(re.findall(r'"([A-Za-z_][\w.-]*)"\s*:', out))
+    return shape
+
+
+def _col_found(col: str, cols: set[str], hidden: set[str]) -> bool:
+    for c in cols | hidden:
+        if c == col:
+            return True
+        a, b = col.rstrip("…"), c.rstrip("…")
+        if (col.endswith("…") and c.startswith(a)) or (c.endswith("…") and col.startswith(b) and b):
+            return True
+    return False
+
+
+def shape_missing(recorded: str, current: str) -> list[str]:
+    """What the recorded output shows that the current output does not."""
+    r, c = output_shape(recorded), output_shape(current)
+    missing = [f"table '{t}'" for t in sorted(r["tables"] - c["tables"])]
+    for title, col in sorted(r["columns"]):
+        cols = {cc for t, cc in c["columns"] if t == title}
+        if title in c["tables"] and not _col_found(col, cols, c["hidden"]):
+            missing.append(f"column '{col}' of table '{title}'")
+    missing += [f"label '{l}'" for l in sorted(r["labels"] - c["labels"])]
+    missing += [f"JSON key '{k}'" for k in sorted(r["keys"] - c["keys"])]
+    return missing
+
+
+def test_output_shape_catches_a_renamed_column_or_heading():
+    """The check itself: a changed column title, table title, panel label or JSON key is missed."""
+    rec = ("Slowest batches (of 787)\n┏━━━┳━━━━━━┳━━━━━━━━━━━┓\n┃   ┃ wall ┃ slow…     ┃\n┃ # ┃   ms ┃           ┃\n"
+           "┡━━━╇━━━━━━╇━━━━━━━━━━━┩\n│ 1 │ 2.0  │ x         │\n└───┴──────┴───────────┘\n lost records     0\n"
+           '{"verdict": "healthy"}')
+    assert output_shape(rec)["columns"] == {("slowest batches", "#"), ("slowest batches", "wall ms"),
+                                            ("slowest batches", "slow…")}
+    assert shape_missing(rec, rec.replace("787", "612").replace("2.0", "9.1")) == []
+    assert shape_missing(rec, rec.replace("wall", "time")) == ["column 'wall ms' of table 'slowest batches'"]
+    assert shape_missing(rec, rec.replace("Slowest", "Worst")) == ["table 'slowest batches'"]
+    assert shape_missing(rec, rec.replace("lost records", "lost events")) == ["label 'lost records'"]
+    assert shape_missing(rec, rec.replace('"verdict"', '"answer"')) == ["JSON key 'verdict'"]
+    hidden = rec.replace("wall", "    ").replace("ms", "  ") + "\nnot shown: wall ms (0 in every row)"
+    assert shape_missing(rec, hidden) == []
+
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.txt"))
+
+
+@pytest.mark.parametrize("ex", EXAMPLE_FILES, ids=lambda p: p.name)
+def test_example_is_generated(ex):
+    """Made by the script (not by hand), with at least one command and its output, and tables
+    that fit 80 columns (the old files claimed COLUMNS values their tables did not have)."""
+    text = ex.read_text()
+    assert text.startswith(EXAMPLE_HEADER), f"{ex.name}: not made by scripts/make_examples.py (re-run it)"
+    blocks = example_blocks(text)
+    assert blocks and all(c.startswith(("engramprof ", "curl ")) for c, _ in blocks), f"{ex.name}: {blocks[:1]}"
+    wide = [l for l in text.splitlines() if len(l.rstrip()) > 80 and any(c in l for c in _BOX)]
+    assert not wide, f"{ex.name}: lines wider than 80 columns: {wide[:3]}"
+    assert "COLUMNS" not in "".join(o for _, o in blocks), f"{ex.name}: output claims about COLUMNS"
+
+
+def _source_text() -> str:
+    return "\n".join(p.read_text() for p in sorted((REPO / "engramprof").rglob("*.py")))
+
+
+@pytest.mark.parametrize("ex", [e for e in EXAMPLE_FILES if e.stem not in RERUN_PAGES], ids=lambda p: p.name)
+def test_live_example_titles_are_in_the_renderers(ex):
+    src = _source_text()
+    src_lower = src.lower()
+    missing = []
+    for cmd, out in example_blocks(ex.read_text()):
+        if cmd.endswith("&"):
+            continue
+        s = output_shape(out)
+        for t in s["tables"]:
+            if t and t not in src_lower:
+                missing.append(f"table '{t}'")
+        for _, col in s["columns"]:
+            words = col.rstrip("…")
+            if "#" not in words and words and words.lower() not in src_lower:
+                missing.append(f"column '{col}'")
+        missing += [f"label '{l}'" for l in s["labels"] if l not in src]
+        for m in set(re.findall(r"^(engramprof_[a-z_]+?)(?:_total|_count|_sum|_bucket)?[{ ]", out, flags=re.M)):
+            if "_process_" in m:  # prometheus_client's process collector, under the exporter's prefix
+                continue
+            if m not in src and m.replace("engramprof_", "", 1) not in src:
+                missing.append(f"metric '{m}'")
+    assert not missing, (f"{ex.name} shows titles the current code does not print: {sorted(set(missing))}; "
+                         f"re-run scripts/make_examples.py")
+
+
+def _rerun_args(cmd: str, pid: int) -> list[str] | None:
+    import shlex
+
+    args = shlex.split(cmd.split(" | ")[0])
+    if args[0] != "engramprof" or args[-1] == "&":
+        return None
+    args = args[1:]
+    for i, a in enumerate(args):
+        if a == "--pid":
+            args[i + 1] = str(pid)
+        elif a == "--duration":
+            args[i + 1] = str(min(float(args[i + 1]), 2))
+    if args[:2] == ["lab", "make-table"]:
+        args[2] = "new.safetensors"
+        args += ["--force"]
+    if args[:2] == ["lab", "scenario"] and os.geteuid() != 0:
+        return None
+    return args
+
+
+@pytest.fixture(scope="module")
+def example_reruns(lab_inputs):
+    """The cheap example commands run again in the lab inputs' directory (the file names the
+    script uses: table.safetensors, trace, markers.jsonl), a few at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = subprocess.Popen(["sleep", "60"])
+    jobs = {}
+    for ex in EXAMPLE_FILES:
+        if ex.stem in RERUN_PAGES:
+            for cmd, _ in example_blocks(ex.read_text()):
+                args = _rerun_args(cmd, target.pid)
+                if args:
+                    jobs[(ex.stem, cmd)] = args
+    env = dict(os.environ, COLUMNS="80")
+
+    def run(args):
+        p = subprocess.run([PY, "-m", "engramprof", *args], cwd=lab_inputs["dir"], env=env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+        return p.stdout
+
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            outs = dict(zip(jobs, pool.map(run, jobs.values())))
+    finally:
+        target.kill()
+        target.wait()
+    return outs
+
+
+@pytest.mark.parametrize("page", sorted(RERUN_PAGES))
+def test_example_has_the_current_output_shape(page, example_reruns):
+    ex = EXAMPLES / f"{page}.txt"
+    checked, bad = 0, []
+    for cmd, out in example_blocks(ex.read_text()):
+        if (page, cmd) not in example_reruns:
+            continue
+        checked += 1
+        missing = shape_missing(out, example_reruns[(page, cmd)])
+        if missing:
+            bad.append(f"`{cmd}`: {missing}")
+    if page == "lab-scenario" and os.geteuid() != 0:
+        pytest.skip("lab scenario needs root")
+    assert checked, f"{ex.name}: no command run again"
+    assert not bad, f"{ex.name} no longer has the shape of the current output (re-run scripts/make_examples.py): {bad}"
+
+
+def test_doctor_example_and_readme_count_the_checks_doctor_runs():
+    """doctor.txt shows every check doctor runs now; the README's and demo.txt's "N checks pass"
+    is the pass count of that same doctor run (the script makes all three in one go)."""
+    n = len(_json(_run("doctor", "--json", check=False))["checks"])
+    out = example_blocks((EXAMPLES / "doctor.txt").read_text())[0][1]
+    rows = re.findall(r"^│ (pass|warn|fail|info) ", out, flags=re.M)
+    assert len(rows) == n, f"doctor.txt shows {len(rows)} checks, doctor runs {n}"
+    for doc in (README, EXAMPLES / "demo.txt", PAGES / "doctor.md", PAGES / "demo.md"):
+        for m in re.findall(r"\b(\d+) checks( pass)?\b", doc.read_text()):
+            want = rows.count("pass") if m[1] else n
+            assert int(m[0]) == want, f"{doc.name} says {m[0]} checks{m[1]}, doctor.txt has {want}"

@@ -247,9 +247,9 @@ def test_verdict_line_explains_a_largest_share_that_is_not_a_cause():
     """"verdict: python-scheduling — largest share: cpu-copy 64%" left the reader to guess
     what cpu-copy is; the line says it is copying cached rows, not a cause, and fits 80."""
     from engramprof.analysis.verdicts import CAUSES
-    from engramprof.render import say
+    from engramprof.report.render import say
 
-    from engramprof import report
+    from engramprof.report import batch_tail as report
 
     share = dict.fromkeys(CAUSES, 0.0) | {"cpu-copy": 0.64, "python-scheduling": 0.30}
     s = {"verdict": "python-scheduling", "share": share, "tail_threshold_ms": 3.2, "tail_verdict": "python-scheduling"}
