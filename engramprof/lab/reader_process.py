@@ -64,8 +64,10 @@ class ReaderProcess:
             if line.startswith("lab: pid "):
                 self._on_pid()
             if line.strip() == "lab: ready":
+                self._relay(line)  # before ready: the scenario's own "ready" line comes after it
                 self.ready.set()
                 self._armed.wait(30)
+                continue
             self._relay(line)
 
     def _read_stdout(self) -> None:

@@ -15,7 +15,7 @@ from rich.progress import (
 from rich.table import Table
 
 from engramprof.report.render import Col, fit_table
-from engramprof.units import ms
+from engramprof.units import mib, ms, pct
 
 
 @contextlib.contextmanager
@@ -67,3 +67,32 @@ def _print_ranks(con: Console, result: dict) -> None:
     rows = [[str(r["rank"]), str(r["pid"]), r["reader"], f"{r['steps']:,}", f"{r['calls']:,}", f"{r['eagain']:,}",
              ms(r["batch_ms"]["p50"]), ms(r["batch_ms"]["p99"])] for r in result["ranks"]]
     con.print(fit_table(con, cols, rows, title=f"lab run: {result['workers']} ranks of pid {result['pid']}"))
+
+
+def _fmt_evidence(ev: dict) -> str:
+    parts = []
+    for k, v in ev.items():
+        if k == "table_resident":
+            parts.append(f"table resident at end {pct(v)}")
+        elif k in ("max_usage_bytes", "limit_bytes"):
+            parts.append(f"{k.replace('_bytes', '')} {mib(v)}")
+        else:
+            parts.append(f"{k} +{v}")
+    return ", ".join(parts)
+
+
+def scenario_summary(out: Console, name: str, pid: int | None, markers: str | None, summary: dict, evidence: dict,
+                     faulty_rank: int | None) -> None:
+    """`lab scenario`'s end: the reader's run, each rank's, the fault's evidence, the markers."""
+    t = Table("steps", "rows", "preadv2 calls", "EAGAIN", "batch p50 ms", "p99 ms", "max ms",
+              title=f"lab scenario {name}: reader {summary['reader']}, pid {pid}")
+    bm = summary["batch_ms"]
+    t.add_row(str(summary["steps"]), str(summary["rows"]), str(summary["calls"]), str(summary["eagain"]),
+              ms(bm["p50"]), ms(bm["p99"]), ms(bm["max"]))
+    out.print(t)
+    for r in summary.get("ranks") or []:
+        fault = "" if faulty_rank is None else (" (faulty)" if r["rank"] == faulty_rank else " (healthy)")
+        out.print(f"rank {r['rank']}: pid {r['pid']}, reader {r['reader']}{fault}, batch p50 {ms(r['batch_ms']['p50'])} ms, "
+                  f"p99 {ms(r['batch_ms']['p99'])} ms", highlight=False)
+    out.print(f"fault evidence: {_fmt_evidence(evidence)}", highlight=False)
+    out.print(f"markers: {markers}", highlight=False)
