@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parent.parent / "engramprof"
 
 #: lowest first; a top-level name of the package (module or subpackage) -> its layer
 LAYERS: list[tuple[str, ...]] = [
-    ("__init__", "errors", "extras", "markers", "jsonable", "validate"),  # base: stdlib + numpy only
+    ("__init__", "errors", "extras", "markers", "jsonable", "units", "validate"),  # base: stdlib + numpy only
     ("tables",),  # table layouts: file + offset -> tensor + row
     ("host",),  # this machine: residency, cachestat, fd map, tracepoints, doctor's checks
     ("trace",),  # the one owner of the bundle format

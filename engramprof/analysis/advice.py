@@ -6,6 +6,8 @@ report layer only renders it.
 """
 from __future__ import annotations
 
+from engramprof.units import pct
+
 ADVICE = {
     "python-scheduling": {
         "hint": "reads are cheap but the batch waits on futures, wake-ups and GIL hand-offs: "
@@ -123,10 +125,10 @@ def miss_story(bt: dict) -> str | None:
         return None
     main = max(("first_touch", "reclaim", "dropped", "unknown"), key=lambda c: causes.get(c) or 0)
     if main == "first_touch":
-        return (f"residency: {causes['first_touch']:.0%} of the {causes['pages']:,.0f} missed pages were first touches "
+        return (f"residency: {pct(causes['first_touch'])} of the {causes['pages']:,.0f} missed pages were first touches "
                 "(never seen resident in the trace)")
     if main == "unknown" or not by:
-        return (f"{causes['unknown']:.0%} of the {causes['pages']:,.0f} missed pages could not be matched to an "
+        return (f"{pct(causes['unknown'])} of the {causes['pages']:,.0f} missed pages could not be matched to an "
                 "eviction (evicted before the trace or while records were lost)")
     want = (("kswapd", "direct-reclaim", "memcg-reclaim", "proactive-reclaim") if main == "reclaim"
             else ("fadvise", "drop-caches", "truncate", "madvise"))
@@ -134,8 +136,8 @@ def miss_story(bt: dict) -> str | None:
     cause = "reclaim" if main == "reclaim" else "residency"
     lo, hi = (top.get("before_read_s") or [None, None])[:2]
     when = f" {lo:.1f}-{hi:.1f} s before they were read" if lo is not None and hi is not None else ""
-    return (f"{cause}: {top['share']:.0%} of the missed pages had been evicted by {_who(top)}{when}"
-            + (f" ({causes[main]:.0%} by {main} in all)" if causes[main] - top["share"] > 0.05 else ""))
+    return (f"{cause}: {pct(top['share'])} of the missed pages had been evicted by {_who(top)}{when}"
+            + (f" ({pct(causes[main])} by {main} in all)" if causes[main] - top["share"] > 0.05 else ""))
 
 
 def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
@@ -146,7 +148,7 @@ def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
     if verdict == "residency" and (causes.get("dropped") or 0) >= 0.5:
         top = next((e for e in by if e.get("context") in ("fadvise", "drop-caches", "truncate", "madvise")), None)
         if top is not None:
-            base["fix"] = (f"Stop the dropper: {_who(top)} evicted {top['share']:.0%} of the missed pages. Remove or "
+            base["fix"] = (f"Stop the dropper: {_who(top)} evicted {pct(top['share'])} of the missed pages. Remove or "
                            "reschedule it (a drop_caches cron job, a DONTNEED on the table's file), or exclude the "
                            "table's files from it; then the rows stay resident. Otherwise: " + base["fix"])
     elif verdict == "reclaim" and by:

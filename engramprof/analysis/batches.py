@@ -34,6 +34,7 @@ import pandas as pd
 
 from engramprof.errors import UserError
 from engramprof.markers import markers_frame, read_marker_lines
+from engramprof.units import pct
 
 # ---- thresholds of the gap inference (docs/model.md, "Batches") ----------------------------------
 #: a split threshold is never inferred below this: a forward pass shorter than 0.25 ms is not
@@ -653,7 +654,7 @@ def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None,
         src = "inferred" if thr is not None else "none"
         if thr is not None and info.get("confident") is False:
             notes.append(
-                f"the inferred batches are irregular (their call counts vary by {info['count_cv']:.0%} of the "
+                f"the inferred batches are irregular (their call counts vary by {pct(info['count_cv'])} of the "
                 "median): the gaps may not separate batches cleanly on this trace; pass --markers (or --gap-ms)"
             )
         if thr is None and n > 1:

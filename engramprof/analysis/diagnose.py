@@ -29,6 +29,7 @@ from engramprof.errors import UserError
 from engramprof.host import residency
 from engramprof.jsonable import jsonable  # noqa: F401  (commands print diagnose.jsonable)
 from engramprof.record.recorder import SyscallTracer
+from engramprof.units import duration, pct
 
 #: a second cause is named as runner-up from this share of batch time on
 RUNNER_UP_MIN_SHARE = 0.15
@@ -88,16 +89,6 @@ def hot_row_residency(calls: pd.DataFrame, limit: int = HOT_ROWS) -> dict | None
     }
 
 
-def _pct(v) -> str:
-    return "n/a" if v is None else f"{v:.0%}"
-
-
-def _ms(v) -> str:
-    if v is None or v != v:
-        return "n/a"
-    return f"{v:.3f} ms" if v < 1 else f"{v:.1f} ms"
-
-
 def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None, hot: dict | None,
                    trace_summary: dict) -> list[dict]:
     """The field report's chain, one step per line, each with the number it rests on."""
@@ -109,8 +100,8 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
                                                                                         ("call", "calls"))
     steps.append({
         "step": f"slow {many}",
-        "finding": (f"{bt['frac_batches_with_slow_call']:.0%} of {bt['batches']} batches had at least one {one} slower "
-                    f"than {bt['slow_ms']:g} ms; {one} p50 {_ms(cm.get('p50'))}, p99 {_ms(cm.get('p99'))}"),
+        "finding": (f"{pct(bt['frac_batches_with_slow_call'])} of {bt['batches']} batches had at least one {one} slower "
+                    f"than {bt['slow_ms']:g} ms; {one} p50 {duration(cm.get('p50'))}, p99 {duration(cm.get('p99'))}"),
         "value": bt["frac_batches_with_slow_call"],
     })
     # an evidence column the kernel could not measure is written all-null: not "0 misses"
@@ -120,13 +111,13 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         miss_slow = float((slow["pages_added"] > 0).mean()) if len(slow) else None
         blocked = (calls["offcpu_ns"] - calls["runq_ns"]) > 0 if "offcpu_ns" in calls.columns else None
         wait_slow = float(((slow["offcpu_ns"] - slow["runq_ns"]) > 0).mean()) if (len(slow) and blocked is not None) else None
-        finding = f"{miss_any:.1%} of {many} brought pages into the page cache (misses)"
+        finding = f"{pct(miss_any)} of {many} brought pages into the page cache (misses)"
         if miss_slow is not None:
-            finding += f"; of the slow {many} {_pct(miss_slow)} missed and {_pct(wait_slow)} waited off-CPU"
+            finding += f"; of the slow {many} {pct(miss_slow)} missed and {pct(wait_slow)} waited off-CPU"
         if hot and hot.get("rows"):
             n, of = hot["rows"], hot.get("distinct_rows", hot["rows"])
             which = f"all {n:,} distinct rows read" if n >= of else f"the {n:,} most-read of {of:,} distinct rows"
-            finding += (f"; hot rows resident now: {hot['resident_frac_by_reads']:.0%} (by reads, "
+            finding += (f"; hot rows resident now: {pct(hot['resident_frac_by_reads'])} (by reads, "
                         f"{which}, mincore/cachestat)")
         steps.append({"step": "residency of their pages", "finding": finding, "value": miss_any})
     story = miss_story(bt)  # who evicted the missed pages (eviction records, analysis/misses.py)
@@ -143,7 +134,7 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     parts = [f"workingset refaults {int(refaults or 0):,} system-wide"
              + (f", {int(cg_ref):,} in the target's cgroup" if cg_ref is not None else ""),
              f"kswapd scanned {int(vm.get('pgscan_kswapd') or 0):,} pages, direct reclaim {int(vm.get('pgscan_direct') or 0):,}",
-             f"PSI memory some {psi.get('some_pct', 0) or 0:.2f}% of the window",
+             f"PSI memory some {pct((psi.get('some_pct') or 0) / 100)} of the window",
              f"reclaim inside calls {rec_ms:.1f} ms" if rec_ms is not None else "reclaim inside calls not measured"]
     steps.append({"step": "reclaim signals", "finding": "; ".join(parts) + (f" (over {window:.0f} s)" if window else ""),
                   "value": {"refaults": refaults, "cgroup_refaults": cg_ref, "psi_memory_some_pct": psi.get("some_pct"),
@@ -164,14 +155,14 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     outside = bt.get("outside_read_path_frac")
     steps.append({
         "step": "batch time outside the read path",
-        "finding": (f"median batch {_ms(bm.get('p50'))} while reads were in flight for {_ms(im.get('p50'))}: "
-                    f"{_pct(outside)} of batch time is outside the kernel read path"),
+        "finding": (f"median batch {duration(bm.get('p50'))} while reads were in flight for {duration(im.get('p50'))}: "
+                    f"{pct(outside)} of batch time is outside the kernel read path"),
         "value": outside,
     })
     share = bt.get("share") or {}
     steps.append({
         "step": "time split",
-        "finding": ", ".join(f"{c} {share.get(c, 0):.0%}" for c in attribution.CAUSES),
+        "finding": ", ".join(f"{c} {pct(share.get(c, 0))}" for c in attribution.CAUSES),
         "value": share,
     })
     return steps
@@ -216,7 +207,7 @@ def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> lis
     lost = bt.get("lost_records") or {}
     if lost.get("records") or trace_summary.get("lost_records"):
         n = int(lost.get("records") or trace_summary.get("lost_records") or 0)
-        where = (f": the trace was blind for {lost.get('blind_frac', 0):.1%} of the window and "
+        where = (f": the trace was blind for {pct(lost.get('blind_frac', 0))} of the window and "
                  f"{lost.get('batches_excluded', 0)} batch(es) overlapping a hole were left out"
                  if lost.get("source") == "intervals" else ": when is not known, so no batch could be left out")
         out.append(f"{n:,} call records were lost (ring buffer full){where}; call totals and latency "
@@ -300,7 +291,7 @@ def pagecache_steps(bt: dict) -> list[dict]:
         rate = pf.get("hit_rate")
         steps.append({"step": "prefetch hints", "finding": (
             f"{pf['hints']:,} WILLNEED / readahead hints named {pf['hinted_pages']:,} pages; of the {pf['read_pages']:,} "
-            f"read since, {_pct(rate)} were ready (hit rate) and {pf['late_pages']:,} were not resident or still "
+            f"read since, {pct(rate)} were ready (hit rate) and {pf['late_pages']:,} were not resident or still "
             "in flight when read (late)"), "value": rate})
     return steps
 

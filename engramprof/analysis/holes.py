@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.errors import UserError
+from engramprof.units import pct
 
 
 @dataclass
@@ -85,7 +86,7 @@ def exclude_blind_batches(seg, holes: RecordHoles, window: tuple[int, int], note
                      "say when: batches that lost calls cannot be told apart, their shares may be wrong")
     elif holes.total_lost:
         notes.append(f"{holes.total_lost:,} call records were lost in {len(holes.start_ns)} interval(s): the trace "
-                     f"was blind for {blind_ns / 1e6:,.0f} ms ({blind_ns / span:.1%} of the window); "
+                     f"was blind for {blind_ns / 1e6:,.0f} ms ({pct(blind_ns / span)} of the window); "
                      f"{int(blind.sum())} batch(es) overlapping a hole were left out of the shares")
     if blind.any() and not blind.all():
         seg = seg.subset(~blind)

@@ -20,6 +20,7 @@ from engramprof.analysis.events import ReadEvents
 from engramprof.analysis.threads import SUBMITTER_COVERAGE, ReadingThreads
 from engramprof.analysis.verdicts import CAUSES, VERDICTS, col, verdict_of
 from engramprof.jsonable import jsonable
+from engramprof.units import pct
 
 #: the tail: batches whose wall time is above this percentile
 TAIL_PERCENTILE = 90.0
@@ -167,7 +168,7 @@ def summarize(acc, seg, events: ReadEvents, threads: ReadingThreads, context: Sa
     if share_all["unexplained"] >= UNEXPLAINED_NOTE_SHARE:
         why = (f" (missing evidence: {', '.join(missing)})" if missing
                else " (off-CPU waits in batches without misses: locks? page faults on the buffers?)")
-        notes.append(f"{share_all['unexplained']:.0%} of batch time is unexplained{why}")
+        notes.append(f"{pct(share_all['unexplained'])} of batch time is unexplained{why}")
     if threads.processes > 1:
         notes.append(f"calls from {threads.processes} processes were segmented as one read stream")
     summary: dict = {

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis.events import ReadEvents, chunk_plan
+from engramprof.units import pct
 
 #: without a marker tid, a thread reading in at least this share of the batches is taken to be
 #: the submitting thread (a serial or NOWAIT-first reader); else every reading thread is a worker
@@ -101,7 +102,7 @@ def find_reading_threads(events: ReadEvents, seg) -> ReadingThreads:
         k = int(np.argmax(coverage))
         if coverage[k] >= SUBMITTER_COVERAGE * nb and int((coverage >= SUBMITTER_COVERAGE * nb).sum()) == 1:
             submit[:] = k
-            info = {"tid": int(tids[k]), "source": f"inferred: reads in {coverage[k] / nb:.0%} of the batches"}
+            info = {"tid": int(tids[k]), "source": f"inferred: reads in {pct(coverage[k] / nb)} of the batches"}
     threads = ReadingThreads(code=code, tids=tids, per_batch=per_batch,
                              in_batches=_present(tids, coverage), submitter=submit,
                              submitter_info=info, processes=0)

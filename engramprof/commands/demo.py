@@ -16,6 +16,11 @@ def register(app: typer.Typer) -> None:
         """Build a small Engram table, diagnose the 32-thread pool reader on it live, then the
         RWF_NOWAIT-first reader, and show the two side by side. Needs root; about a minute;
         removes everything it made."""
-        from engramprof.lab import demo
+        from rich.console import Console
 
-        demo.run()
+        from engramprof.lab import demo
+        from engramprof.report import demo as report
+
+        console = Console()
+        result = demo.run(console)
+        report.side_by_side(console, result["before"], result["after"])

@@ -3,27 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.table import Table
 
 from engramprof.commands.options import duration_option
 from engramprof.errors import UserError
-from engramprof.host.signals import events_on_signals, install_stop_handlers
 from engramprof.lab.readers import READERS
 
 lab_app = typer.Typer(
@@ -73,6 +61,7 @@ def make_table_cmd(
     """Write a safetensors Engram table (weight F8_E4M3 + scale U8 per layer) of random bytes."""
     from engramprof import validate
     from engramprof.lab import table
+    from engramprof.report import lab as report
 
     validate.at_least("--rows", rows, 1)
     if dim < table.SCALE_BLOCK or dim % table.SCALE_BLOCK:
@@ -86,27 +75,11 @@ def make_table_cmd(
     try:
         # every refusal (exists, a directory, no room) before the progress bar: one clean line
         table.check_can_create(path, rows, dim, layer_list, force=force)
-        if not err.is_terminal:
-            lay = table.make_table(path, rows, dim, layer_list, force=force, seed=seed)
-        else:
-            with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                          TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True) as prog:
-                task = prog.add_task(f"writing {path.name}", total=None)
-
-                def progress(done: int, total: int) -> None:
-                    prog.update(task, completed=done, total=total)
-
-                lay = table.make_table(path, rows, dim, layer_list, force=force, seed=seed, progress=progress)
+        with report.writing(err, path.name) as progress:
+            lay = table.make_table(path, rows, dim, layer_list, force=force, seed=seed, progress=progress)
     except table.TableExistsError as exc:
         raise UserError(f"{exc.path} already exists (use --force to replace it)") from None
-    secs = time.monotonic() - t0
-    out = Console()
-    out.print(f"wrote {lay.path}: {lay.size / 2**20:.1f} MiB, {len(lay.tensors)} tensors, "
-              f"{rows} rows x dim {dim}, layers {layers}, in {secs:.2f} s")
-    t = Table("tensor", "dtype", "shape", "start", "row bytes")
-    for ten in lay.tensors:
-        t.add_row(ten.name, ten.dtype, "x".join(map(str, ten.shape)), str(ten.start), str(ten.row_bytes))
-    out.print(t)
+    report.table_made(Console(), lay, rows, dim, layers, time.monotonic() - t0)
 
 
 @lab_app.command("run", epilog=RUN_EPILOG)
@@ -136,8 +109,7 @@ def run_cmd(
 ) -> None:
     """Read Engram rows like a model server: one batch of 2 jobs per layer per step."""
     from engramprof import validate
-    from engramprof.lab import readers, workload
-    from engramprof.markers import MarkerFileError
+    from engramprof.lab import readers
 
     if reader not in readers.READERS:
         raise UserError(f"--reader must be one of {', '.join(readers.READERS)}, not {reader!r}")
@@ -160,61 +132,17 @@ def run_cmd(
 
     layout.load(table_path)  # not a safetensors table: one line, before the pid line
     rank_plans = _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, rank_cache, rank_join)
-    if rank_plans is None:
-        print(f"lab: pid {os.getpid()}", file=sys.stderr, flush=True)
-    stop = threading.Event()
-    go = threading.Event()  # SIGUSR1: start now (a tracer is attached)
+    from engramprof.lab import run as lab_run
 
-    def on_stop(*_):
-        stop.set()
-        go.set()
-
-    restore_signals = install_stop_handlers(on_stop, extra={signal.SIGUSR1: lambda *_: go.set()})
-    undo_events = lambda: None  # noqa: E731
-    try:
-        if rank_plans is not None:  # the ranks print the pid and ready lines once set up
-            from engramprof.lab import ranks
-
-            result = ranks.run_ranks(rank_plans, stop, go, dict(
-                steps=steps, duration=duration, tokens=tokens, heads=heads, gap_ms=gap_ms, zipf=zipf, seed=seed,
-                markers=markers, start_delay=start_delay, threads=threads, random=random, prefetch=prefetch,
-                prefetch_lead=prefetch_lead))
-        else:
-            undo_events = events_on_signals(stop, go)  # whichever thread takes them (signals.py)
-            result = workload.run_workload(
-                table_path, reader, steps=steps, duration=duration, tokens=tokens, heads=heads,
-                gap_ms=gap_ms, zipf=zipf, seed=seed, markers=markers,
-                cache=None if cache is None else ("warm" if cache else "cold"),
-                start_delay=start_delay, threads=threads, stop=stop, start_event=go,
-                on_ready=lambda: print("lab: ready", file=sys.stderr, flush=True),
-                random=random, prefetch=prefetch, prefetch_lead=prefetch_lead,
-            )
-    except MarkerFileError as exc:
-        raise UserError(f"--markers: {exc}") from None
-    except OSError as exc:  # e.g. --markers in a directory that does not exist
-        raise UserError(f"{exc.filename or table_path}: {exc.strerror}") from None
-    finally:
-        undo_events()
-        restore_signals()
+    result = lab_run.run(table_path, reader, rank_plans, steps=steps, duration=duration, tokens=tokens, heads=heads,
+                         gap_ms=gap_ms, zipf=zipf, seed=seed, markers=markers, cache=cache, start_delay=start_delay,
+                         threads=threads, random=random, prefetch=prefetch, prefetch_lead=prefetch_lead)
     if as_json:
         print(json.dumps(result))
         return
-    from engramprof.report.render import Col, fit_table
+    from engramprof.report import lab as report
 
-    con = Console()
-    if "ranks" in result:
-        _print_ranks(con, result)
-        return
-    bm = result["batch_ms"]
-    # "rows read": each job's rows de-duplicated, summed; "distinct rows": over the whole run
-    cols = [Col("steps"), Col("rows"), Col("rows read", drop=2), Col("distinct rows"), Col("preadv2 calls"),
-            Col("EAGAIN", drop_if_zero=True, drop=3), Col("fallback rows", drop_if_zero=True, drop=1),
-            Col("batch p50 ms"), Col("p99 ms")]
-    row = [f"{result[k]:,}" for k in ("steps", "rows", "unique_rows", "distinct_rows", "calls", "eagain",
-                                      "fallback_rows")] + [f"{bm['p50']}", f"{bm['p99']}"]
-    con.print(fit_table(con, cols, [row], title=f"lab run: reader {result['reader']}, pid {result['pid']}"))
-    if result["nowait_unsupported"]:
-        Console(stderr=True).print("lab: RWF_NOWAIT is not supported here; the nowait reader used the pool")
+    report.run_summary(Console(), result)
 
 
 def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, rank_cache, rank_join):
@@ -257,16 +185,6 @@ def _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, ran
             joins.setdefault(r, []).append(procs)
     return ranks.plans(workers, str(table_path), reader, None if cache is None else ("warm" if cache else "cold"),
                        tables, rdrs, caches, joins)
-
-
-def _print_ranks(con: Console, result: dict) -> None:
-    from engramprof.report.render import Col, fit_table
-
-    cols = [Col("rank"), Col("pid"), Col("reader", drop=2), Col("steps"), Col("preadv2 calls"),
-            Col("EAGAIN", drop_if_zero=True, drop=3), Col("batch p50 ms"), Col("p99 ms")]
-    rows = [[str(r["rank"]), str(r["pid"]), r["reader"], f"{r['steps']:,}", f"{r['calls']:,}", f"{r['eagain']:,}",
-             f"{r['batch_ms']['p50']}", f"{r['batch_ms']['p99']}"] for r in result["ranks"]]
-    con.print(fit_table(con, cols, rows, title=f"lab run: {result['workers']} ranks of pid {result['pid']}"))
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from engramprof.commands.lab import lab_app
 from engramprof.host.signals import install_stop_handlers
@@ -29,18 +28,6 @@ engramprof lab scenario residency --workers 2 --faulty-rank 1
 
 Page: docs/commands/lab-scenario.md
 """
-
-
-def _fmt_evidence(ev: dict) -> str:
-    parts = []
-    for k, v in ev.items():
-        if k == "table_resident":
-            parts.append(f"table resident at end {v * 100:.0f}%")
-        elif k in ("max_usage_bytes", "limit_bytes"):
-            parts.append(f"{k.replace('_bytes', '')} {v / 2**20:.1f} MiB")
-        else:
-            parts.append(f"{k} +{v}")
-    return ", ".join(parts)
 
 
 def scenario_cmd(
@@ -130,19 +117,9 @@ def scenario_cmd(
         print(json.dumps({"event": "done", "scenario": name, "pid": sc.pid, "markers": sc.markers_path,
                           "summary": summary, "evidence": evidence}), flush=True)
         return
-    t = Table("steps", "rows", "preadv2 calls", "EAGAIN", "batch p50 ms", "p99 ms", "max ms",
-              title=f"lab scenario {name}: reader {summary['reader']}, pid {sc.pid}")
-    bm = summary["batch_ms"]
-    t.add_row(str(summary["steps"]), str(summary["rows"]), str(summary["calls"]), str(summary["eagain"]),
-              str(bm["p50"]), str(bm["p99"]), str(bm["max"]))
-    out = Console()
-    out.print(t)
-    for r in summary.get("ranks") or []:
-        fault = "" if faulty_rank is None else (" (faulty)" if r["rank"] == faulty_rank else " (healthy)")
-        out.print(f"rank {r['rank']}: pid {r['pid']}, reader {r['reader']}{fault}, batch p50 {r['batch_ms']['p50']} ms, "
-                  f"p99 {r['batch_ms']['p99']} ms", highlight=False)
-    out.print(f"fault evidence: {_fmt_evidence(evidence)}", highlight=False)
-    out.print(f"markers: {sc.markers_path}", highlight=False)
+    from engramprof.report import lab as report
+
+    report.scenario_summary(Console(), name, sc.pid, sc.markers_path, summary, evidence, faulty_rank)
 
 
 def register(app: typer.Typer) -> None:

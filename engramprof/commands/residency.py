@@ -1,7 +1,6 @@
 """`engramprof residency PATH... [--tensors] [--ranges N] [--rows TRACE] [--json]`."""
 from __future__ import annotations
 
-import json
 import os
 from typing import List, Optional
 
@@ -13,14 +12,6 @@ from engramprof.errors import UserError
 
 #: --ranges rows printed per tensor unless --ranges-shown says otherwise (--json has them all)
 RANGES_SHOWN = 16
-
-
-def _fmt(v) -> str:
-    return "-" if v is None else f"{v:,}"
-
-
-def _pct(resident: int, pages: int) -> str:
-    return f"{100.0 * resident / pages:.1f}%" if pages else "-"
 
 
 def residency(
@@ -68,69 +59,12 @@ def residency(
             file_list = [f["path"] for f in rows_summary.files]
     files = [res.file_residency(p, method, tensors=tensors or ranges > 0, ranges=ranges) for p in file_list]
 
+    from engramprof.report import residency as report
+
     if as_json:
-        out = {"page_size": res.PAGE_SIZE, "files": [f.to_dict() for f in files],
-               "notes": [res.RACE_NOTE]}
-        if rows_summary is not None:
-            out["rows"] = rows_summary.to_dict()
-        print(json.dumps(out, indent=2))
+        print(report.to_json(files, rows_summary))
         return
-    _print(files, rows_summary, res, ranges_shown)
-
-
-def _print(files, rows_summary, res, ranges_shown: int = RANGES_SHOWN) -> None:
-    from rich.console import Console
-
-    from engramprof.report.render import Col, fit_table, say
-
-    con = Console()  # the terminal's width; piped: COLUMNS, else 80
-    if files:
-        cols = [Col("path", "left", shrink=True), Col("pages"), Col("resident"), Col("dirty", drop_if_zero=True, drop=3),
-                Col("writeback", drop_if_zero=True, drop=4), Col("evicted", drop=2),
-                Col("recently evicted", drop_if_zero=True, drop=1), Col("method", "left", drop=5)]
-        rows = []
-        for f in files:
-            r = f.residency
-            rows.append([f.path, _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
-                         _fmt(r.dirty), _fmt(r.writeback), _fmt(r.evicted), _fmt(r.recently_evicted), r.method])
-        con.print(fit_table(con, cols, rows, title=f"page-cache residency (page size {res.PAGE_SIZE} B)"))
-        for f in files:
-            if f.tensor_note:
-                say(con, f"{f.path}: {f.tensor_note}")
-            if not f.tensors:
-                continue
-            cols = [Col("tensor", "left"), Col("rows"), Col("pages", drop=3), Col("resident"),
-                    Col("dirty", drop_if_zero=True, drop=2), Col("evicted", drop_if_zero=True, drop=4),
-                    Col("recently evicted", drop_if_zero=True, drop=1)]
-            rows, left_out = [], 0
-            for tr in f.tensors:
-                r = tr.residency
-                rows.append([tr.name, _fmt(tr.rows), _fmt(r.pages), f"{_fmt(r.resident)} ({_pct(r.resident, r.pages)})",
-                             _fmt(r.dirty), _fmt(r.evicted), _fmt(r.recently_evicted)])
-                shown = tr.ranges if not ranges_shown else tr.ranges[:ranges_shown]
-                left_out += len(tr.ranges) - len(shown)
-                for rg in shown:
-                    rows.append([f"  rows {rg['row_start']:,}-{rg['row_end'] - 1:,}", _fmt(rg["row_end"] - rg["row_start"]),
-                                 _fmt(rg["pages"]), f"{_fmt(rg['resident'])} ({_pct(rg['resident'], rg['pages'])})",
-                                 _fmt(rg["dirty"]), _fmt(rg["evicted"]), _fmt(rg["recently_evicted"])])
-            con.print(fit_table(con, cols, rows, title=f"{f.path}: per tensor"))
-            if left_out:
-                say(con, f"{left_out:,} more row ranges left out (the first {ranges_shown:,} of each tensor are "
-                         "shown; --ranges-shown 0 prints all, --json has all)")
-    if rows_summary is not None:
-        cols = [Col("file / tensor", "left", shrink=True), Col("rows"), Col("resident"), Col("partly"), Col("cold")]
-        rows = []
-        for f in rows_summary.files:
-            rows.append([f["path"], _fmt(f["rows"]), f"{_fmt(f['resident'])} ({_pct(f['resident'], f['rows'])})",
-                         _fmt(f["partly"]), f"{_fmt(f['cold'])} ({_pct(f['cold'], f['rows'])})"])
-            for tr in f.get("tensors", []):
-                rows.append([f"  {tr['tensor']}", _fmt(tr["rows"]), f"{_fmt(tr['resident'])} ({_pct(tr['resident'], tr['rows'])})",
-                             _fmt(tr["partly"]), f"{_fmt(tr['cold'])} ({_pct(tr['cold'], tr['rows'])})"])
-        con.print(fit_table(con, cols, rows, title="rows of the trace, by residency now (page-granular, not read)"))
-        for n in rows_summary.notes:
-            say(con, f"note: {n}")
-    else:
-        say(con, f"note: {res.RACE_NOTE}")
+    report.render(files, rows_summary, ranges_shown)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from engramprof.commands.options import duration_option, output_option, pid_option
 from engramprof.host.signals import install_stop_handlers
@@ -124,123 +123,6 @@ def run_sample(
     return summary
 
 
-# ---------------------------------------------------------------------------------- output
-
-
-def _ms(us) -> str:
-    return "-" if us is None else f"{us / 1e3:,.1f}"
-
-
-def _pct(p) -> str:
-    return "-" if p is None else f"{p:.2f}%"
-
-
-def _n(x) -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.0f}" if isinstance(x, (int, float)) else str(x)
-
-
-def _mib(b) -> str:
-    return "-" if b is None else f"{b / 2**20:,.1f} MiB"
-
-
-def render(s: dict, console: Console) -> None:
-    w = s["window"]
-    console.print(f"[bold]engramprof sample[/]  window {w['duration_s']:.2f} s, {w['samples']} samples at {w.get('hz') or '?'} Hz")
-
-    if s.get("psi"):
-        t = Table(title="Pressure stall (PSI, /proc/pressure)", title_justify="left")
-        for c in ("resource", "some ms", "some", "full ms", "full", "peak some", "avg10 end"):
-            t.add_column(c, justify="right" if c != "resource" else "left")
-        for r, v in s["psi"].items():
-            t.add_row(r, _ms(v["some_us"]), _pct(v["some_pct"]), _ms(v["full_us"]), _pct(v["full_pct"]), _pct(v["some_peak_pct"]), _n(v["some_avg10_end"]) if v["some_avg10_end"] is None else f"{v['some_avg10_end']:.2f}")
-        console.print(t)
-
-    vm = s.get("vmstat") or {}
-    if vm:
-        rate = s.get("vmstat_per_s") or {}
-        t = Table(title="Reclaim and refaults (/proc/vmstat, pages)", title_justify="left")
-        t.add_column("counter")
-        t.add_column("delta", justify="right")
-        t.add_column("per s", justify="right")
-        for c in ("workingset_refault_file", "workingset_activate_file", "workingset_restore_file", "pgscan_kswapd", "pgsteal_kswapd", "pgscan_direct", "pgsteal_direct", "allocstall", "pgscan_memcg", "pgsteal_memcg", "pgmajfault", "pgpgin"):
-            if c in vm:
-                label = c + (" (KiB)" if c == "pgpgin" else "")
-                t.add_row(label, _n(vm[c]), _n(rate.get(c)) if c in rate else "")
-        ks = s.get("kswapd")
-        if ks:
-            for th in ks["threads"]:
-                t.add_row(f"{th['name']} cpu", f"{th['cpu_s']:.3f} s", f"{100 * th['cpu_s'] / w['duration_s']:.1f}%" if w["duration_s"] else "-")
-        console.print(t)
-
-    cg = s.get("cgroup")
-    if cg:
-        t = Table(title=f"Target memory cgroup ({cg.get('version')})", title_justify="left")
-        t.add_column("what")
-        t.add_column("value", justify="right")
-        if cg.get("v1_memory"):
-            t.add_row("v1 memory group", cg["v1_memory"])
-        if cg.get("v2"):
-            t.add_row("v2 group", cg["v2"])
-        t.add_row("usage (end / max)", f"{_mib(cg.get('usage_bytes'))} / {_mib(cg.get('usage_max_bytes'))}")
-        t.add_row("limit", _mib(cg.get("limit_bytes")) if cg.get("limited") else "none")
-        for c in ("refault_file", "pgscan", "pgsteal", "failcnt", "events_max", "pgpgin", "pgpgout", "pgmajfault"):
-            if cg.get(c) is not None:
-                t.add_row(c, _n(cg[c]))
-        for r, v in (cg.get("pressure") or {}).items():
-            if v.get("some_us") is not None:
-                t.add_row(f"{r} pressure some / full", f"{_ms(v['some_us'])} ms ({_pct(v['some_pct'])}) / {_ms(v['full_us'])} ms ({_pct(v['full_pct'])})")
-        console.print(t)
-
-    pr = s.get("process")
-    if pr:
-        t = Table(title=f"Target pid {pr.get('pid')} ({pr.get('name')})" + (" - exited" if pr.get("exited") else ""), title_justify="left")
-        t.add_column("what")
-        t.add_column("value", justify="right")
-        if pr.get("samples"):
-            t.add_row("cpu user / system", f"{pr['cpu_user_s']:.2f} s / {pr['cpu_system_s']:.2f} s ({_pct(pr.get('cpu_pct'))} of a core)")
-            t.add_row("context switches vol / invol", f"{_n(pr.get('ctx_voluntary'))} / {_n(pr.get('ctx_involuntary'))} ({_n(pr.get('ctx_per_s'))}/s)")
-            t.add_row("threads", _n(pr.get("threads_seen")))
-            if pr.get("run_s") is not None:
-                t.add_row("threads on CPU / waiting to run", f"{pr['run_s']:.2f} s / {pr['runq_s']:.2f} s")
-            t.add_row("major / minor faults", f"{_n(pr.get('majflt'))} / {_n(pr.get('minflt'))}")
-            if pr.get("rchar") is not None:
-                t.add_row("read via syscalls / from storage", f"{_mib(pr['rchar'])} / {_mib(pr['read_bytes'])}")
-        console.print(t)
-        ths = pr.get("threads") or []
-        if ths:
-            tt = Table(title="Busiest threads (by context switches)", title_justify="left")
-            for c in ("tid", "name", "vol cs", "invol cs", "cpu s"):
-                tt.add_column(c, justify="left" if c == "name" else "right")
-            for th in ths[:10]:
-                tt.add_row(str(th["tid"]), th["name"], _n(th["ctx_voluntary"]), _n(th["ctx_involuntary"]), f"{th['cpu_s']:.2f}")
-            if len(ths) > 10:
-                tt.caption = f"{len(ths) - 10} more threads in --json"
-            console.print(tt)
-
-    procs = s.get("processes") or []
-    if procs:
-        t = Table(title=f"Traced processes ({len(procs)})", title_justify="left")
-        for c in ("pid", "name", "cpu", "vol / invol cs", "threads", "major faults", "from storage"):
-            t.add_column(c, justify="left" if c == "name" else "right")
-        for p in procs:
-            t.add_row(str(p["pid"]), p.get("name") or "-", _pct(p.get("cpu_pct")),
-                      f"{_n(p.get('ctx_voluntary'))} / {_n(p.get('ctx_involuntary'))}", _n(p.get("threads_seen")),
-                      _n(p.get("majflt")), _mib(p.get("read_bytes")))
-        console.print(t)
-
-    console.print("[bold]Reading[/]")
-    for line in s.get("interpretation") or []:
-        console.print(f"  - {line}")
-    if s.get("notes"):
-        console.print("[bold]Notes[/]")
-        for n in s["notes"]:
-            console.print(f"  - {n}")
-    if s.get("output"):
-        console.print(f"samples written to {s['output']}")
-
-
 def register(app: typer.Typer) -> None:
     @app.command("sample", epilog=(
         "Examples:\n\n"
@@ -275,4 +157,6 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json.dumps(summary, indent=2))
         else:
-            render(summary, Console())
+            from engramprof.report import sample as report
+
+            report.render(summary, Console())

@@ -26,6 +26,7 @@ import pandas as pd
 from engramprof.analysis.verdicts import CAUSES
 from engramprof.compare import stats
 from engramprof.compare.ranks import MS_COLS
+from engramprof.units import pct
 
 #: (upper bound exclusive, label); rows below 1024 are decode-sized
 ROW_BUCKETS = ((128, "decode <128 rows"), (1024, "decode 128-1023 rows"), (8192, "prefill 1k-8k rows"),
@@ -138,9 +139,9 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, *, resamples: int = 1000,
     if not shared:
         reason = "no stratum has at least %d batches on both sides: the windows share no comparable batches" % min_batches
     elif unshared_b > max_unshared or unshared_a > max_unshared:
-        which = [f"{side} has {share:.0%} of its batch time in strata the other side lacks"
+        which = [f"{side} has {pct(share)} of its batch time in strata the other side lacks"
                  for side, share in (("before", unshared_b), ("after", unshared_a)) if share > max_unshared]
-        reason = "; ".join(which) + f" (more than {max_unshared:.0%}): the windows are unmatched, no overall claim"
+        reason = "; ".join(which) + f" (more than {pct(max_unshared)}): the windows are unmatched, no overall claim"
     overall = None
     mix = {}
     if reason is None:

@@ -16,7 +16,6 @@ import shutil
 import tempfile
 
 from rich.console import Console
-from rich.table import Table
 
 from engramprof.analysis import diagnose
 from engramprof.errors import UserError
@@ -58,46 +57,6 @@ def run(console: Console | None = None) -> dict:
         console.print(f"made a {os.path.getsize(table) / 2**20:.0f} MiB Engram table (safetensors, 2 layers)")
         before = _arm(console, "python-scheduling", "before: 32-thread pool reader, cached table", table, workdir)
         after = _arm(console, "healthy", "after: RWF_NOWAIT-first reader, same table", table, workdir)
-        _side_by_side(console, before, after)
         return {"before": before, "after": after}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _side_by_side(console: Console, before: dict, after: dict) -> None:
-    t = Table(title="before / after (same table, same rows, same machine, one window each)", title_justify="left")
-    t.add_column("")
-    t.add_column("pool reader", justify="right")
-    t.add_column("nowait reader", justify="right")
-
-    def bt(d, *keys):
-        v = d["batch_tail"]
-        for k in keys:
-            v = (v or {}).get(k)
-        return v
-
-    def ms(v):
-        return "n/a" if v is None else (f"{v:.3f} ms" if v < 1 else f"{v:.2f} ms")
-
-    rows = [
-        ("verdict", before["verdict"], after["verdict"]),
-        ("confidence", f"{before['confidence']:.2f}", f"{after['confidence']:.2f}"),
-        ("batches traced", str(bt(before, "batches")), str(bt(after, "batches"))),
-        ("batch p50 (markers)", ms(bt(before, "batch_ms", "p50")), ms(bt(after, "batch_ms", "p50"))),
-        ("batch p99", ms(bt(before, "batch_ms", "p99")), ms(bt(after, "batch_ms", "p99"))),
-        ("reads in flight p50", ms(bt(before, "inflight_ms", "p50")), ms(bt(after, "inflight_ms", "p50"))),
-        ("outside the read path", f"{bt(before, 'outside_read_path_frac') or 0:.0%}", f"{bt(after, 'outside_read_path_frac') or 0:.0%}"),
-    ]
-    for cause in ("python-scheduling", "cpu-copy", "residency", "reclaim", "storage", "unexplained"):
-        rows.append((f"share: {cause}", f"{bt(before, 'share', cause) or 0:.0%}", f"{bt(after, 'share', cause) or 0:.0%}"))
-    rows.append(("lab's own batch p50", ms(before["lab"].get("batch_ms", {}).get("p50")) if before.get("lab") else "n/a",
-                 ms(after["lab"].get("batch_ms", {}).get("p50")) if after.get("lab") else "n/a"))
-    for r in rows:
-        t.add_row(*r)
-    console.print()
-    console.print(t)
-    b50, a50 = bt(before, "batch_ms", "p50"), bt(after, "batch_ms", "p50")
-    if b50 and a50:
-        console.print(f"The nowait reader's median batch was {b50 / a50:.1f}x shorter in these two windows. That is a "
-                      "component result on a cached lab table, not a model-throughput result: prove a model "
-                      "speed-up with matched before/after windows (playbooks/after-deploy.md).")

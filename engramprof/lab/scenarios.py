@@ -41,17 +41,14 @@ point ``mnt``).  ``<pid>`` is the scenario process, not the reader.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from engramprof.errors import UserError
@@ -76,18 +73,24 @@ from engramprof.lab.impairments import (
     Impairment,
     Spec,
 )
+from engramprof.lab.reader_process import (  # noqa: F401  (KEEP_RUNNING_S, STOP_TIMEOUT: their old home)
+    KEEP_RUNNING_S,
+    STOP_TIMEOUT,
+    ReaderProcess,
+    exit_on_term,
+    ignore_stop_signals,
+    reader_command,
+    restore_signals,
+)
 from engramprof.tables import safetensors as layout
 
 DEFAULT_ROWS = 1 << 18  # 2 layers x 262144 rows x 264 bytes = 132 MiB
 DEFAULT_DURATION = 30.0
 DEFAULT_GAP_MS = 10.0
 READY_TIMEOUT = 120.0
-STOP_TIMEOUT = 15.0
-KEEP_RUNNING_S = 10 * 365 * 86400.0  # "until stopped"
 WORKDIR_PREFIX = "engramprof-scenario-"
 _CG_RE = re.compile(rf"^{CGROUP_PREFIX}({'|'.join(map(re.escape, SCENARIOS))})-(\d+)(?:-\d+)?$")
 _WD_RE = re.compile(rf"^{WORKDIR_PREFIX}(\d+)-")
-_PKG_ROOT = str(Path(__file__).resolve().parents[2])
 _pid_alive = host.pid_alive  # the name the tests use
 
 
@@ -174,100 +177,6 @@ def cleanup_stale() -> list[str]:
 # Runs in the child between fork and the reader: (optionally) die with the parent, join the
 # cgroups, then exec the reader -- the pid stays the same, and no reader code runs outside
 # the groups.  argv: ppid pdeathsig n_procs procs... cmd...
-_WRAPPER = r"""
-import ctypes, os, sys
-ppid, sig, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-procs, cmd = sys.argv[4:4 + n], sys.argv[4 + n:]
-if sig:
-    ctypes.CDLL(None).prctl(1, sig, 0, 0, 0)
-    if os.getppid() != ppid:
-        os._exit(1)
-for p in procs:
-    with open(p, "w") as f:
-        f.write(str(os.getpid()))
-os.execv(cmd[0], cmd)
-"""
-
-
-
-class _Reader:
-    """The lab reader child: started through :data:`_WRAPPER` (so it joins the fault's cgroups
-    before any code of its own runs), its stderr relayed line by line, its stdout kept for
-    the JSON summary.  ``on_pid`` runs (in the relay thread) when it prints ``lab: pid``;
-    ``ready`` is set on ``lab: ready``, after which the relay waits for ``armed``."""
-
-    def __init__(self, relay: Callable[[str], None], on_pid: Callable[[], None], armed: threading.Event):
-        self._relay, self._on_pid, self._armed = relay, on_pid, armed
-        self.ready = threading.Event()
-        self.proc: subprocess.Popen | None = None
-        self._stdout: list[str] = []
-        self._threads: list[threading.Thread] = []
-
-    def start(self, cmd: list[str]) -> int:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env, close_fds=True)
-        for target, name in ((self._read_stderr, "stderr"), (self._read_stdout, "stdout")):
-            t = threading.Thread(target=target, name=f"engramprof-scenario-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        return self.proc.pid
-
-    def _read_stderr(self) -> None:
-        for raw in self.proc.stderr:
-            line = raw.rstrip("\n")
-            if line.startswith("lab: pid "):
-                self._on_pid()
-            if line.strip() == "lab: ready":
-                self.ready.set()
-                self._armed.wait(30)
-            self._relay(line)
-
-    def _read_stdout(self) -> None:
-        for raw in self.proc.stdout:
-            self._stdout.append(raw)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def join_relays(self, timeout: float) -> None:
-        for t in self._threads:
-            t.join(timeout)
-
-    def summary(self) -> dict | None:
-        """The reader's JSON summary: its last stdout line that starts with ``{``."""
-        for line in reversed(self._stdout):
-            if line.strip().startswith("{"):
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    return None
-        return None
-
-    def terminate_and_reap(self) -> None:
-        """SIGTERM (finish the batch and exit), SIGKILL after STOP_TIMEOUT."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def close_pipes(self) -> None:
-        for f in (self.proc.stdout, self.proc.stderr):
-            try:
-                f and f.close()
-            except OSError:
-                pass
-
-
 # --------------------------------------------------------------------------- Scenario
 
 
@@ -381,9 +290,9 @@ class Scenario:
         self.stats_at_ready: dict = {}
         self.stats_at_end: dict = {}
 
-        self._rank_join: list[str] = []
+        self.rank_join: list[str] = []
         self._armed = threading.Event()  # the fault is in place (reclaim: once the limit is set)
-        self._child = _Reader(self._relay, self._on_reader_pid, self._armed)
+        self._child = ReaderProcess(self._relay, self._on_reader_pid, self._armed)
         self._lock = threading.RLock()
         self._started = self._closed = False
         self._old_handlers: dict = {}
@@ -455,27 +364,13 @@ class Scenario:
         if os.geteuid() != 0 and self.fault.needs_root:
             raise ScenarioError(f"scenario {self.name} needs root (cgroups, loop devices, mounts)")
         atexit.register(self.close)
-        self._install_signal_handlers()
+        self._old_handlers = exit_on_term()
         try:
             self._setup()
         except BaseException:
             self.close()
             raise
         return self
-
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_term(signum, frame):
-            raise SystemExit(128 + signum)
-
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            try:
-                if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                    self._old_handlers[sig] = signal.signal(sig, on_term)
-            except (ValueError, OSError):
-                pass
 
     def _setup(self) -> None:
         for item in cleanup_stale():
@@ -495,12 +390,12 @@ class Scenario:
             self._make_healthy_table()
         procs = self.fault.setup(self)
         if self.faulty_rank is not None:  # only the faulty rank joins the fault's groups
-            self._rank_join, procs = procs, []
+            self.rank_join, procs = procs, []
         if not self.fault.arms_on_reader_pid:
             self._armed.set()
         # die with this process (not with a thread that may end first)
         pdeath = int(signal.SIGKILL) if threading.current_thread() is threading.main_thread() else 0
-        self.pid = self._child.start(self._child_cmd(procs, pdeath))
+        self.pid = self._child.start(reader_command(self, procs, pdeath))
         self.say(f"pid {self.pid}")
         self._wait_ready()
 
@@ -541,29 +436,6 @@ class Scenario:
             raise UserError(f"table {path}: no such file")
         layout.load(path)  # a one-line UserError if it is not a safetensors table
         self.table_path = path
-
-    def _child_cmd(self, procs: list[str], pdeath: int) -> list[str]:
-        cmd = [self.python, "-m", "engramprof", "lab", "run", "--table", self.table_path,
-               "--reader", self.reader, "--json", "--markers", self.markers_path,
-               "--tokens", str(self.tokens), "--gap-ms", f"{self.gap_ms:g}", "--seed", str(self.seed),
-               "--threads", str(self.threads), "--start-delay", f"{self.start_delay:g}",
-               "--warm" if self.spec.cache == "warm" else "--cold"]
-        if self.steps is not None:
-            cmd += ["--steps", str(self.steps)]
-        else:
-            cmd += ["--duration", f"{self.duration if self.duration is not None else KEEP_RUNNING_S:g}"]
-        if self.workers:
-            cmd += ["--workers", str(self.workers)]
-        if self.faulty_rank is not None:
-            healthy = IMPAIRMENTS["healthy"]().spec
-            for r in range(self.workers):
-                if r != self.faulty_rank:
-                    cmd += ["--rank-table", f"{r}:{self.healthy_table}", "--rank-reader", f"{r}:{healthy.reader}",
-                            "--rank-cache", f"{r}:{healthy.cache}"]
-            for p in self._rank_join:
-                cmd += ["--rank-join", f"{self.faulty_rank}:{p}"]
-        return [self.python, "-c", _WRAPPER, str(os.getpid()), str(pdeath), str(len(procs)),
-                *procs, *cmd]
 
     def _on_reader_pid(self) -> None:
         """The reader printed its pid: its imports are done and it has not read a row."""
@@ -673,13 +545,7 @@ class Scenario:
                 return []
             self._closed = True
         problems: list[str] = []
-        masked = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # finish the clean-up
-                try:
-                    masked[sig] = signal.signal(sig, signal.SIG_IGN)
-                except (ValueError, OSError):
-                    pass
+        masked = ignore_stop_signals()  # finish the clean-up
         try:
             self.fault.halt()
             self._stop_reader()
@@ -691,7 +557,8 @@ class Scenario:
             for p in problems:
                 self.say(f"clean-up problem: {p}")
         finally:
-            self._restore_signals(masked)
+            restore_signals(masked, self._old_handlers)
+            self._old_handlers = {}
             atexit.unregister(self.close)
         return problems
 
@@ -705,16 +572,6 @@ class Scenario:
             pass
         self._child.close_pipes()
         self._child.join_relays(5)
-
-    def _restore_signals(self, masked: dict) -> None:
-        for sig, h in masked.items():
-            signal.signal(sig, h)
-        for sig, h in self._old_handlers.items():
-            try:
-                signal.signal(sig, h)
-            except (ValueError, OSError):
-                pass
-        self._old_handlers = {}
 
 
 def run(name: str, **opts) -> dict:

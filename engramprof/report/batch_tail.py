@@ -21,6 +21,7 @@ from engramprof.errors import UserError
 from engramprof.jsonable import to_json as _strict_json
 from engramprof.report.render import Col, fit_table
 from engramprof.report.render import say as render_say
+from engramprof.units import duration, ms, pct
 
 CAUSE_COLOURS = {
     "residency": "#d62728",
@@ -39,34 +40,6 @@ CAUSE_STYLE = {
     "unexplained": "dim",
     "healthy": "green",
 }
-def fmt_ms(v: float | None) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    a = abs(v)
-    if a >= 100:
-        return f"{v:,.0f}"
-    if a >= 10:
-        return f"{v:.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    if a >= 0.001:
-        return f"{v:.3g}"
-    return f"{v:.2g}" if v else "0"
-
-
-def fmt_time(ms: float | None) -> str:
-    """A duration given in ms, in the unit that reads best (µs / ms / s)."""
-    if ms is None or (isinstance(ms, float) and not math.isfinite(ms)):
-        return "-"
-    if abs(ms) < 0.1 and ms:
-        return f"{ms * 1e3:.3g} µs"
-    if abs(ms) >= 10_000:
-        return f"{ms / 1e3:.3g} s"
-    return f"{fmt_ms(ms)} ms"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0%}"
 
 
 # ------------------------------------------------------------------------------ JSON --
@@ -85,7 +58,7 @@ def _source_line(s: dict) -> str:
         return "one inferred batch (no gap structure found)"
     how = "--gap-ms" if s.get("gap_source") == "user" else "chosen from the trace's gap distribution"
     idle = " and no thread waited for a CPU" if s.get("gap_excludes_runnable") else ""
-    return f"batches inferred: split where no read was in flight{idle} for > {fmt_time(s['gap_ms'])} ({how})"
+    return f"batches inferred: split where no read was in flight{idle} for > {duration(s['gap_ms'])} ({how})"
 
 
 def _cause_evidence(s: dict) -> dict[str, str]:
@@ -93,25 +66,25 @@ def _cause_evidence(s: dict) -> dict[str, str]:
     out: dict[str, str] = {c: "" for c in CAUSES}
     miss_bits = []
     if "misses" in ev:
-        miss_bits.append(f"{ev['misses']:,} pages inserted; {_pct(ev.get('calls_with_misses_frac'))} of calls missed")
+        miss_bits.append(f"{ev['misses']:,} pages inserted; {pct(ev.get('calls_with_misses_frac'))} of calls missed")
         if ev.get("slow_calls"):
-            miss_bits.append(f"{_pct(ev.get('slow_calls_with_misses_frac'))} of slow calls had misses")
+            miss_bits.append(f"{pct(ev.get('slow_calls_with_misses_frac'))} of slow calls had misses")
     if ev.get("runq_wake_share"):
-        miss_bits.append(f"of which waiting for a CPU after the miss {_pct(ev['runq_wake_share'])}")
+        miss_bits.append(f"of which waiting for a CPU after the miss {pct(ev['runq_wake_share'])}")
     out["residency"] = "; ".join(miss_bits)
     rb = []
     if "reclaim_ms" in ev:
-        rb.append(f"reclaim inside calls {fmt_time(ev['reclaim_ms'])} ({ev.get('calls_with_reclaim', 0):,} calls)")
+        rb.append(f"reclaim inside calls {duration(ev['reclaim_ms'])} ({ev.get('calls_with_reclaim', 0):,} calls)")
     if ev.get("refault_frac_of_misses_est") is not None:
-        rb.append(f"refaults ≈ {_pct(ev['refault_frac_of_misses_est'])} of misses")
+        rb.append(f"refaults ≈ {pct(ev['refault_frac_of_misses_est'])} of misses")
     if ev.get("psi_some_pct", {}).get("memory") is not None:
         rb.append(f"memory PSI some {ev['psi_some_pct']['memory']:.1f}%")
     out["reclaim"] = "; ".join(rb)
     sb = []
     if "bio_ms_per_bio" in ev:
-        sb.append(f"bio queue→complete p50 {fmt_time(ev['bio_ms_per_bio']['p50'])} / p99 {fmt_time(ev['bio_ms_per_bio']['p99'])}")
+        sb.append(f"bio queue→complete p50 {duration(ev['bio_ms_per_bio']['p50'])} / p99 {duration(ev['bio_ms_per_bio']['p99'])}")
     if ev.get("miss_io_ms"):
-        sb.append(f"wait per miss I/O p50 {fmt_time(ev['miss_io_ms']['p50'])} / p99 {fmt_time(ev['miss_io_ms']['p99'])}")
+        sb.append(f"wait per miss I/O p50 {duration(ev['miss_io_ms']['p50'])} / p99 {duration(ev['miss_io_ms']['p99'])}")
     if s.get("normal_miss_us") is not None:
         sb.append(f"normal {s['normal_miss_us']:.0f} µs")
     if ev.get("psi_some_pct", {}).get("io") is not None:
@@ -119,9 +92,9 @@ def _cause_evidence(s: dict) -> dict[str, str]:
     out["storage"] = "; ".join(sb)
     pb = []
     if ev.get("no_read_ms"):
-        pb.append(f"no read in flight p50 {fmt_time(ev['no_read_ms']['p50'])}/batch")
+        pb.append(f"no read in flight p50 {duration(ev['no_read_ms']['p50'])}/batch")
     if ev.get("runq_preempt_share") is not None:
-        pb.append(f"of which run-queue (preempted in calls) {_pct(ev['runq_preempt_share'])}")
+        pb.append(f"of which run-queue (preempted in calls) {pct(ev['runq_preempt_share'])}")
     if ev.get("ctx_switches_per_batch"):
         pb.append(f"≈{ev['ctx_switches_per_batch']['p50']:.0f} ctx switches/batch" if ev["ctx_switches_per_batch"]["p50"] is not None else "")
     out["python-scheduling"] = "; ".join(x for x in pb if x)
@@ -152,7 +125,7 @@ def _slow_evidence(r: pd.Series | dict) -> str:
         v = g(key)
         if v is None or (isinstance(v, float) and not math.isfinite(v)) or v == 0:
             continue
-        bits.append(f"{label} {int(v)}" if key == "slowest_misses" else f"{label} {fmt_ms(float(v))}{unit}")
+        bits.append(f"{label} {int(v)}" if key == "slowest_misses" else f"{label} {ms(float(v))}{unit}")
     return " ".join(bits)
 
 
@@ -168,11 +141,11 @@ def process_table(console: Console, processes: list[dict] | None, slowest: int |
         share = p.get("share") or {}
         v = p.get("verdict") or "?"
         mark = " (slowest)" if p.get("pid") == slowest else ""
-        pct = f" {share[v]:.0%}" if v in share else ""
+        share_txt = f" {pct(share[v])}" if v in share else ""
         cmd = p.get("cmdline") or p.get("comm") or ""
         rows.append([str(p.get("pid")), cmd, f"{int(p.get('batches') or 0):,}",
-                     fmt_ms((p.get("batch_ms") or {}).get("p50")), fmt_ms((p.get("batch_ms") or {}).get("p99")),
-                     Text(v + pct + mark, style=CAUSE_STYLE.get(v, ""))])
+                     ms((p.get("batch_ms") or {}).get("p50")), ms((p.get("batch_ms") or {}).get("p99")),
+                     Text(v + share_txt + mark, style=CAUSE_STYLE.get(v, ""))])
     console.print(fit_table(console, cols, rows,
                             title=f"Processes ({len(processes)}), each analysed on its own"))
 
@@ -191,8 +164,8 @@ def verdict_line(s: dict) -> Text:
     line = Text("verdict: ", style="bold")
     line.append(v, style=f"bold {CAUSE_STYLE.get(v, '')}")
     gloss = f" ({NOT_A_CAUSE[top_cause]})" if top_cause in NOT_A_CAUSE else ""
-    line.append(f" — largest share: {top_cause} {_pct(s['share'][top_cause])} of batch time{gloss}; "
-                f"tail (batches > p90 {fmt_time(s['tail_threshold_ms'])}): {s['tail_verdict']}")
+    line.append(f" — largest share: {top_cause} {pct(s['share'][top_cause])} of batch time{gloss}; "
+                f"tail (batches > p90 {duration(s['tail_threshold_ms'])}): {s['tail_verdict']}")
     return line
 
 
@@ -207,15 +180,15 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
     say(Text(f"batch-tail: {s['batches']:,} batches, {s['calls_in_batches']:,} of {s['calls']:,} calls — "
                        + _source_line(s), style="bold"))
     say(
-        f"{_pct(s['frac_batches_with_slow_call'])} of batches had at least one call slower than {s['slow_ms']:g} ms "
-        f"(calls p50 {fmt_time(s['call_ms']['p50'])}, p99 {fmt_time(s['call_ms']['p99'])})"
+        f"{pct(s['frac_batches_with_slow_call'])} of batches had at least one call slower than {s['slow_ms']:g} ms "
+        f"(calls p50 {duration(s['call_ms']['p50'])}, p99 {duration(s['call_ms']['p99'])})"
     )
     if s.get("outside_read_path_frac") is not None:
         say(
-            f"median batch {fmt_time(s['batch_ms']['p50'])} while reads were in flight for "
-            f"{fmt_time(s['inflight_ms']['p50'])}: {_pct(s['outside_read_path_frac'])} of batch time is outside "
-            f"the kernel read path (summed call time p50 {fmt_time(s['sum_call_ms']['p50'])}; batch p99 "
-            f"{fmt_time(s['batch_ms']['p99'])})"
+            f"median batch {duration(s['batch_ms']['p50'])} while reads were in flight for "
+            f"{duration(s['inflight_ms']['p50'])}: {pct(s['outside_read_path_frac'])} of batch time is outside "
+            f"the kernel read path (summed call time p50 {duration(s['sum_call_ms']['p50'])}; batch p99 "
+            f"{duration(s['batch_ms']['p99'])})"
         )
     v = s["verdict"]
     say(verdict_line(s))
@@ -229,7 +202,7 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
     t.add_column(f"tail ({s['tail_batches']:,})", justify="right")
     t.add_column("evidence", overflow="fold")
     for c in CAUSES:
-        t.add_row(Text(c, style=CAUSE_STYLE.get(c, "")), _pct(s["share"][c]), _pct(s["tail_share"][c]), ev.get(c, ""))
+        t.add_row(Text(c, style=CAUSE_STYLE.get(c, "")), pct(s["share"][c]), pct(s["tail_share"][c]), ev.get(c, ""))
     console.print(t)
 
     if len(batches):
@@ -243,13 +216,13 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
         for _, r in batches.nlargest(min(top, len(batches)), "wall_ms").iterrows():
             shares = {c: r[f"share_{col(c)}"] for c in CAUSES}
             tc = max(CAUSES, key=lambda c: shares[c])
-            verdict = (f"{r['verdict']} {shares[tc]:.0%}" if tc == r["verdict"]
-                       else f"{r['verdict']} ({tc} {shares[tc]:.0%})")
+            verdict = (f"{r['verdict']} {pct(shares[tc])}" if tc == r["verdict"]
+                       else f"{r['verdict']} ({tc} {pct(shares[tc])})")
             rows.append([
-                str(int(r["batch"])), f"{r['start_s']:.3f}", fmt_ms(r["wall_ms"]), fmt_ms(r["inflight_ms"]),
+                str(int(r["batch"])), f"{r['start_s']:.3f}", ms(r["wall_ms"]), ms(r["inflight_ms"]),
                 f"{int(r['calls']):,}", f"{int(r['slow_calls']):,}",
                 f"{int(r['misses']):,}" if "misses" in r else "-",
-                fmt_ms(r["slowest_call_ms"]), _slow_evidence(r),
+                ms(r["slowest_call_ms"]), _slow_evidence(r),
                 Text(verdict, style=CAUSE_STYLE.get(r["verdict"], "")),
             ])
         console.print(fit_table(console, cols, rows, title=f"Slowest batches (of {len(batches):,})"))

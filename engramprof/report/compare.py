@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.text import Text
 
 from engramprof.analysis.verdicts import CAUSES
-from engramprof.report.batch_tail import CAUSE_COLOURS, _open_new, fmt_ms
+from engramprof.report.batch_tail import CAUSE_COLOURS, _open_new
 from engramprof.report.render import Col, fit_table, say
+from engramprof.units import ms, pct
 
 
 def _say(con: Console, text: str, style: str | None = None) -> None:
@@ -26,7 +27,7 @@ def _short(path: str, keep: int = 28) -> str:
 
 def ranks(doc: dict, con: Console | None = None) -> None:
     con = con or Console()
-    err = "" if doc["alignment"] == "step-id" else f"±{fmt_ms(doc['alignment_error_ms'])} ms: "
+    err = "" if doc["alignment"] == "step-id" else f"±{ms(doc['alignment_error_ms'])} ms: "
     _say(con, f"{len(doc['ranks'])} ranks, {doc['steps']:,} steps aligned by {doc['alignment']} ({err}"
               f"{doc['alignment_error_source']})")
     g = next((r for r in doc["ranks"] if r["rank"] == doc["gating_rank"]), None)
@@ -35,21 +36,21 @@ def ranks(doc: dict, con: Console | None = None) -> None:
                                            sum(r["trace"] == g["trace"] for r in doc["ranks"]) > 1 else "")
         if g.get("host") and len({r.get("host") for r in doc["ranks"]}) > 1:
             where = f"host {g['host']}, {where}"
-        _say(con, f"gating rank: {g['rank']} ({where}) was the slowest in {g['gated_share']:.0%} of "
-                  f"steps, {fmt_ms(g['excess_ms'])} ms over the median rank, mostly {g['top_cause'] or '-'}",
+        _say(con, f"gating rank: {g['rank']} ({where}) was the slowest in {pct(g['gated_share'])} of "
+                  f"steps, {ms(g['excess_ms'])} ms over the median rank, mostly {g['top_cause'] or '-'}",
              style="bold")
     else:
         _say(con, "no rank gates: the ranks are even (no rank was slower than the median rank in any step)",
              style="bold")
     _say(con, f"step time lost to stragglers (sum of slowest minus median rank): "
-              f"{fmt_ms(doc['lost_to_stragglers_ms'])} ms; step p50 {fmt_ms(doc['step_ms']['p50'])} ms vs median "
-              f"rank p50 {fmt_ms(doc['median_rank_ms']['p50'])} ms")
+              f"{ms(doc['lost_to_stragglers_ms'])} ms; step p50 {ms(doc['step_ms']['p50'])} ms vs median "
+              f"rank p50 {ms(doc['median_rank_ms']['p50'])} ms")
     cols = [Col("rank"), Col("trace", justify="left", shrink=True), Col("gated"), Col("excess ms"),
             Col("top cause", justify="left"), Col("p50 ms", drop=2), Col("p99 ms", drop=1)]
     shared = {t for t in (r["trace"] for r in doc["ranks"]) if sum(x["trace"] == t for x in doc["ranks"]) > 1}
     rows = [[str(r["rank"]), r["trace"] + (f" pid {r['pid']}" if r["trace"] in shared and r.get("pid") is not None else ""),
-             f"{r['gated_share']:.0%}", fmt_ms(r["excess_ms"]), r["top_cause"] or "-",
-             fmt_ms(r["batch_ms"]["p50"]), fmt_ms(r["batch_ms"]["p99"])] for r in doc["ranks"]]
+             pct(r['gated_share']), ms(r["excess_ms"]), r["top_cause"] or "-",
+             ms(r["batch_ms"]["p50"]), ms(r["batch_ms"]["p99"])] for r in doc["ranks"]]
     if len({r.get("host") for r in doc["ranks"]}) > 1:  # ranks on several hosts: say which
         cols.insert(1, Col("host", justify="left", min_width=4))
         for row, r in zip(rows, doc["ranks"]):
@@ -58,8 +59,8 @@ def ranks(doc: dict, con: Console | None = None) -> None:
     if doc["worst_steps"]:
         cols = [Col("step"), Col("slowest rank"), Col("step ms"), Col("median ms"), Col("excess ms"),
                 Col("cause of excess", justify="left")]
-        rows = [[str(s["step"]), str(s["gating_rank"]), fmt_ms(s["step_ms"]), fmt_ms(s["median_ms"]),
-                 fmt_ms(s["excess_ms"]), s["cause"] or "-"] for s in doc["worst_steps"]]
+        rows = [[str(s["step"]), str(s["gating_rank"]), ms(s["step_ms"]), ms(s["median_ms"]),
+                 ms(s["excess_ms"]), s["cause"] or "-"] for s in doc["worst_steps"]]
         con.print(fit_table(con, cols, rows, title="steps with the largest excess"))
     for w in doc["warnings"]:
         _say(con, f"warning: {w}", style="yellow")
@@ -82,7 +83,7 @@ def before_after(doc: dict, con: Console | None = None) -> None:
     rows = []
     for s in doc["strata"] + ([doc["overall"]] if doc["overall"] else []):
         rows.append(["overall (common mix)" if s is doc["overall"] else s["stratum"], f"{s['before_batches']:,}", f"{s['after_batches']:,}",
-                     fmt_ms(s["p50_ms_before"]), fmt_ms(s["p50_ms_after"]),
+                     ms(s["p50_ms_before"]), ms(s["p50_ms_after"]),
                      "-" if s["ratio"] is None else f"{s['ratio']:.2f}", _ci(s["ci"]),
                      "-" if s["p99_ratio"] is None else f"{s['p99_ratio']:.2f}"])
     if rows:
@@ -90,14 +91,14 @@ def before_after(doc: dict, con: Console | None = None) -> None:
     else:
         _say(con, "no stratum is on both sides")
     for d in doc["dropped"]:
-        _say(con, f"dropped: {d['stratum']}: {d['before_batches']:,} before ({d['before_time_share']:.0%} of its time),"
-                  f" {d['after_batches']:,} after ({d['after_time_share']:.0%})")
+        _say(con, f"dropped: {d['stratum']}: {d['before_batches']:,} before ({pct(d['before_time_share'])} of its time),"
+                  f" {d['after_batches']:,} after ({pct(d['after_time_share'])})")
     if doc["matched"]:
         o = doc["overall"]
         lo, hi = (o["ci"] or [None, None])
         verdict = ("faster after" if hi is not None and hi < 1 else
                    "slower after" if lo is not None and lo > 1 else "no difference shown")
-        _say(con, f"matched: overall p50 {fmt_ms(o['p50_ms_before'])} -> {fmt_ms(o['p50_ms_after'])} ms, "
+        _say(con, f"matched: overall p50 {ms(o['p50_ms_before'])} -> {ms(o['p50_ms_after'])} ms, "
                   f"ratio {o['ratio']:.2f} (95% CI {_ci(o['ci'])}): {verdict}, over the shared strata at one "
                   "common mix", style="bold")
     else:

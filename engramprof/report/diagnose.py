@@ -7,16 +7,17 @@ from rich.table import Table
 from rich.text import Text
 
 from engramprof.report.batch_tail import process_table
+from engramprof.units import pct
 
 
 def render(console, d: dict) -> None:
     v = d["verdict"]
     head = f"[bold]verdict: {v}[/bold] (confidence {d['confidence']:.2f}"
     if d.get("verdict_share") is not None:
-        head += f", {d['verdict_share']:.0%} of batch time"
+        head += f", {pct(d['verdict_share'])} of batch time"
     head += ")"
     if d.get("runner_up"):
-        head += f"; runner-up: {d['runner_up']} ({d['runner_up_share']:.0%})"
+        head += f"; runner-up: {d['runner_up']} ({pct(d['runner_up_share'])})"
     console.print(head)
     t = Table(title="evidence", title_justify="left", show_header=False, box=None)
     t.add_column(justify="right", style="dim")

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 #: cells that carry no information in a column of evidence
-ZERO_CELLS = frozenset(("", "-", "0", "0.0", "0.00", "0.0 µs", "0.00 ms", "0 µs", "0.0%"))
+ZERO_CELLS = frozenset(("", "-", "0", "0.0", "0.00", "0.0 µs", "0.00 ms", "0 µs", "0 ms", "0.0%", "0%"))
 
 
 def console(stderr: bool = False) -> Console:
@@ -137,29 +137,6 @@ def fit_table(con: Console, cols: list[Col], rows: list[list[str]], *, title: st
         dropped.append(cols[j].header)
         shrink_to = None
     return build()
-    for i, c in enumerate(cols):
-        if c.drop_if_zero and rows and all(r[i].strip() in ZERO_CELLS for r in rows):
-            keep.remove(i)
-            zero.append(c.header)
-    t = build()
-    order = sorted((i for i in keep if cols[i].drop), key=lambda i: -cols[i].drop)
-    shrinkable = [i for i in keep if cols[i].shrink]
-    while _width(con, t) > width:
-        if shrinkable and shrink_to is None:  # first try the path: cut from its left
-            i = shrinkable[0]
-            natural = max([len(cols[i].header)] + [len(r[i]) for r in rows])
-            shrink_to = max(cols[i].min_width, natural - (_width(con, t) - width))
-            t = build()
-            if _width(con, t) <= width:
-                break
-        if not order:
-            break
-        j = order.pop(0)
-        keep.remove(j)
-        dropped.append(cols[j].header)
-        shrink_to = None
-        t = build()
-    return t
 
 
 # ------------------------------------------------------------------------ sentences --

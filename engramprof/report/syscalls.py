@@ -9,12 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from engramprof.report.render import Col, fit_table, shorten_left
+from engramprof.units import duration, pct
 
 
 def _fmt_us(v) -> str:
-    if v is None or v != v:
-        return "-"
-    return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
+    """A duration given in µs, in the one duration format (engramprof.units.duration)."""
+    return duration(None if v is None else v / 1e3)
 
 
 class LiveView:
@@ -45,8 +45,8 @@ class LiveView:
             ("p50 ", "bold"), _fmt_us(h.quantile(0.5) / 1e3), "  ",
             ("p99 ", "bold"), _fmt_us(h.quantile(0.99) / 1e3), "  ",
             ("max ", "bold"), _fmt_us(h.max_ns / 1e3 if h.n else None), "   ",
-            ("EAGAIN ", "bold"), f"{(s.window_eagain / s.window_calls if s.window_calls else 0):.1%}  ",
-            ("NOWAIT ", "bold"), f"{(s.window_nowait / s.window_calls if s.window_calls else 0):.1%}   ",
+            ("EAGAIN ", "bold"), f"{pct(s.window_eagain / s.window_calls if s.window_calls else 0)}  ",
+            ("NOWAIT ", "bold"), f"{pct(s.window_nowait / s.window_calls if s.window_calls else 0)}   ",
             ("lost ", "bold"), (f"{totals.get('lost_records', 0):,}", "red" if totals.get("lost_records") else ""),
         )
         parts = [head]
@@ -141,7 +141,7 @@ def print_summary(console: Console, s: dict) -> None:
                                          "(the probe's in-flight bio table had their slot taken)", style="yellow"))
     t.add_row("latency", f"p50 {_fmt_us(lat['p50'])}  p99 {_fmt_us(lat['p99'])}  max {_fmt_us(lat['max'])}"
               + (f"  ({s['latency_source']})" if s["latency_source"] != "records" else ""))
-    t.add_row("EAGAIN / NOWAIT", f"{s['eagain_rate']:.1%} of calls returned EAGAIN; {s['nowait_share']:.1%} used RWF_NOWAIT")
+    t.add_row("EAGAIN / NOWAIT", f"{pct(s['eagain_rate'])} of calls returned EAGAIN; {pct(s['nowait_share'])} used RWF_NOWAIT")
     e = s["evidence"]
     t.add_row("misses", f"{e['calls_with_misses']:,} calls inserted {e['pages_added']:,} pages into the page cache")
     t.add_row("in-call time", f"bio {e['bio_ms']:.1f} ms, reclaim {e['reclaim_ms']:.1f} ms, "

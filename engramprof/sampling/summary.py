@@ -10,6 +10,7 @@ import pandas as pd
 
 from engramprof.trace import load_bundle
 from engramprof.trace.schema import CGROUP_COUNTERS, SAMPLE_NAMES
+from engramprof.units import percent_of
 
 UNLIMITED = 1 << 62  # a cgroup limit at or above this is "no limit"
 VMSTAT_RATES = ("workingset_refault_file", "pgscan_kswapd", "pgscan_direct", "pgscan_memcg", "allocstall", "pgmajfault", "pgpgin")
@@ -52,12 +53,6 @@ def _window(frames: Mapping[str, pd.DataFrame | None], info: Mapping | None) -> 
     return lo, hi
 
 
-def _pct(us, window_us):
-    if us is None or not window_us:
-        return None
-    return round(100.0 * us / window_us, 3)
-
-
 def _window_section(frames: Mapping[str, pd.DataFrame | None], info: Mapping, lo, hi) -> dict:
     dur_ns = (hi - lo) if lo is not None else 0
     stamps = set().union(*(set(df["ts_ns"].unique()) for df in frames.values() if df is not None and not df.empty)) if lo is not None else set()
@@ -76,8 +71,8 @@ def _psi_section(psi: pd.DataFrame | None, win_us: float, notes: list[str]) -> d
         out[r] = {
             "some_us": some,
             "full_us": full,
-            "some_pct": _pct(some, win_us),
-            "full_pct": _pct(full, win_us),
+            "some_pct": percent_of(some, win_us),
+            "full_pct": percent_of(full, win_us),
             "some_peak_pct": None if pd.isna(peak) else round(100 * float(peak), 3),
             "some_avg10_end": _py(g["some_avg10"].iloc[-1]),
             "full_avg10_end": _py(g["full_avg10"].iloc[-1]),
@@ -104,7 +99,7 @@ def _kswapd_section(ks: pd.DataFrame | None, win_us: float) -> dict | None:
         threads.append({"pid": int(pid), "name": name, "cpu_s": _py(g["cpu_s"].sum()),
                         "busy_intervals": int((g["cpu_s"] > 0).sum()), "intervals": max(0, len(g) - 1)})
     tot = sum(t["cpu_s"] or 0 for t in threads)
-    return {"cpu_s": round(tot, 6), "cpu_pct": _pct(tot * 1e6, win_us), "threads": threads}
+    return {"cpu_s": round(tot, 6), "cpu_pct": percent_of(tot * 1e6, win_us), "threads": threads}
 
 
 def _cgroup_section(cg: pd.DataFrame | None, cgi: Mapping, win_us: float) -> dict:
@@ -127,7 +122,7 @@ def _cgroup_section(cg: pd.DataFrame | None, cgi: Mapping, win_us: float) -> dic
     }
     for r in ("memory", "io"):
         p = sec["pressure"][r]
-        p["some_pct"], p["full_pct"] = _pct(p["some_us"], win_us), _pct(p["full_us"], win_us)
+        p["some_pct"], p["full_pct"] = percent_of(p["some_us"], win_us), percent_of(p["full_us"], win_us)
     return sec
 
 
