@@ -174,3 +174,23 @@ def test_the_walk_sees_what_it_checks():
         found[m] = list(_imports(m, _P(), mods))
     assert found["engramprof.host.a"] == [("engramprof.report.r", 1, False)]
     assert found["engramprof.report.r"] == [("engramprof.host.a", 2, True)]
+
+
+MAX_CLASS_LINES = 400
+MAX_FUNCTION_LINES = 120
+
+
+def test_no_class_or_function_is_too_long(graph):
+    """Small units whose names say what they hold: no class over 400 lines, no function over 120."""
+    mods, _ = graph
+    long = []
+    for m, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            n = node.end_lineno - node.lineno + 1
+            if isinstance(node, ast.ClassDef) and n > MAX_CLASS_LINES:
+                long.append(f"{m}:{node.lineno} class {node.name}: {n} lines")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and n > MAX_FUNCTION_LINES:
+                long.append(f"{m}:{node.lineno} {node.name}(): {n} lines")
+    assert not long, "\n".join(long)
