@@ -26,7 +26,7 @@
  * HAVE_FALLOCATE, HAVE_UNLINK, HAVE_UNLINKAT, HAVE_MADVISE, HAVE_PROCESS_MADVISE, MADV_PAGEOUT_,
  * MADV_REMOVE_, and targets.h's (the EVICT_BY_TARGET flag).
  */
-#include "engramprof.h"
+#include "evictions.h"
 
 struct evict_ctx {
 	u64 sys_ts;       /* syscall entry; 0 = not in a watched syscall */

@@ -31,7 +31,7 @@
  *   BIO_SLOTS, BIO_STALE_NS (the in-flight bio table: probes/bios.h).
  */
 #include <linux/ptrace.h>
-#include "engramprof.h"
+#include "faults.h"
 
 struct fault_state {
 	u64 ts;           /* entry; 0 = no fault open */

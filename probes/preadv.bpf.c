@@ -24,7 +24,7 @@
  *                 tids < 64 * TID_WORDS; probes/tidbits.h)
  */
 #include <linux/fs.h>
-#include "engramprof.h"
+#include "syscalls.h"
 
 #if HAVE_BIO
 /* bio_slots, bio_slots_taken: the bios the target's calls queued, until their completion (the

@@ -24,7 +24,7 @@
  *                 task_newtask tells a new thread from a forked process: without it a
  *                 forked child's first wait is recorded too)
  */
-#include "engramprof.h"
+#include "sched.h"
 
 /* prev_state as the tracepoint reports it: 0 runnable, S D T t X Z P I bits, and
  * TASK_REPORT_MAX (0x100 here, 0x80 on older kernels) added for a preemption */

@@ -45,7 +45,7 @@ def texts():
 def test_every_local_include_is_pasted_once(texts):
     for what, text in texts.items():
         assert not re.search(r'^#include "', text, flags=re.M), what
-        for guard in ("ENGRAMPROF_H", "ENGRAMPROF_TIDBITS_H"):
+        for guard in ("ENGRAMPROF_COMMON_H", "ENGRAMPROF_TIDBITS_H"):
             assert text.count(f"#define {guard}\n") == 1, (what, guard)
 
 
@@ -81,6 +81,28 @@ def test_the_one_struct_parser():
     dt = layout.parse_struct(text, "s")
     assert dt.names == ("a", "b", "c", "d", "__pad0") and dt.itemsize == 16
     assert pagecache.struct_dtype("pagecache_record") == layout.parse_struct(
-        (PROBES / "pagecache.bpf.c").read_text(), "pagecache_record")
+        (PROBES / "pagecache.h").read_text(), "pagecache_record")
     with pytest.raises(KeyError):
         layout.parse_struct(text, "t")
+
+
+#: probe source -> its header of what kernel and user space share (libbpf-tools: X.bpf.c + X.h)
+PROBE_HEADERS = {"preadv.bpf.c": "syscalls.h", "faults.bpf.c": "faults.h", "sched.bpf.c": "sched.h",
+                 "evictions.bpf.c": "evictions.h", "pagecache.bpf.c": "pagecache.h", "export.bpf.c": "export.h"}
+
+
+def test_each_probe_has_its_header_and_records_live_only_there():
+    """Each probe includes its own probes/<p>.h, and no record that user space decodes is
+    defined in a .bpf.c (a second definition could drift from the one Python parses)."""
+    records = set()
+    for h in set(PROBE_HEADERS.values()):
+        text = (PROBES / h).read_text()
+        records |= set(re.findall(r"^struct (\w+) \{", text, flags=re.M))
+        assert "BPF_" not in re.sub(r"/\*.*?\*/", "", text, flags=re.S), f"{h} holds a map: kernel-only state"
+    assert {"call_record", "fault_record", "offcpu_record", "eviction_record", "pagecache_record",
+            "read_stats"} <= records
+    for src, h in PROBE_HEADERS.items():
+        text = (PROBES / src).read_text()
+        assert f'#include "{h}"' in text, src
+        again = sorted(set(re.findall(r"^struct (\w+) \{", text, flags=re.M)) & records)
+        assert not again, f"{src} defines {again}, which {h} or another probe header holds"

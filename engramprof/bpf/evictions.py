@@ -97,7 +97,7 @@ def plan(config: EvictionProbeConfig, tracefs_root=None) -> EvictionProbePlan:
 
 def program_text(p: EvictionProbePlan) -> str:
     src = (layout.probe_dir() / PROBE_FILE).read_text()
-    src = watched.inline(targets.inline(src.replace('#include "engramprof.h"', layout.header_text())))
+    src = layout.inline_headers(src)  # evictions.h, common.h, watched.h, targets.h
     c = p.config
     defines = {**targets.defines(c.selection, c.tgid, c.tid), "RING_PAGES": c.ring_pages,
                "MAX_FILES": c.max_files, "MAX_TASKS": c.max_tasks, "WATCH_BITS": watched.check_bits(c.watch_bits),

@@ -45,14 +45,14 @@ def source() -> str:
 @lru_cache(maxsize=None)
 def struct_dtype(name: str) -> np.dtype:
     """A struct of probes/pagecache.bpf.c as a numpy dtype (layout's parser)."""
-    return layout.parse_struct(source(), name, PROBE_FILE)
+    return layout.parse_struct(layout.header_text(), name, "pagecache.h")
 
 
 @lru_cache(maxsize=None)
 def defines(prefix: str) -> dict[str, int]:
     """``#define PREFIXNAME <int>`` of the probe (PC_, PCF_, HINT_), prefix removed."""
     return {m.group(1): int(m.group(2))
-            for m in re.finditer(r"#define\s+%s(\w+)\s+(\d+)\b" % re.escape(prefix), source())}
+            for m in re.finditer(r"#define\s+%s(\w+)\s+(\d+)\b" % re.escape(prefix), layout.header_text())}
 
 
 def required_available(tracefs_root=None) -> bool:
@@ -91,7 +91,7 @@ def plan(config: PagecacheProbeConfig, tracefs_root=None) -> PagecacheProbePlan:
 
 
 def program_text(p: PagecacheProbePlan) -> str:
-    src = watched.inline(targets.inline(source().replace('#include "engramprof.h"', layout.header_text())))
+    src = layout.inline_headers(source())  # pagecache.h, common.h, watched.h, targets.h
     c = p.config
     consts = {**targets.defines(c.selection, c.tgid, c.tid), "RING_PAGES": c.ring_pages, "MAX_WATCHED": MAX_WATCHED,
               "WATCH_BITS": watched.check_bits(c.watch_bits),

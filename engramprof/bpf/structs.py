@@ -1,6 +1,6 @@
-"""numpy views of the record structs in probes/engramprof.h.
+"""numpy views of the record structs the probes share with user space (probes/<p>.h).
 
-The header is the single definition: this module parses its structs into numpy dtypes, and
+Each header is the single definition of its records: this module parses the structs into numpy dtypes, and
 :func:`check_against_compiled` compares them with the layout clang compiled (BCC's ctypes view
 of the ``*_layout`` maps), so a header edit that Python misreads fails at load time instead of
 silently decoding garbage.
@@ -24,8 +24,14 @@ def probe_dir():
     return resources.files("engramprof.probes")
 
 
+#: the headers of what the probes share with user space (probes/<p>.h; engramprof.h includes
+#: the syscall, fault, sched and eviction ones)
+RECORD_HEADERS = ("engramprof.h", "pagecache.h", "export.h")
+
+
 def header_text() -> str:
-    return (probe_dir() / "engramprof.h").read_text()
+    """Every record header of the probes, in one text (each local #include pasted once)."""
+    return inline_headers("".join(f'#include "{h}"\n' for h in RECORD_HEADERS))
 
 
 _INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', flags=re.M)
