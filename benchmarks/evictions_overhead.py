@@ -73,7 +73,7 @@ def main() -> int:
         return 1
     from engramprof.bpf import evictions as ev
     from engramprof.bpf.loader import import_bcc
-    from engramprof.record.evictions import kernel_dev
+    from engramprof.record.sources.evictions import kernel_dev
 
     BPF = import_bcc()
     work = tempfile.mkdtemp(prefix="engramprof-evbench-", dir=args.dir)

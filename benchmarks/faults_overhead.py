@@ -424,7 +424,7 @@ def pipeline_cost(n: int, path: str) -> int:
 
     from engramprof.bpf import structs as layout
     from engramprof.bpf.ringbuf import HDR
-    from engramprof.record import faults as rf
+    from engramprof.record.sources import faults as rf
     from engramprof.record.columns import EventTableBuilder
     from engramprof.record.decode import syscall_names
     from engramprof.record.enrich import PerPid, TensorEnricher

@@ -119,7 +119,7 @@ def main() -> int:
     if not (Path(args.before) / "probes" / "pagecache.bpf.c").exists():
         print(f"{args.before}: no probes/pagecache.bpf.c", file=sys.stderr)
         return 1
-    from engramprof.record.pagecache import kernel_dev
+    from engramprof.record.sources.pagecache import kernel_dev
 
     work = tempfile.mkdtemp(prefix="engramprof-wfbench-", dir=args.dir)
     churn, other = os.path.join(work, "churn.bin"), os.path.join(work, "watched.bin")

@@ -263,12 +263,12 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
 def test_lost_records_are_recorded_as_intervals_that_cover_the_hole(tmp_path, table):
     """The recorder stops draining for 2 s (a test hook) on an 8 MiB ring: the kernel drops
     records; the lost_records rows cover the pause and add up to the kernel's total."""
-    from engramprof.record.recorder import SyscallTracer
+    from engramprof.record.recorder import Recorder
 
     lab = _lab(table, "--duration", "60")
     try:
-        tracer = SyscallTracer(lab.pid, output=str(tmp_path / "t"), sample_hz=0)
-        tracer.config.ring_pages = 2048
+        tracer = Recorder(lab.pid, output=str(tmp_path / "t"), sample_hz=0)
+        tracer.syscalls.config.ring_pages = 2048
         tracer.start()
         pause = {}
 

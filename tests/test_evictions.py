@@ -167,7 +167,7 @@ def test_miss_story_and_fix_name_the_evictor():
 
 def test_decoder_names_contexts_comms_and_drop_caches_writes(tmp_path):
     from engramprof.bpf import structs as layout
-    from engramprof.record import evictions as rec
+    from engramprof.record.sources import evictions as rec
     from engramprof.record.strings import Interner
 
     class Probe:
@@ -202,8 +202,8 @@ def test_pages_removed_equal_what_cachestat_shows_leaving(tmp_path):
     """The probe alone (one BPF object, ~5 s): a process holds a file open (so it is watched);
     this test reads it in, then removes its pages with fadvise and truncate."""
     from engramprof.host.cachestat import cachestat
-    from engramprof.record.evictions import EvictionRecorder
-    from engramprof.record.strings import Interner
+    from engramprof.record.sources import Recording
+    from engramprof.record.sources.evictions import EvictionsSource
 
     path = tmp_path / "table.bin"
     path.write_bytes(os.urandom(8 << 20))
@@ -213,7 +213,8 @@ def test_pages_removed_equal_what_cachestat_shows_leaving(tmp_path):
     rec = None
     try:
         time.sleep(0.5)
-        rec = EvictionRecorder(None, [holder.pid], Interner(""))
+        rec = EvictionsSource(Recording.of(holder.pid))
+        rec.load()
         assert any(p == str(path) for p in rec.watched.path_of.values()), rec.watched.path_of
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -20,7 +20,7 @@ from engramprof import trace
 from engramprof.tables import safetensors as layout
 from engramprof.lab import table, workload
 from engramprof.host.files import dev_t
-from engramprof.record.faults import MappingPathEnricher, read_maps
+from engramprof.record.sources.faults import MappingPathEnricher, read_maps
 from engramprof.record.strings import Interner
 from tests.tracing import PY, engramprof
 
@@ -40,14 +40,14 @@ def _majflt(pid: int) -> int:
 def _traced(tmp, argv, fault_address=True, name="t"):
     """Run argv (prints 'lab: ready' / 'ready' on stderr, then waits for SIGUSR1) under the
     tracer; returns (events of the bundle, majflt growth over the window, tracer summary)."""
-    from engramprof.record.recorder import SyscallTracer
+    from engramprof.record.recorder import Recorder
 
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:
         if "ready" in line:
             break
     out = tmp / name
-    t = SyscallTracer(p.pid, output=str(out), sample_hz=0, offcpu=False, fault_address=fault_address)
+    t = Recorder(p.pid, output=str(out), sample_hz=0, offcpu=False, fault_address=fault_address)
     t.start()
     assert t.faults is not None, t.notes
     runner = threading.Thread(target=t.run, kwargs={"duration": 60})

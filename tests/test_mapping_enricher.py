@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from engramprof.record import faults as rf
+from engramprof.record.sources import faults as rf
 from engramprof.record.decode import ReadBatch
 from engramprof.record.strings import Interner
 

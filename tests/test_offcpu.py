@@ -41,7 +41,7 @@ def table(tmp_path_factory) -> Path:
 # ---- without root --------------------------------------------------------------------------
 
 def test_record_layout_and_decoder_make_the_offcpu_sample():
-    from engramprof.record.offcpu import OffcpuDecoder
+    from engramprof.record.sources.sched import OffcpuDecoder
 
     dt = layout.struct_dtype("offcpu_record")
     assert dt.itemsize % 8 == 0

@@ -210,7 +210,7 @@ def test_an_madvise_range_is_cut_into_file_pages_at_the_mappings(tmp_path):
     """The decoder's address -> file page step on this process's own mappings (no root)."""
     import mmap
 
-    from engramprof.record.pagecache import ProcessFiles
+    from engramprof.record.sources.pagecache import ProcessFiles
 
     p = tmp_path / "m.bin"
     p.write_bytes(bytes(16 * PAGE))

@@ -324,11 +324,12 @@ def test_evictions_of_a_never_watched_file_on_a_set_slot_are_not_recorded(files)
 def test_the_recorder_counts_the_files_in_the_kernels_watched_set(target):
     """summary()["watched_files"] counts watched_files' keys (BCC's keys() is an iterator: len()
     of it raised, and the count stayed 0)."""
-    from engramprof.record.pagecache import PagecacheRecorder
+    from engramprof.record.sources import Recording
+    from engramprof.record.sources.pagecache import PagecacheSource
 
-    rec = PagecacheRecorder(target.pid)
+    rec = PagecacheSource(Recording.of(target.pid))
     try:
-        rec.start()
+        rec.load()
         from_user_space = len(rec.probe.watched)  # the target's open and mapped files (python, its libraries)
         assert from_user_space > 0
         assert rec.summary()["watched_files"] >= from_user_space

@@ -28,7 +28,7 @@ from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
 from engramprof.host import residency
 from engramprof.jsonable import jsonable  # noqa: F401  (commands print diagnose.jsonable)
-from engramprof.record.recorder import SyscallTracer
+from engramprof.record.recorder import Recorder
 from engramprof.units import duration, pct
 
 #: a second cause is named as runner-up from this share of batch time on
@@ -325,7 +325,7 @@ def run(pid, duration: float = 20.0, markers: str | None = None, output: str | N
         slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None,
         offcpu: bool = True, fault_address: bool = True) -> dict:
     """Record the target (a pid or a Selection) for `duration` seconds, then diagnose.  `stop`
-    (threading.Event) ends early; `offcpu` / `fault_address`: see SyscallTracer."""
+    (threading.Event) ends early; `offcpu` / `fault_address`: see record.sources.base.Options."""
     if not duration > 0:
         raise UserError(f"the recording's duration must be > 0 s (got {duration})")
     if markers and not os.path.isfile(markers):
@@ -337,8 +337,8 @@ def run(pid, duration: float = 20.0, markers: str | None = None, output: str | N
     else:
         trace_dir = output
     try:
-        tracer = SyscallTracer(pid, output=trace_dir, sample_hz=sample_hz, argv=argv, offcpu=offcpu,
-                               fault_address=fault_address)
+        tracer = Recorder(pid, output=trace_dir, argv=argv, sample_hz=sample_hz, offcpu=offcpu,
+                          fault_address=fault_address)
         if stop is not None:
             tracer.stop = stop
         tracer.start()

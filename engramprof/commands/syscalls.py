@@ -86,9 +86,8 @@ def register(app: typer.Typer) -> None:
         for p in selection.pids:
             validate.live_process("--pid", p)
         err = Console(stderr=True)
-        tracer = sc.SyscallTracer(selection, tid=tid, min_us=min_us, output=output, sample_hz=sample_hz,
-                                  syscall_hook=hook, argv=sys.argv, offcpu=not no_offcpu,
-                                  fault_address=not no_fault_address)
+        tracer = sc.Recorder(selection, tid=tid, output=output, argv=sys.argv, min_us=min_us, sample_hz=sample_hz,
+                             syscall_hook=hook, offcpu=not no_offcpu, fault_address=not no_fault_address)
 
         def on_signal(signum, _frame):
             tracer.end_reason = END_SIGNAL

@@ -14,6 +14,11 @@ Followed as data, a drained batch of ring-buffer records goes straight through:
 
 Beside the line, :mod:`.live` keeps running aggregates for the live view and the summary
 (:mod:`.summary`).  Everything is columnar: a drain costs a few numpy / Arrow calls per
-distinct file, never Python work per event.  A second probe (page faults) adds a decoder and
-an enricher (mapping -> path); the tensor enricher, the table builder and the sink are shared.
+distinct file, never Python work per event.
+
+Each probe's side of a recording is a source (:mod:`.sources`: syscalls, faults, sched,
+evictions, pagecache, samples) implementing one protocol (:mod:`.sources.base`); the
+recorder (:mod:`.recorder`) loops over the registered sources and never names one.  The fault
+source adds a decoder and an enricher (mapping -> path); the tensor enricher, the table builder
+and the sink are shared.
 """

@@ -259,7 +259,7 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("waker_tid", pa.int32()),
         ("waker_pid", pa.int32()),
     ],
-    # the page cache of the watched files (probes/pagecache.bpf.c, engramprof/record/pagecache.py):
+    # the page cache of the watched files (probes/pagecache.bpf.c, engramprof/record/sources/pagecache.py):
     # event insert = a run of pages [first_page, first_page + pages) inserted by one thread
     # (ts_ns first insertion, dur_ns to the last); sync_ra / async_ra / ra_order / ra_unbounded =
     # a readahead window the kernel chose (pages = its size, async_pages its async part);
@@ -306,7 +306,7 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
     ],
     # every removal of a watched file's page from the page cache (probes/evictions.bpf.c,
     # system-wide, filtered in the kernel to the files the target reads): the folio's first
-    # page and its size, and who removed it in which context (engramprof/record/evictions.py:
+    # page and its size, and who removed it in which context (engramprof/record/sources/evictions.py:
     # kswapd | direct-reclaim | memcg-reclaim | fadvise | drop-caches | truncate | unknown);
     # holes in this stream are samples/evictions_lost (lost_records' columns)
     "evictions": [

@@ -1,4 +1,4 @@
-"""The page-fault half of the recorder: probes/faults.bpf.c -> read events of kind ``fault``.
+"""The page-fault source of the recorder: probes/faults.bpf.c -> read events of kind ``fault``.
 
 Followed as data (the same pipeline as the syscall records, engramprof/record/__init__.py):
 
@@ -14,7 +14,7 @@ Followed as data (the same pipeline as the syscall records, engramprof/record/__
 3. the shared :class:`~.enrich.TensorEnricher` (path + offset -> tensor, row) and
    :class:`~.columns.EventTableBuilder`.
 
-:class:`FaultRecorder` wires them to the loaded probe for engramprof/record/recorder.py.
+:class:`FaultsSource` wires them to the loaded probe for engramprof/record/recorder.py.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from engramprof.bpf import faults as fault_probe
 from engramprof.bpf import structs as layout
 from engramprof.host.files import dev_t, file_identities
 from engramprof.record.columns import EventTableBuilder
-from engramprof.record.decode import ReadBatch, WindowStart, syscall_names
+from engramprof.record.decode import DrainBatching, ProbeTotals, ReadBatch, WindowStart, syscall_names
 from engramprof.record.enrich import PerPid, TensorEnricher
+from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
 from engramprof.record.strings import Interner
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -283,67 +284,78 @@ class MappingPathEnricher:
         recs["offset"][idx] = page[idx] * PAGE
 
 
-class DrainBatching:
-    """When a ring is worth draining: every drain pays a fixed cost (the numpy and Arrow calls
-    of the pipeline, a few hundred µs) whatever it holds, which at the recorder's 50 ms tick
-    and a few hundred faults a tick is most of the collector's CPU.  A ring is drained once it
-    holds ``records`` records or ``every_s`` has passed since the last drain (and always after
-    the probe is detached: ``final``).  The ring's capacity (~140k faults) covers ``every_s``
-    of a fault rate well above what a reader sustains."""
+class FaultsSource(Source):
+    """The fault probe, its decoder, enrichers and table builder: read events of kind ``fault``."""
 
-    def __init__(self, every_s: float = 0.25, records: int = 4096):
-        self.every_ns = int(every_s * 1e9)
-        self.records = records
-        self.final = False
-        self._last = time.monotonic_ns()
+    name = "faults"
+    title = "page faults"
 
-    def due(self, ring) -> bool:
-        now = time.monotonic_ns()
-        if self.final or now - self._last >= self.every_ns or ring.pending_bytes() >= self.records * ring.slot:
-            self._last = now
-            return True
-        return False
-
-
-class FaultRecorder:
-    """The fault probe, its decoder, enrichers and table builder, for one target."""
-
-    def __init__(self, pid: int, tid: int, paths: Interner, tensors: Interner, use_pfu: bool = True,
-                 selection=None, arm: bool = True):
-        self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=pid, tid=tid, use_pfu=use_pfu,
-                                                                  selection=selection))
-        self.pid = pid
-        self.probe = fault_probe.LoadedFaultProbe(self.plan, arm=arm)
-        self.decoder = FaultDecoder(self.probe.record_dtype, self.probe.armed_ns, self.plan.has_address)
-        # one process's mappings per traced process (several with --pid repeated, --children, ...)
-        self.mappings = PerPid(lambda p: MappingPathEnricher(p, paths))
-        self.mappings.of(pid) if pid else None
-        self.enrichers = [self.mappings, TensorEnricher(paths, tensors)]
-        missing = ["ret"] + [c for c in self.plan.missing_columns if c != "mapped_pages"]
-        self.tables = EventTableBuilder(pa.array(syscall_names(), type=pa.string()), paths, tensors, missing=missing)
+    def __init__(self, rec: Recording):
+        super().__init__(rec)
+        self.plan = None
+        self.probe: fault_probe.LoadedFaultProbe | None = None
+        self.decoder: FaultDecoder | None = None
+        self.mappings: PerPid | None = None
         self.recorded = 0
         self.major = 0
         self.batching = DrainBatching()
+        self._totals: dict[str, int] = {}
 
-    def arm(self) -> int:
-        """Attach the probe (compiled with ``arm=False``); returns when it was attached."""
-        armed = self.probe.arm()
-        self.decoder.window.begin(armed)
-        return armed
+    def available(self) -> Availability:
+        if not self.rec.options.faults:
+            return NOT_ASKED
+        if not fault_probe.required_available():
+            return Availability(False, "the kernel lacks filemap:mm_filemap_fault")
+        return YES
 
-    def begin(self, window_start_ns: int) -> None:
-        """Faults that began before the recording's window (``window_start_ns``) are not kept."""
-        self.decoder.window.begin(window_start_ns)
+    def load(self) -> None:
+        """Compile the probe, attached by :meth:`arm`."""
+        rec, s = self.rec, self.rec.selection
+        use_pfu = rec.options.fault_address
+        if use_pfu and s.files and not s.selects_processes:
+            # --file alone: page_fault_user would open per-thread state for every faulting thread
+            # of the machine; the generic path opens it only at a fault on a selected file
+            use_pfu = False
+            rec.notes.append("page faults timed from their first filemap event (--file alone: "
+                             "exceptions:page_fault_user not hooked)")
+        self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=rec.pid, tid=rec.tid, use_pfu=use_pfu,
+                                                                  selection=s))
+        self.probe = fault_probe.LoadedFaultProbe(self.plan, arm=False)
+        self.decoder = FaultDecoder(self.probe.record_dtype, self.probe.armed_ns, self.plan.has_address)
+        # one process's mappings per traced process (several with --pid repeated, --children, ...)
+        paths, tensors = rec.paths, rec.tensors
+        self.mappings = PerPid(lambda p: MappingPathEnricher(p, paths))
+        self.mappings.of(rec.pid) if rec.pid else None
+        self.enrichers = [self.mappings, TensorEnricher(paths, tensors)]
+        missing = ["ret"] + [c for c in self.plan.missing_columns if c != "mapped_pages"]
+        self.tables = EventTableBuilder(pa.array(syscall_names(), type=pa.string()), paths, tensors, missing=missing)
+        if self.plan.missing:
+            rec.notes.append(f"fault evidence not collected: {', '.join(self.plan.missing)}")
+        rec.put_meta(fault_probe=fault_probe.PROBE_FILE, fault_address=self.plan.has_address,
+                     fault_missing_evidence=self.plan.missing_columns)
+
+    def arm(self) -> None:
+        self.decoder.window.begin(self.probe.arm())
+
+    def begin_window(self, start_ns: int) -> None:
+        """Faults that began before the recording's window (``start_ns``) are not kept."""
+        self.decoder.window.begin(start_ns)
 
     @property
     def partial_at_start(self) -> int:
-        return self.decoder.partial_at_start
+        return self.decoder.partial_at_start if self.decoder is not None else 0
 
-    def drain(self) -> pa.Table | None:
-        """The faults written since the last drain, as one table; None when there are none or
-        too few to be worth it yet (:class:`DrainBatching`: a drain's fixed cost is paid per
-        few thousand faults, not per 50 ms tick)."""
-        if not self.batching.due(self.probe.ring):
+    def drain(self, sink) -> None:
+        """The faults written since the last drain, as one table of read events; nothing when
+        there are too few to be worth it yet (:class:`~engramprof.record.decode.DrainBatching`:
+        a drain's fixed cost is paid per few thousand faults, not per 50 ms tick)."""
+        table = self.drain_table()
+        if table is not None:
+            sink.add_events(table)
+            self.rec.files_mapped(self.mappings)  # a newly mapped file: watched for evictions
+
+    def drain_table(self) -> pa.Table | None:
+        if self.probe is None or not self.batching.due(self.probe.ring):
             return None
         batch = self.decoder.decode(self.probe.ring.drain())
         if batch is None:
@@ -355,22 +367,33 @@ class FaultRecorder:
         return self.tables.build(batch)
 
     def detach(self) -> None:
-        self.probe.detach()
+        if self.probe is not None:
+            self.probe.detach()
         self.batching.final = True  # everything left is drained at once
 
+    def sync_targets(self) -> None:
+        sync_probe_targets(self.probe)
+
+    def seen_tgids(self) -> set[int]:
+        # the kernel's map of targets: the same as the syscall probe's (one selection)
+        return set(self.mappings.by_pid) if self.mappings is not None else set()
+
     def totals(self) -> dict[str, int]:
-        return self.probe.totals()
+        return ProbeTotals.totals(self)
 
     def summary(self, totals: dict | None = None) -> dict:
         t = totals if totals is not None else self.totals()
+        has_address = self.plan.has_address if self.plan is not None else False
         return {"faults": t.get("faults", 0), "major": t.get("major", 0),
                 "minor": t.get("faults", 0) - t.get("major", 0), "retried": t.get("retried", 0),
                 "lost_records": t.get("lost_records", 0), "recorded": self.recorded,
                 "bios_untracked": t.get("bios_untracked", 0),  # in bio_count, not in bio_ns (probes/bios.h)
                 "partial_at_start": self.partial_at_start,
                 "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
-                "other_faults": t.get("other_faults") if self.plan.has_address else None,
-                "address": self.plan.has_address, "missing_tracepoints": self.plan.missing}
+                "other_faults": t.get("other_faults") if has_address else None,
+                "address": has_address, "missing_tracepoints": self.plan.missing if self.plan is not None else []}
 
     def close(self) -> None:
-        self.probe.close()
+        if self.probe is not None and self.probe.bpf is not None:
+            self.totals()
+            self.probe.close()

@@ -1,4 +1,4 @@
-"""The eviction half of the recorder: probes/evictions.bpf.c -> ``evictions`` sample rows.
+"""The eviction source of the recorder: probes/evictions.bpf.c -> ``evictions`` sample rows.
 
 Followed as data:
 
@@ -13,7 +13,7 @@ Followed as data:
    fadvise / write named.  A write context is ``drop-caches`` unless the fd, still open, names
    another file (then ``unknown``).
 
-:class:`EvictionRecorder` wires them to the loaded probe for engramprof/record/recorder.py.  Lost
+:class:`EvictionsSource` wires them to the loaded probe for engramprof/record/recorder.py.  Lost
 records (ring full) are ``evictions_lost`` rows (start_ns, end_ns, lost), as for the calls.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from engramprof.bpf import evictions as eviction_probe
 from engramprof.bpf import structs as layout
 from engramprof.host.files import dev_t, kernel_dev
 from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
-from engramprof.record.faults import read_maps
+from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
+from engramprof.record.sources.faults import read_maps
 from engramprof.record.strings import Interner
 from engramprof.sampling.procfs import find_cgroup
 
@@ -275,30 +276,72 @@ class EvictionDecoder:
         ], schema=self.schema)
 
 
-class EvictionRecorder(ProbeTotals):
-    """Loads the eviction probe, watches the target's files and feeds the sink."""
+class EvictionsSource(ProbeTotals, Source):
+    """Loads the eviction probe (attached at once), watches the target's files, feeds the sink."""
 
-    def __init__(self, selection, pids: list[int], paths: Interner):
-        self.plan = eviction_probe.plan(eviction_probe.EvictionProbeConfig(
-            tgid=int(getattr(selection, "first_pid", 0) or 0), selection=selection))
-        self.probe = eviction_probe.LoadedEvictionProbe(self.plan)
-        self.watched = WatchedFiles(self.probe, paths)
-        for pid in pids:
-            self.watched.add_process(pid)
+    name = "evictions"
+    title = "evictions"
+    # evictions before the window explain misses inside it: loaded first, kept, and drained
+    # while the read probes compile
+    drain_while_loading = True
+
+    def __init__(self, rec: Recording):
+        super().__init__(rec)
+        self.plan = None
+        self.probe: eviction_probe.LoadedEvictionProbe | None = None
+        self.watched: WatchedFiles | None = None
         self.evictors = Evictors()
-        self.decoder = EvictionDecoder(self.watched, self.evictors)
-        self.lost = LostRecords(LOST_SAMPLE, self.probe.armed_ns)
+        self.decoder: EvictionDecoder | None = None
+        self.lost = LostRecords(LOST_SAMPLE)
         self._totals: dict[str, int] = {}
 
-    def watch_calls(self, recs: np.ndarray, path_codes: np.ndarray) -> None:
-        self.watched.add_calls(recs, path_codes)
+    def available(self) -> Availability:
+        if not self.rec.options.evictions:
+            return NOT_ASKED
+        if not eviction_probe.required_available():
+            return Availability(False, "the kernel lacks filemap:mm_filemap_delete_from_page_cache")
+        return YES
 
-    def watch_mappings(self, per_pid) -> None:
+    def load(self) -> None:
+        """Compile and attach the probe; watch the files the targets have open or mapped now
+        (before their first recorded read)."""
+        rec = self.rec
+        self.plan = eviction_probe.plan(eviction_probe.EvictionProbeConfig(tgid=rec.pid, selection=rec.selection))
+        self.probe = eviction_probe.LoadedEvictionProbe(self.plan)
+        self.watched = WatchedFiles(self.probe, rec.paths)
+        for pid in list(rec.selection.pids):
+            self.watched.add_process(pid)
+        self.decoder = EvictionDecoder(self.watched, self.evictors)
+        self.lost.checked_ns = self.probe.armed_ns
+        rec.watch_files(self)
+        if self.plan.missing:
+            rec.notes.append(f"eviction contexts not seen (recorded as unknown): {', '.join(self.plan.missing)}")
+        rec.put_meta(evictions=self.summary())
+
+    def arm(self) -> None:
+        """Attached at load."""
+
+    def begin_window(self, start_ns: int) -> None:
+        """Kept from before the window: a page evicted before it explains a miss inside it."""
+
+    def files_read(self, recs: np.ndarray, path_codes: np.ndarray) -> None:
+        """A file read for the first time: watch its evictions."""
+        self.watched.add_calls(recs, path_codes)
+        self._put_watched()
+
+    def files_mapped(self, per_pid) -> None:
+        """A newly mapped file: watch its evictions."""
         for enricher in list(getattr(per_pid, "by_pid", {}).values()):
             self.watched.add_mappings(enricher.files)
+        self._put_watched()
+
+    def _put_watched(self) -> None:
+        if self.watched.changed:
+            self.rec.sink.put_table("eviction_files", self.watched.table())
+            self.watched.changed = False
 
     def drain(self, sink) -> None:
-        if self.probe.bpf is None:
+        if self.probe is None or self.probe.bpf is None:
             return
         # window=None: the evictions from before the recording's window are kept -- a page
         # evicted before the window starts explains a miss inside it
@@ -312,7 +355,14 @@ class EvictionRecorder(ProbeTotals):
             self.evictors.changed = False
 
     def detach(self) -> None:
-        self.probe.detach()
+        if self.probe is not None:
+            self.probe.detach()
+
+    def sync_targets(self) -> None:
+        sync_probe_targets(self.probe)
+
+    def snapshot(self, sink) -> dict:
+        return {"evictions": self.summary()}
 
     def summary(self) -> dict:
         """What meta.json and the summary say about the evictions (``evictions``)."""
@@ -323,13 +373,16 @@ class EvictionRecorder(ProbeTotals):
                   "madvise": t.get("ctx_madvise", 0), "proactive-reclaim": t.get("ctx_proactive", 0),
                   "unknown": t.get("ctx_unknown", 0)}
         return {"probe": eviction_probe.PROBE_FILE, "evictions": t.get("evictions", 0), "pages": t.get("pages", 0),
-                "recorded": self.decoder.rows, "lost_records": t.get("lost_records", 0),
+                "recorded": self.decoder.rows if self.decoder else 0, "lost_records": t.get("lost_records", 0),
                 "lost_record_intervals": self.lost.intervals, "pages_by_context": by_ctx,
-                "untracked_contexts": t.get("no_state", 0), "files_watched": len(self.watched.path_of),
-                "watch_full": self.watched.full, "blind_contexts": self.plan.blind_contexts,
-                "missing_tracepoints": self.plan.missing}
+                "untracked_contexts": t.get("no_state", 0),
+                "files_watched": len(self.watched.path_of) if self.watched else 0,
+                "watch_full": self.watched.full if self.watched else False,
+                "blind_contexts": self.plan.blind_contexts if self.plan else [],
+                "missing_tracepoints": self.plan.missing if self.plan else []}
 
     def close(self) -> None:
-        if self.probe.bpf is not None:
+        self.rec.unwatch_files(self)
+        if self.probe is not None and self.probe.bpf is not None:
             self.totals()
             self.probe.close()

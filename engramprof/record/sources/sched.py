@@ -3,7 +3,7 @@
 :class:`OffcpuDecoder` turns a drained batch of ``struct offcpu_record`` (probes/sched.bpf.c,
 a numpy structured array) into one Arrow table of the ``offcpu`` sample schema
 (engramprof/trace/schema.py) with a handful of numpy casts: no Python work per span.
-:class:`OffcpuRecorder` is the recorder's side of the probe: load it, drain it into the sink
+:class:`SchedSource` is the recorder's side of the probe: load it, drain it into the sink
 (``samples/offcpu/part-*.parquet``, flushed with everything else about once a second), count
 what the kernel could not deliver and say where (``offcpu_lost`` rows, the same columns as
 ``lost_records``), and report its totals for meta.json and the summary.
@@ -15,8 +15,8 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import sched
-from engramprof.record.decode import LostRecords, ProbeTotals, WindowStart, drain_into
-from engramprof.record.faults import DrainBatching
+from engramprof.record.decode import DrainBatching, LostRecords, ProbeTotals, WindowStart, drain_into
+from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
 
 SAMPLE = "offcpu"
 LOST_SAMPLE = "offcpu_lost"  # holes in the span stream: start_ns, end_ns, lost (lost_records' schema)
@@ -43,17 +43,18 @@ class OffcpuDecoder:
         ], schema=self.schema)
 
 
-class OffcpuRecorder(ProbeTotals):
-    """Loads the sched probe and feeds its spans to a :class:`~engramprof.record.sink.TraceSink`."""
+class SchedSource(ProbeTotals, Source):
+    """The sched probe: the off-CPU spans of the target's threads, fed to the sink."""
 
-    def __init__(self, pid, tid: int = 0):
-        # pid: one process, or a Selection (several pids, children, cgroups: probes/targets.h)
-        selection = None
-        if not isinstance(pid, int):
-            selection, pid = pid, int(getattr(pid, "first_pid", 0) or 0)
-        self.config = sched.SchedConfig(tgid=pid, tid=tid)
-        if selection is not None:
-            self.config.selection = selection
+    name = "offcpu"
+    title = "off-CPU spans"
+    absent = "not recorded"
+    absent_meta = {"offcpu": None}
+
+    def __init__(self, rec: Recording):
+        super().__init__(rec)
+        self.config = sched.SchedConfig(tgid=rec.pid, tid=rec.tid)
+        self.config.selection = rec.selection  # several pids, children, cgroups: probes/targets.h
         self.plan: sched.SchedPlan | None = None
         self.probe: sched.LoadedSchedProbe | None = None
         self.decoder = OffcpuDecoder()
@@ -64,22 +65,28 @@ class OffcpuRecorder(ProbeTotals):
         self.end_ns: int | None = None
         self._totals: dict[str, int] = {}
 
-    def start(self, arm: bool = True) -> None:
-        """Compile the sched probe, and attach it unless ``arm`` is False (then :meth:`arm`)."""
-        self.plan = sched.plan(self.config)
-        self.probe = sched.LoadedSchedProbe(self.plan, arm=arm)
-        if arm:
-            self.arm()
+    def available(self) -> Availability:
+        if not self.rec.options.offcpu:
+            return NOT_ASKED
+        if not self.rec.selection.selects_processes:
+            # --file alone: every thread of the machine would be followed off-CPU
+            return Availability(False, "--file alone selects no process")
+        return YES
 
-    def arm(self) -> int:
-        """Attach the probe; returns when it was attached."""
+    def load(self) -> None:
+        """Compile the sched probe, attached by :meth:`arm`."""
+        self.plan = sched.plan(self.config)
+        self.probe = sched.LoadedSchedProbe(self.plan, arm=False)
+        self.rec.put_meta(offcpu=self.summary())
+
+    def arm(self) -> None:
+        """Attach the probe: no span starts before this instant."""
         self.lost.checked_ns = self.probe.arm()
         self.window.begin(self.lost.checked_ns)
-        return self.lost.checked_ns
 
-    def begin(self, window_start_ns: int) -> None:
-        """Spans that began before the recording's window (``window_start_ns``) are not kept."""
-        self.window.begin(window_start_ns)
+    def begin_window(self, start_ns: int) -> None:
+        """Spans that began before the recording's window (``start_ns``) are not kept."""
+        self.window.begin(start_ns)
 
     def meta(self) -> dict:
         p = self.plan
@@ -96,6 +103,12 @@ class OffcpuRecorder(ProbeTotals):
         if self.probe is not None and self.end_ns is None:
             self.end_ns = self.probe.detach()
             self.batching.final = True
+
+    def sync_targets(self) -> None:
+        sync_probe_targets(self.probe)
+
+    def snapshot(self, sink) -> dict:
+        return {"offcpu": self.summary()}
 
     def summary(self) -> dict:
         """What meta.json and the summary say about the spans (``offcpu``)."""

@@ -1,4 +1,4 @@
-"""The page-cache half of the recorder: probes/pagecache.bpf.c -> two sample series.
+"""The page-cache source of the recorder: probes/pagecache.bpf.c -> two sample series.
 
 - ``samples/pagecache``: page-cache insertion runs of the watched files (``event`` ``insert``:
   ``first_page`` and ``pages``, who inserted them, inside a hint or not) and the kernel's
@@ -13,7 +13,7 @@
 
 Paths: kernel dev_t + inode -> path from the traced processes' open files and file mappings
 (read at start, again about every two seconds and whenever an unknown file appears).
-:class:`PagecacheRecorder` loads the probe, watches the files the targets have open or mapped,
+:class:`PagecacheSource` loads the probe, watches the files the targets have open or mapped,
 and feeds the tables to the recorder's sink (engramprof/record/recorder.py).
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from engramprof import trace
 from engramprof.bpf import pagecache as probe_mod
 from engramprof.host.files import kernel_dev
 from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
+from engramprof.record.sources.base import YES, Availability, Recording, Source, sync_probe_targets
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE = "pagecache"
@@ -218,19 +219,23 @@ class PagecacheDecoder:
         return pa.table([pa.array(list(c), type=f.type) for c, f in zip(cols, sch)], schema=sch)
 
 
-class PagecacheRecorder(ProbeTotals):
-    """Loads the page-cache probe and feeds its records to a :class:`~engramprof.record.sink.TraceSink`."""
+class PagecacheSource(ProbeTotals, Source):
+    """Loads the page-cache probe (attached at once) and feeds its records to the sink."""
 
-    def __init__(self, pid: int, tid: int = 0, selection=None):
-        self.config = probe_mod.PagecacheProbeConfig(tgid=pid, tid=tid, selection=selection)
-        self.selection = selection
-        self.pid = pid
+    name = "pagecache"
+    title = "page-cache insertions"
+
+    def __init__(self, rec: Recording):
+        super().__init__(rec)
+        self.selection = rec.selection
+        self.config = probe_mod.PagecacheProbeConfig(tgid=rec.pid, tid=rec.tid, selection=rec.selection)
         self.plan = None
         self.probe: probe_mod.LoadedPagecacheProbe | None = None
         self.procs: dict[int, ProcessFiles] = {}
         self.decoder = PagecacheDecoder(self._files_of)
         self.lost = LostRecords(LOST_SAMPLE)
         self.last_refresh = 0.0
+        self.final = False  # detached: the next drain takes the runs still open in the kernel too
         self._totals: dict[str, int] = {}
 
     def _files_of(self, pid):
@@ -243,18 +248,32 @@ class PagecacheRecorder(ProbeTotals):
 
     def _pids(self) -> list[int]:
         s = self.selection
-        if s is None:
-            return [self.pid] if self.pid else []
         try:
             return sorted(s.tgids_now()) if s.match_tgids == 2 else list(s.pids)
         except Exception:  # a selection that cannot list its processes now: the ones given
             return list(getattr(s, "pids", []) or [])
 
-    def start(self) -> None:
+    def available(self) -> Availability:
+        if not probe_mod.required_available():
+            return Availability(False, "the kernel lacks filemap:mm_filemap_add_to_page_cache")
+        return YES
+
+    def load(self) -> None:
+        """Compile and attach the probe (before the call probe: its compile must not fill the
+        call ring); the targets' files into the watched set."""
         self.plan = probe_mod.plan(self.config)
         self.probe = probe_mod.LoadedPagecacheProbe(self.plan)
         self.lost.checked_ns = self.probe.armed_ns
         self.watch_target_files()
+        if self.plan.missing:
+            self.rec.notes.append(f"page-cache evidence not collected: {', '.join(self.plan.missing)}")
+        self.rec.put_meta(pagecache_probe=probe_mod.PROBE_FILE)
+
+    def arm(self) -> None:
+        """Attached at load."""
+
+    def begin_window(self, start_ns: int) -> None:
+        """Kept from before the window (see :meth:`drain`)."""
 
     def watch_target_files(self) -> None:
         """The targets' open and mapped files into the kernel's watched set."""
@@ -265,11 +284,12 @@ class PagecacheRecorder(ProbeTotals):
             for dev, ino in list(pf.files):
                 self.probe.watch(dev, ino)
 
-    def drain(self, sink, final: bool = False) -> None:
+    def drain(self, sink) -> None:
         if self.probe is None:
             return
         recs = self.probe.ring.drain()
-        if final:
+        final, self.final = self.final, False
+        if final:  # and the insertion runs still open in the kernel, once
             recs = np.concatenate([recs, self.probe.open_runs()]) if len(recs) else self.probe.open_runs()
         # window=None: page-cache records from before the recording's window are kept.  A hint
         # issued before it (say while the other probes compiled) is what prefetch.py judges the
@@ -277,12 +297,16 @@ class PagecacheRecorder(ProbeTotals):
         # to readahead.py, which counts only the runs owned by a recorded (in-window) read
         drain_into(sink, self.probe, recs, ((SAMPLE, self.decoder.events_table),
                                             (HINT_SAMPLE, self.decoder.hints_table)), self.lost, window=None)
-        if not final and time.monotonic() - self.last_refresh >= REFRESH_S:
+        if not final and self.probe.bpf is not None and time.monotonic() - self.last_refresh >= REFRESH_S:
             self.watch_target_files()
 
     def detach(self) -> None:
         if self.probe is not None:
             self.probe.detach()
+            self.final = True
+
+    def sync_targets(self) -> None:
+        sync_probe_targets(self.probe)
 
     def summary(self) -> dict:
         t = self.totals()

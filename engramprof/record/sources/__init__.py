@@ -1,0 +1,30 @@
+"""The sources of a recording, in the one list the recorder (engramprof/record/recorder.py) reads.
+
+Each is one probe's side (``probes/<p>.bpf.c`` loaded by ``engramprof/bpf/<p>.py``) or the
+samplers', implementing :class:`~engramprof.record.sources.base.Source`.  Adding a read path is
+one probe and one source module, registered here.
+
+The order is the order of loading (and of draining, syncing and summaries):
+
+1. evictions: attached at once, first, so the target's files are watched before its first
+   recorded read (an eviction before the window explains a miss inside it);
+2. page cache: attached at once, before the call probe, whose ring would fill while it compiles;
+3. syscalls: the required one; attached while it loads;
+4. faults, 5. off-CPU (sched): compiled one after the other (seconds each on a busy machine),
+   attached together once every probe is compiled: the window begins then;
+6. samplers: started when the window begins.
+"""
+from __future__ import annotations
+
+from engramprof.record.sources.base import Availability, Options, Recording, Source
+from engramprof.record.sources.evictions import EvictionsSource
+from engramprof.record.sources.faults import FaultsSource
+from engramprof.record.sources.pagecache import PagecacheSource
+from engramprof.record.sources.samples import SamplesSource
+from engramprof.record.sources.sched import SchedSource
+from engramprof.record.sources.syscalls import SyscallsSource
+
+SOURCES: list[type[Source]] = [EvictionsSource, PagecacheSource, SyscallsSource, FaultsSource, SchedSource,
+                               SamplesSource]
+
+__all__ = ["SOURCES", "Availability", "Options", "Recording", "Source"]

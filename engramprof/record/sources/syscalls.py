@@ -1,0 +1,194 @@
+"""The syscall source: every preadv2 / preadv / pread64 call of the target (probes/preadv.bpf.c,
+loaded by engramprof/bpf/loader.py) -> read events of kind ``syscall``.
+
+The probe writes one fixed-size record per call into a ring buffer without waking user space;
+each drain sends the records down the pipeline of engramprof/record: decoder -> enrichers
+(fd -> path; the file's identity; path + offset -> tensor / row) -> Arrow table -> sink, and
+into the running aggregates of the live view and the summary (:class:`~engramprof.record.live.LiveAccount`).
+The kernel keeps exact totals and per-fd log2 histograms so the summary stays right when
+records are lost; they are snapshot into ``tables/`` about once a second (kill -9 safety).
+
+Lost records: after every drain the kernel's ``lost_records`` total is read; when it grew,
+one ``lost_records`` sample row (start_ns, end_ns = the CLOCK_MONOTONIC times of the previous
+and this reading, lost = the growth) says where the record stream has its hole.  The times are
+when the records were dropped, i.e. when those calls returned.
+
+The same probe reports kswapd's wake-ups and sleeps (``kswapd_events``, system-wide).  This
+source is required: without it there is no recording, and its summary is the summary's top level.
+"""
+from __future__ import annotations
+
+import time
+
+from engramprof import trace
+from engramprof.bpf import loader
+from engramprof.record.columns import EventTableBuilder
+from engramprof.record.decode import CallDecoder, LostRecords, VmEventDecoder
+from engramprof.record.enrich import FdPaths, TensorEnricher
+from engramprof.record.live import LiveAccount
+from engramprof.record.sources.base import YES, Availability, Recording, Source, sync_probe_targets
+from engramprof.record.summary import RunFacts, summarize_run
+from engramprof.target.identity import FileIdentities
+
+
+class SyscallsSource(Source):
+    """The call probe wired to the pipeline: the recording's required source."""
+
+    name = "syscalls"
+    title = "preadv2/preadv/pread64 calls"
+    required = True
+
+    def __init__(self, rec: Recording):
+        super().__init__(rec)
+        self.config = loader.ProbeConfig(tgid=rec.pid, tid=rec.tid, min_ns=int(rec.options.min_us * 1000),
+                                         syscall_hook=rec.options.syscall_hook, selection=rec.selection)
+        self.plan: loader.ProbePlan | None = None
+        self.probe: loader.LoadedProbe | None = None
+        self.calls: CallDecoder | None = None
+        self.vm_events = VmEventDecoder()
+        self.lost = LostRecords("lost_records")  # the call ring's (checked from its arming on)
+        self.fd_paths: FdPaths | None = None
+        self.detached = False
+        #: the kernel's totals, per-fd histograms and bio histogram, read once after the last drain
+        self.final: tuple[dict, dict, object] | None = None
+
+    def available(self) -> Availability:
+        """The plan: which tracepoints this kernel has (raises when tracefs cannot be read or a
+        required tracepoint is missing: there is no recording without this source)."""
+        p = self.plan = loader.plan(self.config)
+        if p.missing:
+            self.rec.notes.append(f"tracepoints missing, evidence not collected: {', '.join(p.missing)}")
+        return YES
+
+    def start_meta(self) -> dict:
+        p = self.plan
+        return {"probe": loader.PROBE_FILE, "probe_version": loader.layout.header_define("ENGRAMPROF_PROBE_VERSION"),
+                "syscall_hook": self.hook_name(), "min_ns": self.config.min_ns,
+                "missing_tracepoints": p.missing, "missing_evidence": p.missing_columns}
+
+    def hook_name(self) -> str:
+        return "raw_syscalls" if self.plan.raw_syscalls else "syscalls tracepoints"
+
+    def load(self) -> None:
+        """The targets' fd tables now (a later process's: at its first call), then the probe:
+        compiled and attached at once (BCC attaches while it loads)."""
+        rec = self.rec
+        self.fd_paths = FdPaths(rec.paths)
+        for t in rec.selection.pids:
+            self.fd_paths.of(t)
+        self.fd_paths.started = True
+        self.probe = loader.LoadedProbe(self.plan)
+        # probe -> decoder -> enrichers -> table -> sink, plus the live aggregates
+        self.calls = CallDecoder(self.probe.record_dtype, self.probe.armed_ns)
+        self.identities = FileIdentities(rec.pid, rec.paths)
+        self.enrichers = [self.fd_paths, self.identities,
+                          TensorEnricher(rec.paths, rec.tensors, headers=self.identities.header_of)]
+        self.tables = EventTableBuilder(self.calls.syscall_dictionary, rec.paths, rec.tensors,
+                                        missing=self.plan.missing_columns)
+        self.account = LiveAccount(rec.state, rec.paths, rec.tensors)
+
+    def arm(self) -> None:
+        """Attached at load."""
+
+    def begin_window(self, start_ns: int) -> None:
+        """Calls that entered before ``start_ns`` are counted (``partial_at_start``), not kept."""
+        self.calls.window.begin(start_ns)
+        self.lost.checked_ns = self.probe.armed_ns
+
+    @property
+    def partial_at_start(self) -> int:
+        return self.calls.partial_at_start if self.calls else 0
+
+    def drain(self, sink) -> None:
+        """One pass down the pipeline for everything the probe has written since the last."""
+        kswapd = self.vm_events.decode(self.probe.vm_ring.drain())
+        if kswapd is not None:
+            sink.add_samples("kswapd_events", kswapd)
+        recs = self.probe.ring.drain()
+        self.lost.check(sink, self.probe.lost_records())
+        batch = self.calls.decode(recs)
+        if batch is not None:
+            for e in self.enrichers:
+                e.enrich(batch)
+            self.rec.files_read(batch.recs, batch.cols["path"])  # a file read for the first time
+            if self.identities.changed:  # a file seen for the first time: tables/files.parquet again
+                sink.put_table("files", self.identities.table())
+            self.account.add(batch)
+            sink.add_events(self.tables.build(batch))
+        if self.detached and self.final is None:  # the last drain: the kernel's final counts
+            self.final = self._kernel_state()
+            if self.rec.writer is not None:
+                self._put_kernel_tables(sink, self.final[1], self.final[2])
+
+    def _kernel_state(self) -> tuple[dict, dict, object]:
+        p = self.probe
+        bio = p.bio_histogram() if self.plan.features.get("HAVE_BIO") else None
+        return p.totals(), p.histograms(self.fd_paths.fds_seen), bio
+
+    def _put_kernel_tables(self, sink, hists: dict, bio_hist) -> None:
+        sink.put_table("latency_log2_by_fd", trace.fd_latency_table(hists, self.fd_paths.path_of_slot))
+        if bio_hist is not None:
+            sink.put_table("bio_latency_log2", trace.bio_latency_table(bio_hist))
+
+    def detach(self) -> int | None:
+        """The syscall hooks first (no call completes after its evidence hooks are gone):
+        returns when, the recording's end."""
+        self.detached = True
+        return self.probe.detach() if self.probe is not None else None
+
+    def sync_targets(self) -> None:
+        sync_probe_targets(self.probe)
+
+    def live_targets(self) -> list[int] | None:
+        return self.probe.targets.live_tgids() if self.probe is not None else None
+
+    def seen_tgids(self) -> set[int]:
+        out = set()
+        targets = getattr(self.probe, "targets", None)
+        if targets is not None and targets.tgids is not None:
+            out.update(targets.live_tgids())
+        if self.fd_paths is not None:
+            out.update(list(self.fd_paths.by_pid))
+        return out
+
+    def totals(self) -> dict[str, int]:
+        return self.probe.totals()
+
+    def snapshot(self, sink) -> dict:
+        """The kernel's histograms (tables/) and totals so far (meta.json)."""
+        try:
+            totals, hists, bio = self._kernel_state()
+        except Exception as exc:  # context; never stop the recording for it
+            self.rec.notes.append(f"histogram snapshot failed: {exc}")
+            return {}
+        self._put_kernel_tables(sink, hists, bio)
+        return {"totals": totals, "totals_ns": time.monotonic_ns(), "lost_records": totals.get("lost_records", 0),
+                "lost_record_intervals": self.lost.intervals}
+
+    def summary(self) -> dict:
+        """The summary's top level: the calls, their latency and evidence, the run's facts."""
+        rec = self.rec
+        totals, hists, bio = self.final or ({}, {}, None)
+        run = RunFacts(pid=rec.pid, tid=rec.tid, end_reason=rec.end_reason, partial_at_start=self.partial_at_start,
+                       kswapd_events=self.vm_events.events,
+                       missing_evidence=self.plan.missing_columns if self.probe else [],
+                       syscall_hook=self.hook_name(), output=rec.output, notes=rec.notes)
+        return summarize_run(run, rec.state, totals, hists, rec.end_ns, bio)
+
+    def closing_meta(self, summary: dict | None) -> dict:
+        totals = (self.final or ({}, {}, None))[0]
+        return {"totals": totals, "lost_records": totals.get("lost_records", 0),
+                "lost_record_intervals": self.lost.intervals, "partial_at_start": self.partial_at_start,
+                **self._fd_history()}
+
+    def _fd_history(self) -> dict:
+        h = self.fd_paths.history() if self.fd_paths is not None else {}
+        first = h.get(self.rec.pid, {})
+        out = {"fd_history": {str(k): v for k, v in first.items()}}
+        if len(h) > 1:
+            out["fd_history_by_pid"] = {str(p): {str(k): v for k, v in fh.items()} for p, fh in h.items()}
+        return out
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
