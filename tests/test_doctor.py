@@ -389,7 +389,7 @@ def test_bpf_marker_skips_or_fails_with_reason(tmp_path, python_exe, require, ou
 def test_every_checked_tracepoint_is_used_by_the_probe():
     """doctor checks the tracepoint inventory; each entry is hooked by the probe (no dead checks)."""
     root = Path(__file__).resolve().parent.parent
-    text = "".join(p.read_text() for p in (root / "probes").glob("*.c"))
+    text = "".join(p.read_text() for p in (root / "probes").glob("*.[ch]"))
     for name in doc._default_tracepoints():
         cat, ev = name.split(":", 1)
         assert f"TRACEPOINT_PROBE({cat}, {ev})" in text, name
