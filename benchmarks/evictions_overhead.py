@@ -72,7 +72,7 @@ def main() -> int:
         print("needs root", file=sys.stderr)
         return 1
     from engramprof.bpf import evictions as ev
-    from engramprof.bpf.loader import import_bcc
+    from engramprof.bpf.syscalls import import_bcc
     from engramprof.record.sources.evictions import kernel_dev
 
     BPF = import_bcc()

@@ -194,11 +194,12 @@ class InProcessProbes:
     def __init__(self, pid: int, which: tuple[str, ...], fault_source: str | None = None):
         from engramprof.bpf import evictions as ev
         from engramprof.bpf import faults as fp
-        from engramprof.bpf import loader, pagecache, sched
+        from engramprof.bpf import pagecache, sched
+        from engramprof.bpf import syscalls as loader
 
         self.probes = {}
         if "preadv" in which:
-            self.probes["preadv"] = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid)))
+            self.probes["preadv"] = loader.SyscallsProbe(loader.plan(loader.SyscallsConfig(tgid=pid)))
         if "sched" in which:
             self.probes["sched"] = sched.LoadedSchedProbe(sched.plan(sched.SchedConfig(tgid=pid)))
         if "faults" in which:

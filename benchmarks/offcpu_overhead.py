@@ -105,7 +105,7 @@ def main() -> int:
         print("needs root", file=sys.stderr)
         return 1
     from engramprof.bpf import sched
-    from engramprof.bpf.loader import import_bcc
+    from engramprof.bpf.syscalls import import_bcc
 
     BPF = import_bcc()
     # the probe's target: an idle process that is neither the pair nor this one

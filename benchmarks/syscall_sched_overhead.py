@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What the syscall probe's sched hooks cost the machine's other tasks: BPF ns a run of
-probes/preadv.bpf.c's sched_switch and sched_wakeup, this tree's against another checkout's.
+probes/syscalls.bpf.c's sched_switch and sched_wakeup, this tree's against another checkout's.
 
 sched_switch and sched_wakeup fire for every task of the machine.  The probe is loaded for an
 idle `sleep` (no traced call, nothing recorded) while two other processes ping-pong a byte
@@ -8,8 +8,8 @@ through two pipes (every round trip: two sleeps, two wake-ups), so what is measu
 untraced task's switches and wake-ups pay.  Arms, interleaved round by round (order reversed
 every other round) in one run so the shared machine's noise hits them alike:
 
-  new     this tree's probes/preadv.bpf.c
-  before  (with --before-tree DIR) that checkout's probes/preadv.bpf.c, built by this tree's
+  new     this tree's probes/syscalls.bpf.c
+  before  (with --before-tree DIR) that checkout's probes/syscalls.bpf.c, built by this tree's
           loader (same constants; one it does not use is harmless)
   empty   empty BCC programs on the same two tracepoints (the floor)
 
@@ -53,16 +53,16 @@ while True:
 
 
 class PreadvProbe:
-    """The syscall probe for ``pid``, from ``source`` (a preadv.bpf.c; None: this tree's)."""
+    """The syscall probe for ``pid``, from ``source`` (a syscalls.bpf.c; None: this tree's)."""
 
     def __init__(self, pid: int, source: str | None):
-        from engramprof.bpf import loader
+        from engramprof.bpf import syscalls as loader
 
         probe_file = loader.PROBE_FILE
         if source:  # an absolute path: probe_dir() / it is it
             loader.PROBE_FILE = source
         try:
-            self.probe = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid)))
+            self.probe = loader.SyscallsProbe(loader.plan(loader.SyscallsConfig(tgid=pid)))
         finally:
             loader.PROBE_FILE = probe_file
         self.bpf = self.probe.bpf
@@ -168,13 +168,13 @@ def before_source(a, probe_file: str) -> str | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arm_args(ap, "preadv.bpf.c")
+    add_arm_args(ap, "syscalls.bpf.c")
     a = ap.parse_args()
     arms = a.arms.split(",")
     if "before" in arms and not a.before_tree:
         print("the 'before' arm needs --before-tree DIR", file=sys.stderr)
         return 2
-    before_src = before_source(a, "preadv.bpf.c")
+    before_src = before_source(a, "syscalls.bpf.c")
     procs = [subprocess.Popen(["sleep", "100000"]),
              subprocess.Popen([sys.executable, "-c", PING_PONG], stdout=subprocess.DEVNULL)]
     try:

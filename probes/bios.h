@@ -1,5 +1,5 @@
 /* bios.h - the in-flight bio table shared by the fault probe (faults.bpf.c), the syscall
- * probe (preadv.bpf.c) and the exporter's (export.bpf.c): a bio a target thread queued inside
+ * probe (syscalls.bpf.c) and the exporter's (export.bpf.c): a bio a target thread queued inside
  * one of its reads, found again at its completion by (device, first sector).
  *
  * A direct-mapped array of BIO_SLOTS slots (a power of two), indexed by a hash of (dev, sector).

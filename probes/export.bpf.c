@@ -5,7 +5,7 @@
  * the read kind (syscall / fault), holding counters and a log2(ns) latency histogram.  User
  * space reads the maps when Prometheus scrapes.
  *
- * Syscall reads (preadv2 / preadv / pread64) use the mechanism of preadv.bpf.c, one header
+ * Syscall reads (preadv2 / preadv / pread64) use the mechanism of syscalls.bpf.c, one header
  * for both (probes/inflight.h): the call in task-local storage from enter to exit; evidence hooks that fire in the reading thread while
  * the call is in flight (page-cache insertions, bios queued and their queue -> complete time,
  * direct / memcg reclaim, being switched out and waiting for a CPU) add to it.  The bios are

@@ -1,4 +1,4 @@
-/* inflight.h - the in-flight read call shared by the syscall probe (probes/preadv.bpf.c) and the
+/* inflight.h - the in-flight read call shared by the syscall probe (probes/syscalls.bpf.c) and the
  * exporter's (probes/export.bpf.c): the call in task-local storage from its entry to its exit,
  * and the evidence hooks that fire in the reading thread while it is in flight (bios queued and
  * their queue -> complete time, direct / memcg reclaim, being switched out and waiting for a CPU).

@@ -1,4 +1,4 @@
-/* syscalls.h - the syscall read probe's records (probes/preadv.bpf.c).
+/* syscalls.h - the syscall read probe's records (probes/syscalls.bpf.c).
  *
  * Only what the probe and user space share: engramprof/bpf/structs.py parses these structs
  * into the numpy dtypes it decodes the ring with and checks them against what clang compiled.

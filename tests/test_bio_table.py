@@ -20,13 +20,14 @@ def test_bio_slots_must_be_a_power_of_two_and_the_stale_bound_at_least_a_tick():
 
 
 def test_both_probes_inline_the_table():
-    from engramprof.bpf import faults, loader
+    from engramprof.bpf import faults
+    from engramprof.bpf import syscalls as syscalls_probe
     from engramprof.host.tracepoints import tracefs_root
 
     if tracefs_root() is None:
         pytest.skip("no tracefs: the plans feature-probe it")
     texts = [faults.program_text(faults.plan(faults.FaultProbeConfig(tgid=1, bio_slots=4))),
-             loader.program_text(loader.plan(loader.ProbeConfig(tgid=1, bio_slots=4)))]
+             syscalls_probe.program_text(syscalls_probe.plan(syscalls_probe.SyscallsConfig(tgid=1, bio_slots=4)))]
     for text in texts:
         assert '#include "bios.h"' not in text
         assert "#define BIO_SLOTS 4\n" in text

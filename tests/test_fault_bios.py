@@ -180,12 +180,12 @@ sys.stdin.readline()
 
 
 def test_cold_syscall_reads_get_their_bio_time_and_the_in_flight_count_returns_to_zero(table_dir):
-    """The syscall probe (probes/preadv.bpf.c) on the same two device kinds: cold preadv calls
+    """The syscall probe (probes/syscalls.bpf.c) on the same two device kinds: cold preadv calls
     carry their bio's queue -> complete time, and its in-flight count and bio map end empty."""
-    from engramprof.bpf import loader
+    from engramprof.bpf import syscalls as syscalls_probe
 
     recs, answer, inflight, left, totals = _cold_run(
-        table_dir, PREADER, lambda pid: loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid))))
+        table_dir, PREADER, lambda pid: syscalls_probe.SyscallsProbe(syscalls_probe.plan(syscalls_probe.SyscallsConfig(tgid=pid))))
     assert int(answer) == PAGES * PAGE
     assert len(recs) >= PAGES, len(recs)
     with_bio = recs[recs["bio_count"] > 0]
@@ -228,8 +228,8 @@ sys.stdin.readline()
 
 
 def _syscall_probe(**kw):
-    from engramprof.bpf import loader
-    return lambda pid: loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid, **kw)))
+    from engramprof.bpf import syscalls as syscalls_probe
+    return lambda pid: syscalls_probe.SyscallsProbe(syscalls_probe.plan(syscalls_probe.SyscallsConfig(tgid=pid, **kw)))
 
 
 def _fault_probe(**kw):

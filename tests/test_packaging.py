@@ -15,13 +15,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 CHECK = r"""
 import os, sys, engramprof
-from engramprof.bpf import loader, structs as layout
+from engramprof.bpf import structs as layout, syscalls as loader
 assert engramprof.__file__.startswith(sys.prefix), engramprof.__file__
-src = layout.probe_dir() / "preadv.bpf.c"
+src = layout.probe_dir() / "syscalls.bpf.c"
 assert str(src).startswith(sys.prefix), src
 print("probe", src)
 if len(sys.argv) > 1:
-    p = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=os.getpid())))
+    p = loader.SyscallsProbe(loader.plan(loader.SyscallsConfig(tgid=os.getpid())))
     fd = os.open(sys.argv[1], os.O_RDONLY)
     for i in range(100):
         os.preadv(fd, [bytearray(64)], i)
@@ -43,7 +43,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_ships_probes(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert "engramprof/probes/preadv.bpf.c" in names
+    assert "engramprof/probes/syscalls.bpf.c" in names
     assert "engramprof/probes/engramprof.h" in names
 
 

@@ -118,7 +118,7 @@ def test_compile_passes_the_text_and_the_common_flags():
 
 
 @pytest.mark.parametrize("mod,cls,totals_map", [
-    ("engramprof.bpf.loader", "LoadedProbe", "call_totals"),
+    ("engramprof.bpf.syscalls", "SyscallsProbe", "call_totals"),
     ("engramprof.bpf.evictions", "LoadedEvictionProbe", "eviction_totals"),
     ("engramprof.bpf.faults", "LoadedFaultProbe", "fault_totals"),
     ("engramprof.bpf.sched", "LoadedSchedProbe", "offcpu_totals"),

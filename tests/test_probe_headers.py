@@ -16,14 +16,15 @@ PROBES = Path(layout.probe_dir())
 
 
 def _texts() -> dict[str, str]:
-    from engramprof.bpf import faults, loader, sched
+    from engramprof.bpf import faults, sched
+    from engramprof.bpf import syscalls as syscalls_probe
     from engramprof.export import probe as ep
     from engramprof.target.selection import Selection
 
     out = {}
     for raw in (True, False):
-        p = loader.assumed_plan(loader.ProbeConfig(tgid=4242, syscall_hook="raw" if raw else "tracepoint"), "test")
-        out[f"preadv raw={raw}"] = loader.program_text(p)
+        p = syscalls_probe.assumed_plan(syscalls_probe.SyscallsConfig(tgid=4242, syscall_hook="raw" if raw else "tracepoint"), "test")
+        out[f"preadv raw={raw}"] = syscalls_probe.program_text(p)
         e = ep.ExportPlan(config=ep.ExportProbeConfig(selection=Selection(pids=[4242])),
                           features={f: True for f in ep.FEATURES}, raw_syscalls=raw)
         out[f"export raw={raw}"] = ep.program_text(e)
@@ -52,7 +53,7 @@ def test_every_local_include_is_pasted_once(texts):
 def test_inflight_state_is_written_once(texts):
     """struct inflight, offcpu_state, bio_wait and the call_out_bits helpers come from probes/inflight.h
     alone: the two probes do not define them again."""
-    for name in ("preadv.bpf.c", "export.bpf.c"):
+    for name in ("syscalls.bpf.c", "export.bpf.c"):
         src = (PROBES / name).read_text()
         assert '#include "inflight.h"' in src
         code = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
@@ -87,7 +88,7 @@ def test_the_one_struct_parser():
 
 
 #: probe source -> its header of what kernel and user space share (libbpf-tools: X.bpf.c + X.h)
-PROBE_HEADERS = {"preadv.bpf.c": "syscalls.h", "faults.bpf.c": "faults.h", "sched.bpf.c": "sched.h",
+PROBE_HEADERS = {"syscalls.bpf.c": "syscalls.h", "faults.bpf.c": "faults.h", "sched.bpf.c": "sched.h",
                  "evictions.bpf.c": "evictions.h", "pagecache.bpf.c": "pagecache.h", "export.bpf.c": "export.h"}
 
 

@@ -1,4 +1,4 @@
-"""The syscall probe's sched hooks (probes/preadv.bpf.c, HAVE_SCHED): real eBPF.
+"""The syscall probe's sched hooks (probes/syscalls.bpf.c, HAVE_SCHED): real eBPF.
 
 sched_switch (next) and sched_wakeup fire for every task of the machine; they test one bit of
 ``call_out_bits`` ("this target thread is switched out inside a traced call") before the clock
@@ -110,9 +110,9 @@ sys.stdin.readline()
 
 
 def _probe(pid: int):
-    from engramprof.bpf import loader
+    from engramprof.bpf import syscalls as syscalls_probe
 
-    probe = loader.LoadedProbe(loader.plan(loader.ProbeConfig(tgid=pid)))
+    probe = syscalls_probe.SyscallsProbe(syscalls_probe.plan(syscalls_probe.SyscallsConfig(tgid=pid)))
     if not probe.plan.features.get("HAVE_SCHED"):
         probe.close()
         pytest.skip("this kernel lacks sched_switch / sched_wakeup: no off-CPU evidence to check")

@@ -359,25 +359,25 @@ def _fake_tracefs(root: Path, names: list[str]) -> Path:
 
 
 def test_kernel_without_evidence_tracepoints_compiles_them_out(tmp_path):
-    from engramprof.bpf import loader
+    from engramprof.bpf import syscalls as syscalls_probe
 
     root = _fake_tracefs(tmp_path, ["syscalls:sys_enter_preadv2", "syscalls:sys_exit_preadv2"])
-    plan = loader.plan(loader.ProbeConfig(tgid=1, syscall_hook="auto"), tracefs_root=root)
+    plan = syscalls_probe.plan(syscalls_probe.SyscallsConfig(tgid=1, syscall_hook="auto"), tracefs_root=root)
     assert not plan.raw_syscalls  # no raw_syscalls in this tracefs
     assert not any(plan.features.values())
     assert set(plan.missing_columns) == {"pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns"}
     assert "block:block_rq_complete" in plan.missing
-    text = loader.program_text(plan)
+    text = syscalls_probe.program_text(plan)
     assert "#define HAVE_FILEMAP 0" in text and "#define USE_RAW_SYSCALLS 0" in text
 
 
 def test_kernel_without_preadv2_tracepoints_is_a_one_line_error(tmp_path):
-    from engramprof.bpf import loader
+    from engramprof.bpf import syscalls as syscalls_probe
     from engramprof.errors import UserError
 
     root = _fake_tracefs(tmp_path, ["sched:sched_switch"])
     with pytest.raises(UserError) as e:
-        loader.plan(loader.ProbeConfig(tgid=1, syscall_hook="tracepoint"), tracefs_root=root)
+        syscalls_probe.plan(syscalls_probe.SyscallsConfig(tgid=1, syscall_hook="tracepoint"), tracefs_root=root)
     assert "sys_enter_preadv2" in str(e.value) and "doctor" in str(e.value)
 
 

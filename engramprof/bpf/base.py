@@ -1,7 +1,7 @@
 """What every loaded BCC probe object shares: compiling the program text, reading its per-CPU
 totals, detaching its programs and closing it.
 
-Each probe module (engramprof/bpf/loader.py, evictions.py, faults.py, sched.py, pagecache.py,
+Each probe module (engramprof/bpf/syscalls.py, evictions.py, faults.py, sched.py, pagecache.py,
 engramprof/export/probe.py) subclasses :class:`LoadedBpf` and names what differs as class
 attributes: the totals map, the totals fields that are a maximum over CPUs and not a sum, the
 field counting records lost to a full ring.  What is a probe's own (its plan, its maps' layout

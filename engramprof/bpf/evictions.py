@@ -1,6 +1,6 @@
 """Build, feature-probe and load the eviction probe (probes/evictions.bpf.c) with BCC.
 
-The same scheme as :mod:`engramprof.bpf.loader`: constants written into the program text
+The same scheme as :mod:`engramprof.bpf.syscalls`: constants written into the program text
 before it is compiled, each context hook's tracepoint probed in tracefs first and compiled out
 when missing (its evictions then show as ``unknown``), the record layout parsed from
 probes/engramprof.h checked against what clang compiled.  The probe is system-wide; its
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from engramprof.bpf import structs as layout
 from engramprof.bpf import targets, watched
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
-from engramprof.bpf.loader import RECLAIM_FEATURES
+from engramprof.bpf.syscalls import RECLAIM_FEATURES
 from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.errors import UserError
 from engramprof.host import tracepoints as tp

@@ -1,6 +1,6 @@
 """Build, feature-probe and load the page-fault probe (probes/faults.bpf.c) with BCC.
 
-The same scheme as :mod:`engramprof.bpf.loader` (constants filled in before load, tracepoints
+The same scheme as :mod:`engramprof.bpf.syscalls` (constants filled in before load, tracepoints
 probed in tracefs first, evidence hooks compiled out when missing), for a second, independent
 BPF object: it can be loaded beside the preadv probe or alone.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from engramprof.bpf import bios, targets
 from engramprof.bpf import structs as layout
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
-from engramprof.bpf.loader import EVIDENCE_FEATURES
+from engramprof.bpf.syscalls import EVIDENCE_FEATURES
 from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words, attach_all, deferred_bpf
 from engramprof.errors import UserError

@@ -1,7 +1,7 @@
 """Build, feature-probe and load the scheduling probe (probes/sched.bpf.c) with BCC.
 
 Every off-CPU span of the target's threads, with who woke it.  Same conventions as
-:mod:`engramprof.bpf.loader`: tunables are constants written into the program text before it
+:mod:`engramprof.bpf.syscalls`: tunables are constants written into the program text before it
 is compiled, the waker tracepoints are probed in tracefs first (``sched_waking`` preferred,
 ``sched_wakeup`` as the fallback, ``sched_wakeup_new`` optional), and the record layout parsed
 from probes/engramprof.h is checked against what clang compiled.

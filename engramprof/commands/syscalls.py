@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         Prints a line starting with `Tracing` on stderr once the probes are attached. Ends on
         Ctrl-C, SIGTERM, --duration or the exit of PID; the trace is complete in every case.
         """
-        from engramprof.bpf import loader
+        from engramprof.bpf import syscalls as syscalls_probe
         from engramprof.trace.writer import END_SIGNAL
         from engramprof import validate
         from engramprof.record import recorder as sc
@@ -73,15 +73,15 @@ def register(app: typer.Typer) -> None:
         validate.sample_hz("--sample-hz", sample_hz, zero_is_off=True)
         selection = Selection.parse(pids=pid, tid=tid, children=children, cgroups=cgroup, files=file)
         if ebpf:  # needs no privileges: where tracefs cannot be read, every feature is assumed
-            config = loader.ProbeConfig(tgid=selection.first_pid, tid=tid, min_ns=int(min_us * 1000),
+            config = syscalls_probe.SyscallsConfig(tgid=selection.first_pid, tid=tid, min_ns=int(min_us * 1000),
                                         syscall_hook=hook, selection=selection)
             try:
-                plan = loader.plan(config)
+                plan = syscalls_probe.plan(config)
             except UserError as exc:
                 if tracepoints.tracefs_root() is not None:
                     raise  # tracefs readable, the kernel really lacks a required tracepoint
-                plan = loader.assumed_plan(config, str(exc).replace("*/", "* /"))
-            sys.stdout.write(loader.program_text(plan))
+                plan = syscalls_probe.assumed_plan(config, str(exc).replace("*/", "* /"))
+            sys.stdout.write(syscalls_probe.program_text(plan))
             return
         for p in selection.pids:
             validate.live_process("--pid", p)

@@ -2,7 +2,7 @@
 
 The C program is the single definition of its maps; this module only sums their per-CPU
 values.  Tracepoints are feature-probed in tracefs like the recorder's probe
-(engramprof.bpf.loader), the target filter is probes/targets.h (engramprof.bpf.targets) and the
+(engramprof.bpf.syscalls), the target filter is probes/targets.h (engramprof.bpf.targets) and the
 in-flight bio table probes/bios.h (engramprof.bpf.bios).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from engramprof.bpf import bios, targets
 from engramprof.bpf import structs as layout
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
-from engramprof.bpf.loader import EVIDENCE_FEATURES, tracefs_unusable
+from engramprof.bpf.syscalls import EVIDENCE_FEATURES, tracefs_unusable
 from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words
 from engramprof.errors import UserError

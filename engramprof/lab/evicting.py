@@ -23,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from typing import TYPE_CHECKING
 
 from engramprof.lab import host

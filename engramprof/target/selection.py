@@ -24,8 +24,6 @@ resolved to its processes, which join the ``--pid`` set.)
 from __future__ import annotations
 
 import os
-import re
-import stat as stat_mod
 from dataclasses import dataclass, field
 
 from engramprof.errors import UserError

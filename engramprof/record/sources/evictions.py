@@ -27,7 +27,7 @@ import pyarrow as pa
 from engramprof import trace
 from engramprof.bpf import evictions as eviction_probe
 from engramprof.bpf import structs as layout
-from engramprof.host.files import dev_t, kernel_dev
+from engramprof.host.files import kernel_dev
 from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
 from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
 from engramprof.record.sources.faults import read_maps

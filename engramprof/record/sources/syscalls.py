@@ -1,5 +1,5 @@
-"""The syscall source: every preadv2 / preadv / pread64 call of the target (probes/preadv.bpf.c,
-loaded by engramprof/bpf/loader.py) -> read events of kind ``syscall``.
+"""The syscall source: every preadv2 / preadv / pread64 call of the target (probes/syscalls.bpf.c,
+loaded by engramprof/bpf/syscalls.py) -> read events of kind ``syscall``.
 
 The probe writes one fixed-size record per call into a ring buffer without waking user space;
 each drain sends the records down the pipeline of engramprof/record: decoder -> enrichers
@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 from engramprof import trace
-from engramprof.bpf import loader
+from engramprof.bpf import syscalls as syscalls_probe
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, LostRecords, VmEventDecoder
 from engramprof.record.enrich import FdPaths, TensorEnricher
@@ -40,10 +40,10 @@ class SyscallsSource(Source):
 
     def __init__(self, rec: Recording):
         super().__init__(rec)
-        self.config = loader.ProbeConfig(tgid=rec.pid, tid=rec.tid, min_ns=int(rec.options.min_us * 1000),
+        self.config = syscalls_probe.SyscallsConfig(tgid=rec.pid, tid=rec.tid, min_ns=int(rec.options.min_us * 1000),
                                          syscall_hook=rec.options.syscall_hook, selection=rec.selection)
-        self.plan: loader.ProbePlan | None = None
-        self.probe: loader.LoadedProbe | None = None
+        self.plan: syscalls_probe.SyscallsPlan | None = None
+        self.probe: syscalls_probe.SyscallsProbe | None = None
         self.calls: CallDecoder | None = None
         self.vm_events = VmEventDecoder()
         self.lost = LostRecords("lost_records")  # the call ring's (checked from its arming on)
@@ -55,14 +55,14 @@ class SyscallsSource(Source):
     def available(self) -> Availability:
         """The plan: which tracepoints this kernel has (raises when tracefs cannot be read or a
         required tracepoint is missing: there is no recording without this source)."""
-        p = self.plan = loader.plan(self.config)
+        p = self.plan = syscalls_probe.plan(self.config)
         if p.missing:
             self.rec.notes.append(f"tracepoints missing, evidence not collected: {', '.join(p.missing)}")
         return YES
 
     def start_meta(self) -> dict:
         p = self.plan
-        return {"probe": loader.PROBE_FILE, "probe_version": loader.layout.header_define("ENGRAMPROF_PROBE_VERSION"),
+        return {"probe": syscalls_probe.PROBE_FILE, "probe_version": syscalls_probe.layout.header_define("ENGRAMPROF_PROBE_VERSION"),
                 "syscall_hook": self.hook_name(), "min_ns": self.config.min_ns,
                 "missing_tracepoints": p.missing, "missing_evidence": p.missing_columns}
 
@@ -77,7 +77,7 @@ class SyscallsSource(Source):
         for t in rec.selection.pids:
             self.fd_paths.of(t)
         self.fd_paths.started = True
-        self.probe = loader.LoadedProbe(self.plan)
+        self.probe = syscalls_probe.SyscallsProbe(self.plan)
         # probe -> decoder -> enrichers -> table -> sink, plus the live aggregates
         self.calls = CallDecoder(self.probe.record_dtype, self.probe.armed_ns)
         self.identities = FileIdentities(rec.pid, rec.paths)

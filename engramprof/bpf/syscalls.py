@@ -25,7 +25,7 @@ from engramprof.errors import UserError
 from engramprof.host import doctor
 from engramprof.host import tracepoints as tp
 
-PROBE_FILE = "preadv.bpf.c"
+PROBE_FILE = "syscalls.bpf.c"
 
 #: the reclaim hooks: direct and memcg reclaim time inside a call / fault, the eviction contexts
 RECLAIM_FEATURES = {
@@ -58,7 +58,7 @@ FEATURE_COLUMNS = {
 
 
 @dataclass
-class ProbeConfig:
+class SyscallsConfig:
     tgid: int
     tid: int = 0
     min_ns: int = 0
@@ -71,8 +71,8 @@ class ProbeConfig:
 
 
 @dataclass
-class ProbePlan:
-    config: ProbeConfig
+class SyscallsPlan:
+    config: SyscallsConfig
     features: dict[str, bool]
     raw_syscalls: bool
     missing: list[str] = field(default_factory=list)
@@ -98,16 +98,16 @@ def tracefs_unusable() -> str:
     return f"tracefs {check.detail}: {check.fix}"
 
 
-def assumed_plan(config: ProbeConfig, why: str) -> ProbePlan:
+def assumed_plan(config: SyscallsConfig, why: str) -> SyscallsPlan:
     """A plan with every feature on, for printing the program (``--ebpf``) where tracefs
     cannot be read (an unprivileged user): loading probes each tracepoint first."""
     raw = config.syscall_hook == "raw" or (config.syscall_hook == "auto" and platform.machine() == "x86_64")
-    p = ProbePlan(config=config, features={f: True for f in FEATURES}, raw_syscalls=raw)
+    p = SyscallsPlan(config=config, features={f: True for f in FEATURES}, raw_syscalls=raw)
     p.assumed = why
     return p
 
 
-def plan(config: ProbeConfig, tracefs_root=None) -> ProbePlan:
+def plan(config: SyscallsConfig, tracefs_root=None) -> SyscallsPlan:
     root = tracefs_root if tracefs_root is not None else tp.tracefs_root()
     if root is None:  # not "the kernel lacks tracepoints": say why tracefs cannot be read
         raise UserError(tracefs_unusable(), code=1)
@@ -128,10 +128,10 @@ def plan(config: ProbeConfig, tracefs_root=None) -> ProbePlan:
         absent = [n for n in need if root is None or not tp.available(n, root)]
         if absent:
             raise UserError(f"kernel lacks required tracepoint(s) {', '.join(absent)}: run `engramprof doctor`", code=1)
-    return ProbePlan(config=config, features=feats, raw_syscalls=raw, missing=missing)
+    return SyscallsPlan(config=config, features=feats, raw_syscalls=raw, missing=missing)
 
 
-def program_text(p: ProbePlan) -> str:
+def program_text(p: SyscallsPlan) -> str:
     """The complete C program (header inlined, constants defined) that load() compiles."""
     src = (layout.probe_dir() / PROBE_FILE).read_text()
     src = layout.inline_headers(src)  # engramprof.h, bios.h, targets.h, inflight.h, tidbits.h
@@ -152,13 +152,13 @@ def program_text(p: ProbePlan) -> str:
     return head + src
 
 
-class LoadedProbe(LoadedBpf):
+class SyscallsProbe(LoadedBpf):
     """A compiled, attached probe: ring reader, totals and histograms."""
 
     totals_map = "call_totals"
     max_fields = ("max_ns",)
 
-    def __init__(self, p: ProbePlan):
+    def __init__(self, p: SyscallsPlan):
         BPF = import_bcc()
         self.plan = p
         self.text = program_text(p)

@@ -1,4 +1,4 @@
-/* preadv.bpf.c - per-call preadv2 / preadv / pread64 tracing with each call's cause evidence.
+/* syscalls.bpf.c - per-call preadv2 / preadv / pread64 tracing with each call's cause evidence.
  *
  * Tracepoints only (no kprobes, no fentry).  The enter hook stores the call in task-local
  * storage; evidence hooks that fire in the reading thread's context while the call is in
