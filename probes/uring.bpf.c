@@ -29,7 +29,8 @@
  *
  * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV,
  *   OP_READV, OP_READ_FIXED, OP_READ, OP_READV_FIXED (the kernel's enum io_uring_op; -1 = absent),
- *   U_OFF_* (BTF member offsets), REQ_SPAN (bytes of the request read at submit), O_DIRECT_BIT,
+ *   U_OFF_* (BTF member offsets), REQ_SPAN / CSPAN (bytes of the request read at submit / complete),
+ *   O_DIRECT_BIT,
  *   HAVE_QUEUE_ASYNC, HAVE_FILE_GET, and targets.h's.
  */
 #include "uring.h"
@@ -169,6 +170,8 @@ TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
 }
 #endif
 
+#define U_FILE_SPAN_FROM (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_INODE : U_OFF_FILE_FLAGS)
+#define U_FILE_SPAN_TO (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_FLAGS + 4 : U_OFF_FILE_INODE + 8)
 #define U_INODE_SPAN_FROM (U_OFF_INODE_SB < U_OFF_INODE_INO ? U_OFF_INODE_SB : U_OFF_INODE_INO)
 #define U_INODE_SPAN_TO ((U_OFF_INODE_SB < U_OFF_INODE_INO ? U_OFF_INODE_INO : U_OFF_INODE_SB) + 8)
 
@@ -186,12 +189,20 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	/* the file and the kiocb's state now */
 	u64 file = 0, pos = 0, waitq = 0, inode = 0, sb = 0, ino = 0;
 	u32 f_flags = 0, dev = 0;
-	bpf_probe_read_kernel(&file, 8, (void *)(req + U_OFF_REQ_FILE));
-	bpf_probe_read_kernel(&pos, 8, (void *)(req + U_OFF_RW_POS));
-	bpf_probe_read_kernel(&waitq, 8, (void *)(req + U_OFF_RW_WAITQ));
+	/* req->file, kiocb.ki_pos and kiocb.ki_waitq in one read (the first CSPAN bytes of the
+	 * request), f_inode and f_flags in another: four probe reads in all with the inode's */
+	char rspan[CSPAN];
+	if (bpf_probe_read_kernel(rspan, sizeof(rspan), (void *)req) == 0) {
+		__builtin_memcpy(&file, rspan + U_OFF_REQ_FILE, 8);
+		__builtin_memcpy(&pos, rspan + U_OFF_RW_POS, 8);
+		__builtin_memcpy(&waitq, rspan + U_OFF_RW_WAITQ, 8);
+	}
 	if (file) {
-		bpf_probe_read_kernel(&inode, 8, (void *)(file + U_OFF_FILE_INODE));
-		bpf_probe_read_kernel(&f_flags, 4, (void *)(file + U_OFF_FILE_FLAGS));
+		char fspan[U_FILE_SPAN_TO - U_FILE_SPAN_FROM];
+		if (bpf_probe_read_kernel(fspan, sizeof(fspan), (void *)(file + U_FILE_SPAN_FROM)) == 0) {
+			__builtin_memcpy(&inode, fspan + (U_OFF_FILE_INODE - U_FILE_SPAN_FROM), 8);
+			__builtin_memcpy(&f_flags, fspan + (U_OFF_FILE_FLAGS - U_FILE_SPAN_FROM), 4);
+		}
 	} else {
 		s.uflags |= URING_NO_FILE;
 	}
