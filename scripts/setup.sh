@@ -21,7 +21,7 @@ need_root() {
 }
 KREL=$(uname -r)
 ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
-PKGS=(python3-bpfcc python3-venv bpfcc-tools bpftrace jq prometheus)
+PKGS=(python3-bpfcc python3-venv bpfcc-tools bpftrace jq prometheus fio)
 
 missing=()
 for p in "${PKGS[@]}"; do

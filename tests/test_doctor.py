@@ -438,3 +438,56 @@ def test_read_paths_empty_when_syscalls_cannot_run(fake):
     assert not report.ok and report.read_paths == []
     assert report.get("tracepoints: page faults").status == "warn"
     assert report.get("read paths").status == "fail"
+
+
+def _uring_tracefs(fake, drop=(), drop_fields=()):
+    from engramprof.host import uring
+
+    root = Path(fake["tracefs_candidates"][0])
+    names = [*uring.REQUIRED, *(n for ns in uring.FEATURES.values() for n in ns)]
+    for n in names:
+        if n in drop:
+            continue
+        cat, ev = n.split(":", 1)
+        d = root / "events" / cat / ev
+        d.mkdir(parents=True, exist_ok=True)
+        fields = [f for f in uring.REQUIRED_FIELDS.get(n, ("req",)) if f not in drop_fields]
+        (d / "format").write_text(f"name: {ev}\nformat:\n" + "".join(
+            f"\tfield:u64 {f};\toffset:{8 * (i + 1)};\tsize:8;\tsigned:0;\n" for i, f in enumerate(fields)))
+
+
+_URING_BTF_OK = {"offsets": {}, "opcodes": {"OP_READ": 22, "OP_READV": 1, "OP_READ_FIXED": 4}, "missing": []}
+
+
+def test_uring_row_names_what_is_missing(fake):
+    report = doc.run_checks(**fake, uring_btf=lambda: _URING_BTF_OK)
+    row = report.get("io_uring reads")
+    assert row.status == "warn" and "io_uring:io_uring_submit_req" in row.detail and row.fix
+    assert report.ok  # syscall readers are still traced
+
+    _uring_tracefs(fake, drop=("io_uring:io_uring_file_get",), drop_fields=("sq_thread",))
+    row = doc.run_checks(**fake, uring_btf=lambda: _URING_BTF_OK).get("io_uring reads")
+    assert row.status == "warn" and "io_uring:io_uring_submit_req field sq_thread" in row.detail
+
+    _uring_tracefs(fake, drop=("io_uring:io_uring_file_get",))
+    lacking = dict(_URING_BTF_OK, missing=["io_rw.kiocb.ki_waitq"])
+    row = doc.run_checks(**fake, uring_btf=lambda: lacking).get("io_uring reads")
+    assert row.status == "warn" and "io_rw.kiocb.ki_waitq" in row.detail
+
+    row = doc.run_checks(**fake, uring_btf=lambda: _URING_BTF_OK).get("io_uring reads")
+    assert row.status == "warn" and "io_uring:io_uring_file_get" in row.detail  # optional: named too
+    _uring_tracefs(fake)
+    row = doc.run_checks(**fake, uring_btf=lambda: _URING_BTF_OK).get("io_uring reads")
+    assert row.status == "pass" and "IORING_OP_READ_FIXED" in row.detail, row
+
+
+def test_uring_row_on_this_kernel():
+    """The real kernel (6.18 here): the BTF lookup finds every member the probe reads."""
+    from engramprof.host import uring
+
+    st = uring.btf_status()
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        assert st["missing"]
+        return
+    assert st["missing"] == [], st["missing"]
+    assert {"U_OFF_REQ_FILE", "U_OFF_RW_POS", "U_OFF_SB_DEV"} <= set(st["offsets"])

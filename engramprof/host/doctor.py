@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from engramprof.host import tracepoints as tp
+from engramprof.host import uring as uring_needs
 from engramprof.host.cachestat import SYS_CACHESTAT, cachestat
 
 PASS, INFO, WARN, FAIL = "pass", "info", "warn", "fail"
@@ -373,6 +374,39 @@ def check_faults(root: Path | None, tracepoints: Mapping[str, tuple[bool, str]] 
     status = INFO if opt == ["exceptions:page_fault_user"] else WARN
     return [Check(name, status, f"faults traced without {lst}",
                   "" if status == INFO else "use a kernel with these tracepoints")]
+
+
+def check_uring(root: Path | None, btf: Callable[[], dict] | None = None) -> list[Check]:
+    """One row for io_uring reads (probes/uring.bpf.c): the io_uring tracepoints and their fields,
+    the request's struct members in the kernel's BTF (engramprof/host/uring.py lists them), each
+    missing one named.  ``btf()`` replaces the BTF lookup (returns the dict of
+    :func:`engramprof.host.uring.btf_status`).  Never a failure: syscall readers are still traced."""
+    name = "io_uring reads"
+    if root is None:
+        return [Check(name, WARN, "cannot look: tracefs unusable; io_uring readers cannot be traced",
+                      "fix the tracefs row first")]
+    need = uring_needs.missing_tracepoints(root)
+    st = (btf or uring_needs.btf_status)()
+    lacking_btf = list(st.get("missing", []))
+    opt = [(n, uring_needs.FEATURE_EFFECT[f]) for f, names in uring_needs.FEATURES.items()
+           for n in names if not tp.available(n, root)]
+    if need or lacking_btf:
+        parts = []
+        if need:
+            parts.append("tracepoints " + ", ".join(need))
+        if lacking_btf:
+            parts.append("BTF " + ", ".join(lacking_btf))
+        return [Check(name, WARN, f"missing {'; '.join(parts)}: io_uring read requests cannot be traced",
+                      "use a kernel with the io_uring tracepoints and BTF (CONFIG_DEBUG_INFO_BTF=y), Linux >= 6.x")]
+    tps = [*uring_needs.REQUIRED, *(n for names in uring_needs.FEATURES.values() for n in names)]
+    have = ", ".join(n.split(":", 1)[1] for n in tps if tp.available(n, root))
+    fields = ", ".join(f"{s}.{m}" for _mac, s, m, _sz in uring_needs.BTF_FIELDS)
+    ops = ", ".join(uring_needs.OPCODES[m] for m in st.get("opcodes", {}))
+    detail = f"tracepoints {have}; BTF {fields}; opcodes {ops}"
+    if opt:
+        lst = "; ".join(f"{n} ({effect})" for n, effect in opt)
+        return [Check(name, WARN, f"{detail}; missing {lst}", "use a kernel with these io_uring tracepoints")]
+    return [Check(name, PASS, detail)]
 
 
 def read_paths(checks: Iterable[Check]) -> list[str]:
@@ -782,19 +816,22 @@ def run_checks(path: str | os.PathLike = ".", *,
                pressure_dir: str | os.PathLike = "/proc/pressure",
                cachestat_call: Callable[[int], dict] | None = None,
                mountinfo: str | os.PathLike = "/proc/self/mountinfo",
-               preadv: Callable[[int, int], int] | None = None) -> Report:
+               preadv: Callable[[int, int], int] | None = None,
+               uring_btf: Callable[[], dict] | None = None) -> Report:
     """Run every check; each keyword replaces one input so tests can inject faults.
 
     ``tracepoints`` maps tracepoint name -> required (default: engramprof.host.tracepoints.ALL,
     required = REQUIRED); ``fault_tracepoints`` maps name -> (required, purpose) for the page-fault
     path (default FAULT_TRACEPOINTS).  ``bpf_probe`` replaces the BPF self-test child process and returns
     the dict :func:`bpf_selftest` returns.  ``cachestat_call(fd)`` and ``preadv(fd, size)``
-    replace the syscalls tried on the doctor's temporary files."""
+    replace the syscalls tried on the doctor's temporary files; ``uring_btf()`` the io_uring row's
+    BTF lookup."""
     priv, (tfs, root), tps, bcc, hdr = _gate_rows(
         euid=euid, proc_status=proc_status, tracefs_candidates=tracefs_candidates, tracepoints=tracepoints,
         bcc_import=bcc_import, release=release, modules_root=modules_root, mountinfo=mountinfo,
         kheaders=kheaders)
     rows = [priv, check_kernel(release), check_btf(btf_path), tfs, *tps, *check_faults(root, fault_tracepoints),
+            *check_uring(root, uring_btf),
             check_kprobes(root, release, kernel_config_paths), bcc, hdr]
 
     blocked = None

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""What does the io_uring probe (probes/uring.bpf.c) add to each io_uring read, next to a bpftrace
+one-liner that histograms the same requests from submit to complete?
+
+The workload is fio (Debian's package): ``--ioengine=io_uring``, random 4 KiB reads of a 64 MiB
+file kept in the page cache (read once first, ``--invalidate=0``), iodepth 1, ``--thread`` (one
+process), a fixed number of requests.  Cached reads complete inline in a few us, so a tracer's
+cost per request shows.  Arms, interleaved round by round in one run (the order shuffled each
+round) so the shared machine's noise hits them alike:
+
+  untraced   no program attached
+  empty      empty BPF programs on the four tracepoints the probe attaches (the floor)
+  engramprof the io_uring probe (engramprof/bpf/uring.py) for fio's pid, its ring drained every
+             50 ms by this process (as a recorder would)
+  bpftrace   a one-liner: submit_req of fio's read opcodes stores nsecs by request pointer,
+             complete takes the difference into a hist() and deletes the entry
+
+fio is forked first and waits on a pipe: each tracer is attached to its pid before it execs fio.
+Per arm: fio's CPU time (user + system of all its threads, from wait4's rusage) per request and
+fio's own mean latency (``lat_ns.mean``) per request, medians over rounds; what each tracer adds
+over untraced, and the ratios engramprof / bpftrace.  Needs root, fio and bpftrace.
+
+Usage: benchmarks/uring_overhead.py [--rounds 5] [--ios 200000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+ARMS = ("untraced", "empty", "engramprof", "bpftrace")
+
+EMPTY = """
+TRACEPOINT_PROBE(io_uring, io_uring_submit_req) { return 0; }
+TRACEPOINT_PROBE(io_uring, io_uring_complete) { return 0; }
+TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work) { return 0; }
+TRACEPOINT_PROBE(io_uring, io_uring_file_get) { return 0; }
+"""
+
+
+def bpftrace_prog(pid: int, ops: list[int]) -> str:
+    op = " || ".join(f"args->opcode == {o}" for o in ops)
+    return (f"tracepoint:io_uring:io_uring_submit_req /pid == {pid} && ({op})/ {{ @s[args->req] = nsecs; }} "
+            "tracepoint:io_uring:io_uring_complete /@s[args->req]/ "
+            "{ @h = hist(nsecs - @s[args->req]); delete(@s[args->req]); }")
+
+
+def fork_fio(argv: list[str]) -> tuple[int, int]:
+    """A child that waits for a byte on a pipe, then execs fio.  Returns (pid, write end)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(w)
+            os.read(r, 1)
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(127)
+    os.close(r)
+    return pid, w
+
+
+def run_arm(arm: str, path: str, ios: int, out: str) -> dict:
+    from bcc import BPF
+
+    from engramprof.bpf import uring
+
+    argv = ["fio", "--name=b", f"--filename={path}", "--ioengine=io_uring", "--rw=randread", "--bs=4k",
+            "--size=64M", "--invalidate=0", "--norandommap", f"--number_ios={ios}", "--iodepth=1", "--thread",
+            "--output-format=json", f"--output={out}"]
+    pid, w = fork_fio(argv)
+    probe = empty = bt = None
+    try:
+        if arm == "engramprof":
+            probe = uring.UringProbe.load(uring.UringProbeConfig(tgid=pid))
+            probe.arm()
+        elif arm == "empty":
+            empty = BPF(text=EMPTY)
+        elif arm == "bpftrace":
+            ops = sorted(uring.btf_status()["opcodes"].values())
+            bt = subprocess.Popen(["bpftrace", "-e", bpftrace_prog(pid, ops)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+            for line in bt.stdout:
+                if line.startswith("Attaching"):
+                    break
+            time.sleep(0.3)  # "Attaching N probes..." is printed before the last one is attached
+        os.write(w, b"x")
+        records = 0
+        while True:
+            done, status, ru = os.wait4(pid, os.WNOHANG)
+            if probe is not None:
+                records += len(probe.drain())
+            if done:
+                break
+            time.sleep(0.05)
+        if probe is not None:
+            records += len(probe.drain())
+        assert os.waitstatus_to_exitcode(status) == 0, f"fio failed in arm {arm}"
+        with open(out) as f:
+            read = json.load(f)["jobs"][0]["read"]
+        n = read["total_ios"]
+        res = {"cpu_ns": (ru.ru_utime + ru.ru_stime) * 1e9 / n, "lat_ns": read["lat_ns"]["mean"], "ios": n}
+        if probe is not None:
+            t = probe.totals()
+            res.update(records=records, lost=t["lost_records"])
+        return res
+    finally:
+        os.close(w)
+        if probe is not None:
+            probe.close()
+        if empty is not None:
+            empty.cleanup()
+        if bt is not None:
+            bt.terminate()
+            bt.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ios", type=int, default=200000)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+        path = os.path.join(d, "cached.bin")
+        with open(path, "wb") as f:
+            f.write(os.urandom(64 << 20))
+        with open(path, "rb") as f:  # into the page cache
+            while f.read(1 << 20):
+                pass
+        out = os.path.join(d, "fio.json")
+        got: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+        for rnd in range(a.rounds):
+            order = list(ARMS)
+            random.shuffle(order)
+            for arm in order:
+                got[arm].append(run_arm(arm, path, a.ios, out))
+            print(f"round {rnd + 1}/{a.rounds}: " + "  ".join(
+                f"{arm} {got[arm][-1]['cpu_ns']:.0f} cpu-ns {got[arm][-1]['lat_ns']:.0f} lat-ns" for arm in ARMS),
+                flush=True)
+    med = {arm: {k: statistics.median(r[k] for r in got[arm]) for k in ("cpu_ns", "lat_ns")} for arm in ARMS}
+    print(f"\nfio io_uring, cached random 4 KiB reads, iodepth 1, {a.ios} requests an arm, {a.rounds} rounds "
+          "(medians):")
+    print(f"{'arm':<12}{'cpu ns/req':>12}{'added':>9}{'lat ns/req':>12}{'added':>9}")
+    for arm in ARMS:
+        c, l = med[arm]["cpu_ns"], med[arm]["lat_ns"]
+        dc, dl = c - med["untraced"]["cpu_ns"], l - med["untraced"]["lat_ns"]
+        print(f"{arm:<12}{c:>12.0f}{dc:>9.0f}{l:>12.0f}{dl:>9.0f}")
+    for key, what in (("cpu_ns", "cpu"), ("lat_ns", "latency")):
+        e = med["engramprof"][key] - med["untraced"][key]
+        b = med["bpftrace"][key] - med["untraced"][key]
+        f = med["empty"][key] - med["untraced"][key]
+        ratio = f"{e / b:.2f}x" if b > 0 else "n/a"
+        print(f"added {what}: engramprof {e:.0f} ns, bpftrace {b:.0f} ns, empty floor {f:.0f} ns; "
+              f"engramprof / bpftrace = {ratio}")
+    lost = sum(r.get("lost", 0) for r in got["engramprof"])
+    recs = [r["records"] == r["ios"] for r in got["engramprof"]]
+    print(f"engramprof: records = fio's requests in {sum(recs)}/{len(recs)} rounds; lost records {lost}")
+
+
+if __name__ == "__main__":
+    main()

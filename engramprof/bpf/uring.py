@@ -1,0 +1,275 @@
+"""Build, feature-probe and load the io_uring probe (probes/uring.bpf.c) with BCC, and decode its
+records into read events.
+
+The scheme of :mod:`engramprof.bpf.faults`: constants written into the program text before it is
+compiled (here also the running kernel's struct member offsets and ``enum io_uring_op`` values,
+from its BTF: BCC compiles against 6.1 headers on this 6.18 kernel, and io_uring's structs are
+private to io_uring/), tracepoints looked up in tracefs first (the optional ones compiled out
+when missing, and named in the plan), the record struct defined once in probes/uring.h, parsed
+by :mod:`engramprof.bpf.structs` and checked against what clang compiled, a ring buffer drained
+in bulk into numpy, and lost records counted in the kernel.
+
+:class:`UringProbe` is the small object a recorder source wraps: ``load`` (compile, fill the
+target maps), ``arm`` (attach), ``drain`` (records since the last drain), ``totals``, ``close``.
+:func:`decode` turns records into a table with the columns of syscall read events
+(engramprof/trace/schema.py's CALL_SCHEMA) plus the io_uring ones (:data:`URING_FIELDS`).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from engramprof.bpf import structs as layout
+from engramprof.bpf import targets
+from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
+from engramprof.bpf.ringbuf import RingBufferReader
+from engramprof.bpf.sched import attach_all, deferred_bpf
+from engramprof.errors import UserError
+from engramprof.host import btf as kbtf
+from engramprof.host import tracepoints as tp
+from engramprof.host.uring import (BTF_FIELDS, FEATURE_EFFECT, FEATURES, OPCODES, REQUIRED,  # noqa: F401
+                                   REQUIRED_FIELDS, btf_status, missing_tracepoints)
+from engramprof.trace.schema import CALL_SCHEMA
+
+PROBE_FILE = "uring.bpf.c"
+HEADER = "uring.h"
+KIND = "io_uring"  # the read events' kind (the trace schema's READ_KINDS gains it with the recorder source)
+
+MAX_IOV = 8
+MAX_REQ_SPAN = 256  # bytes of the request read in one go at submit (the BPF stack is 512)
+
+PATHS = ("inline", "async", "punted")  # URING_PATH_* by code
+
+
+# ------------------------------------------------------------------------------ plan and program
+
+@dataclass
+class UringProbeConfig:
+    tgid: int
+    tid: int = 0
+    ring_pages: int = 1024  # 4 MiB: ~35k requests between drains
+    max_inflight: int = 65536  # requests in flight at once, all target rings together
+    selection: object = None  # engramprof.target.selection.Selection; None: the one process tgid
+
+
+@dataclass
+class UringProbePlan:
+    config: UringProbeConfig
+    features: dict[str, bool]
+    offsets: dict[str, int]
+    opcodes: dict[str, int]
+    missing: list[str] = field(default_factory=list)  # optional tracepoints absent (named)
+
+
+def plan(config: UringProbeConfig, tracefs_root=None, btf_path: str = kbtf.VMLINUX) -> UringProbePlan:
+    root = tracefs_root if tracefs_root is not None else tp.tracefs_root()
+    absent = missing_tracepoints(root)
+    if absent:
+        raise UserError(f"kernel lacks {', '.join(absent)}: io_uring reads cannot be traced "
+                        "(run `engramprof doctor`)", code=1)
+    st = btf_status(btf_path)
+    if st["missing"]:
+        raise UserError(f"io_uring reads cannot be traced on this kernel: its BTF lacks {', '.join(st['missing'])} "
+                        "(run `engramprof doctor`)", code=1)
+    feats, missing = {}, []
+    for feat, names in FEATURES.items():
+        lacking = [n for n in names if not tp.available(n, root)]
+        feats[feat] = not lacking
+        missing += lacking
+    return UringProbePlan(config=config, features=feats, offsets=st["offsets"], opcodes=st["opcodes"],
+                          missing=missing)
+
+
+def _req_span(offsets: dict[str, int]) -> int:
+    """Bytes from the request's start that cover what the probe reads at submit."""
+    sizes = {m: s for m, _st, _p, s in BTF_FIELDS}
+    span = max(offsets[m] + sizes[m] for m in ("U_OFF_RW_POS", "U_OFF_RW_ADDR", "U_OFF_RW_LEN", "U_OFF_RW_FLAGS",
+                                               "U_OFF_REQ_FD"))
+    span = (span + 7) & ~7
+    if span > MAX_REQ_SPAN:
+        raise UserError(f"io_uring: the request's fields span {span} bytes on this kernel (the probe reads at most "
+                        f"{MAX_REQ_SPAN})", code=1)
+    return span
+
+
+def _complete_span(offsets: dict[str, int]) -> int:
+    """Bytes from the request's start that cover req->file, ki_pos and ki_waitq (read at complete)."""
+    span = max(offsets[m] + 8 for m in ("U_OFF_REQ_FILE", "U_OFF_RW_POS", "U_OFF_RW_WAITQ"))
+    if span > MAX_REQ_SPAN:
+        raise UserError(f"io_uring: the request's fields span {span} bytes on this kernel (the probe reads at most "
+                        f"{MAX_REQ_SPAN})", code=1)
+    return (span + 7) & ~7
+
+
+def program_text(p: UringProbePlan) -> str:
+    src = layout.inline_headers((layout.probe_dir() / PROBE_FILE).read_text())  # uring.h, targets.h
+    c = p.config
+    defines = {**targets.defines(c.selection, c.tgid, c.tid), "RING_PAGES": c.ring_pages,
+               "MAX_INFLIGHT": c.max_inflight, "URING_MAX_IOV": MAX_IOV, "REQ_SPAN": _req_span(p.offsets),
+               "CSPAN": _complete_span(p.offsets),
+               "O_DIRECT_BIT": os.O_DIRECT, **{m: -1 for m in OPCODES}, **p.opcodes, **p.offsets,
+               **{k: int(v) for k, v in p.features.items()}}
+    head = "/* generated by engramprof: constants filled in before load */\n"
+    head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
+    return head + src
+
+
+@lru_cache(maxsize=None)
+def header_text() -> str:
+    return (layout.probe_dir() / HEADER).read_text()
+
+
+@lru_cache(maxsize=None)
+def struct_dtype(name: str) -> np.dtype:
+    """A struct of probes/uring.h as a numpy dtype (the one parser, engramprof/bpf/structs.py)."""
+    return layout.parse_struct(header_text(), name, HEADER)
+
+
+@lru_cache(maxsize=None)
+def header_defines(prefix: str) -> dict[str, int]:
+    """``#define PREFIXNAME <int>`` of probes/uring.h, prefix removed (URING_PATH_, URING_)."""
+    return {m.group(1): int(m.group(2))
+            for m in re.finditer(r"#define\s+%s(\w+)\s+(\d+)\b" % re.escape(prefix), header_text())}
+
+
+# ------------------------------------------------------------------------------ the loaded probe
+
+class UringProbe(LoadedBpf):
+    """The compiled io_uring probe: ``UringProbe.load(config)``, then :meth:`arm`, :meth:`drain`
+    (as often as the ring needs), :meth:`totals`, :meth:`close`."""
+
+    totals_map = "uring_totals"
+    max_fields = ("max_ns",)
+
+    def __init__(self, p: UringProbePlan, arm: bool = True):
+        BPF = import_bcc()
+        self.plan = p
+        self.text = program_text(p)
+        self.record_dtype = struct_dtype("uring_record")
+        self.totals_dtype = struct_dtype("uring_totals")
+        self.bpf = compile_program(deferred_bpf(BPF), self.text, "io_uring probe")
+        self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
+        self.armed_ns: int | None = None
+        layout.check_against_compiled(self.record_dtype, self.bpf["uring_record_layout"].Leaf)
+        layout.check_against_compiled(self.totals_dtype, self.bpf["uring_totals_layout"].Leaf)
+        page = os.sysconf("SC_PAGE_SIZE")
+        self.ring = RingBufferReader(self.bpf["uring_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
+        if arm:
+            self.arm()
+
+    @classmethod
+    def load(cls, config: UringProbeConfig, arm: bool = False, tracefs_root=None) -> "UringProbe":
+        """Plan (tracefs, BTF) and compile; attached only with ``arm=True`` or :meth:`arm`."""
+        return cls(plan(config, tracefs_root), arm=arm)
+
+    def arm(self) -> int:
+        """Attach the programs; returns when they were attached (CLOCK_MONOTONIC ns).  A request
+        submitted before that instant is never recorded (it is not in the in-flight map)."""
+        if self.armed_ns is None:
+            try:
+                attach_all(self.bpf)
+            except Exception as exc:
+                raise UserError(f"cannot attach the io_uring probe ({exc}); run `engramprof doctor`", code=1) from None
+            self.armed_ns = time.monotonic_ns()
+        return self.armed_ns
+
+    def drain(self) -> np.ndarray:
+        """Every record written since the last drain (struct uring_record rows), oldest first."""
+        return self.ring.drain()
+
+    def inflight(self) -> int:
+        """Requests submitted and not yet completed, now (the in-flight map's size)."""
+        return sum(1 for _ in self.bpf["uring_inflight"].keys())
+
+
+# ------------------------------------------------------------------------------ decoding
+
+#: the io_uring columns a read event of this kind carries besides CALL_SCHEMA's
+URING_FIELDS = [
+    pa.field("kind", pa.string()),  # "io_uring"
+    pa.field("dev", pa.uint32()),  # the file's identity, taken in the kernel at the read
+    pa.field("ino", pa.uint64()),
+    pa.field("opcode", pa.string()),  # read | readv | read_fixed | readv_fixed
+    pa.field("uring_path", pa.string()),  # inline | async | punted (PATHS)
+    pa.field("io_tid", pa.int32()),  # the thread that issued the read (0: an io-wq worker not seen)
+    pa.field("complete_tid", pa.int32()),  # where the CQE was posted
+    pa.field("punt_ns", pa.int64()),  # submit -> handed to io-wq (null: not punted)
+    pa.field("direct", pa.bool_()),  # O_DIRECT: the page cache was bypassed
+    pa.field("sqpoll", pa.bool_()),  # submitted by the ring's SQPOLL thread
+    pa.field("fixed_file", pa.bool_()),  # fd is a registered file's index
+    pa.field("sqe_flags", pa.int32()),  # IOSQE_*
+    pa.field("user_data", pa.uint64()),
+    pa.field("ring", pa.uint64()),  # the io_ring_ctx pointer: one value per ring
+]
+#: CALL_SCHEMA columns this probe does not measure (yet): null
+_EVIDENCE = ("pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns")
+
+
+@lru_cache(maxsize=None)
+def opcode_names(btf_path: str = kbtf.VMLINUX) -> dict[int, str]:
+    st = btf_status(btf_path)
+    return {v: OPCODES[m][len("IORING_OP_"):].lower() for m, v in st["opcodes"].items()}
+
+
+def decode(recs: np.ndarray, armed_ns: int | None = None) -> pa.Table:
+    """``struct uring_record`` rows -> one read event a row: CALL_SCHEMA's columns (path "" until an
+    enricher names the (dev, ino); ``syscall`` "io_uring"; ``fd`` the sqe's fd or registered index;
+    the in-flight evidence columns null: not measured by this probe) followed by :data:`URING_FIELDS`.
+    Requests submitted before ``armed_ns`` cannot be in ``recs`` (the probe saw their submit)."""
+    del armed_ns  # every record's submit was seen by the armed probe
+    n = len(recs)
+    bits = header_defines("URING_")
+    uf = recs["uflags"].astype(np.int64)
+    names = opcode_names()
+    cols: dict[str, pa.Array] = {}
+    for f in CALL_SCHEMA:
+        name = f.name
+        if name in ("ts_ns", "dur_ns", "pid", "tid", "offset", "size", "ret", "flags", "fd"):
+            cols[name] = pa.array(recs[name].astype(f.type.to_pandas_dtype()), type=f.type)
+        elif name == "path":
+            cols[name] = pa.array([""] * n, type=pa.string())
+        elif name == "syscall":
+            cols[name] = pa.array([KIND] * n, type=pa.string())
+        elif name in _EVIDENCE:
+            cols[name] = pa.nulls(n, type=f.type)
+        elif name == "path_stale":
+            cols[name] = pa.array(np.zeros(n, dtype=bool))
+        elif name == "tensor":
+            cols[name] = pa.array([""] * n, type=pa.string())
+        elif name == "row":
+            cols[name] = pa.array(np.full(n, -1, dtype=np.int64))
+        else:  # a column added to the schema later: null until this decoder learns it
+            cols[name] = pa.nulls(n, type=f.type)
+    punt = recs["punt_ns"].astype(np.int64)
+    extra = {
+        "kind": pa.array([KIND] * n, type=pa.string()),
+        "dev": pa.array(recs["dev"].astype(np.uint32)),
+        "ino": pa.array(recs["ino"].astype(np.uint64)),
+        "opcode": pa.array([names.get(int(o), str(int(o))) for o in recs["opcode"]], type=pa.string()),
+        "uring_path": pa.array(np.asarray(PATHS, dtype=object)[np.minimum(recs["path"], len(PATHS) - 1)],
+                               type=pa.string()),
+        "io_tid": pa.array(recs["io_tid"].astype(np.int32)),
+        "complete_tid": pa.array(recs["complete_tid"].astype(np.int32)),
+        "punt_ns": pa.array(punt, mask=punt == 0, type=pa.int64()),
+        "direct": pa.array((uf & bits["DIRECT"]) != 0),
+        "sqpoll": pa.array((uf & bits["SQPOLL"]) != 0),
+        "fixed_file": pa.array((uf & bits["FIXED_FILE"]) != 0),
+        "sqe_flags": pa.array(recs["sqe_flags"].astype(np.int32)),
+        "user_data": pa.array(recs["user_data"].astype(np.uint64)),
+        "ring": pa.array(recs["ctx"].astype(np.uint64)),
+    }
+    cols.update(extra)
+    schema = pa.schema(list(CALL_SCHEMA) + URING_FIELDS)
+    return pa.table([cols[f.name] for f in schema], schema=schema)
+
+
+def to_frame(recs: np.ndarray) -> pd.DataFrame:
+    """:func:`decode` as a pandas DataFrame."""
+    return decode(recs).to_pandas()

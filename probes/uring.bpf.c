@@ -1,0 +1,293 @@
+/* uring.bpf.c - every read request of a target's io_uring rings (IORING_OP_READ, READV,
+ * READ_FIXED, READV_FIXED; registered files too) as one read event, submit -> complete.
+ *
+ * Tracepoints only (Linux 6.18, io_uring/io_uring.c and io_uring/rw.c):
+ *   io_uring:io_uring_submit_req   (ctx, req, user_data, opcode, flags, sq_thread) fires in
+ *       io_submit_sqe after io_init_req, so the read's prep (io_prep_rw) has filled the request:
+ *       io_rw's kiocb.ki_pos = sqe->off, addr, len, rw_flags; req->cqe.fd = sqe->fd.  req->file is
+ *       still NULL (it is assigned at issue).  The thread is the submitter: the user's thread, or
+ *       the ring's SQPOLL kernel thread (sq_thread), a thread of the ring owner's process.
+ *   io_uring:io_uring_file_get     (req, fd) fires where a plain fd becomes req->file at issue:
+ *       in the thread that issues the read (the submitter inline, or an io-wq worker for a
+ *       request punted before it was ever issued).  Not for registered files.
+ *   io_uring:io_uring_queue_async_work (req, ...) fires when the request is handed to io-wq
+ *       (IOSQE_ASYNC, or an inline attempt that could not proceed without blocking).
+ *   io_uring:io_uring_complete     (req, res, cflags) fires when the CQE is filled: in the
+ *       submitter for inline and task-work completions, in the io-wq worker for a punted request
+ *       of an ordinary ring (rings with lockless_cq post it from the owner's task work).
+ * The request pointer joins them: the in-flight map is keyed by it, filled at submit for the
+ * target's read opcodes only, read and deleted at complete.  No tracepoint carries the file,
+ * offset or length: they are read from the request with member offsets of the running kernel's
+ * BTF (engramprof/bpf/uring.py fills U_OFF_* before load).  At complete, req->file is set (a
+ * plain fd holds its reference until the request is freed, a registered file is the table's):
+ * file -> f_inode -> (i_ino, i_sb -> s_dev), and f_flags (O_DIRECT).
+ *
+ * Path (URING_PATH_*, probes/uring.h): punted when queue_async_work was seen; else async when the
+ * read was queued rather than done by its issue: a buffered read armed on the page's wait queue
+ * (kiocb.ki_waitq, which io_prep_rw sets to NULL, is set by io_rw_should_retry) or an O_DIRECT
+ * read (returns -EIOCBQUEUED; completes from the bio's end through task work); else inline.
+ *
+ * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV,
+ *   OP_READV, OP_READ_FIXED, OP_READ, OP_READV_FIXED (the kernel's enum io_uring_op; -1 = absent),
+ *   U_OFF_* (BTF member offsets), REQ_SPAN / CSPAN (bytes of the request read at submit / complete),
+ *   O_DIRECT_BIT,
+ *   HAVE_QUEUE_ASYNC, HAVE_FILE_GET, and targets.h's.
+ */
+#include "uring.h"
+
+struct uring_state {
+	u64 ts;
+	s64 offset;
+	u64 size;
+	u64 flags;        /* rw_flags (RWF_*) */
+	u64 user_data;
+	u64 ctx;
+	u64 punt_ts;      /* 0: not punted */
+	u32 pid;
+	u32 tid;
+	u32 io_tid;
+	s32 fd;
+	u32 sqe_flags;
+	u16 opcode;
+	u16 uflags;
+};
+
+BPF_HASH(uring_inflight, u64, struct uring_state, MAX_INFLIGHT);
+BPF_RINGBUF_OUTPUT(uring_records, RING_PAGES);
+BPF_PERCPU_ARRAY(uring_totals, struct uring_totals, 1);
+BPF_ARRAY(uring_record_layout, struct uring_record, 1);
+BPF_ARRAY(uring_totals_layout, struct uring_totals, 1);
+
+/* is_target(pid_tgid), is_target_file(dev, ino): probes/targets.h */
+#include "targets.h"
+
+static __always_inline struct uring_totals *totals(void)
+{
+	int zero = 0;
+	return uring_totals.lookup(&zero);
+}
+
+static __always_inline int is_read_op(u32 op)
+{
+	return op == OP_READ || op == OP_READV || op == OP_READ_FIXED || op == OP_READV_FIXED;
+}
+
+static __always_inline int is_vectored(u32 op)
+{
+	return op == OP_READV || op == OP_READV_FIXED;
+}
+
+TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
+{
+	u32 op = args->opcode;
+	if (!is_read_op(op))
+		return 0;
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	u64 req = (u64)args->req;
+	struct uring_state s = {};
+	s.ts = bpf_ktime_get_ns();
+	s.pid = pid_tgid >> 32;
+	s.tid = (u32)pid_tgid;
+	s.io_tid = s.tid;  /* the submitter issues it inline (io_queue_sqe follows this tracepoint) */
+	s.user_data = args->user_data;
+	s.ctx = (u64)args->ctx;
+	s.opcode = op;
+	s.sqe_flags = args->flags & 0xff;
+	if (args->sq_thread)
+		s.uflags |= URING_SQPOLL;
+	if (args->flags & 1)  /* REQ_F_FIXED_FILE == IOSQE_FIXED_FILE */
+		s.uflags |= URING_FIXED_FILE;
+	/* the prepared request: io_rw (req->cmd) and req->cqe.fd, in one read */
+	char span[REQ_SPAN];
+	if (bpf_probe_read_kernel(span, sizeof(span), (void *)req) == 0) {
+		__builtin_memcpy(&s.offset, span + U_OFF_RW_POS, 8);
+		u64 addr = 0;
+		u32 len = 0, rwf = 0;
+		__builtin_memcpy(&addr, span + U_OFF_RW_ADDR, 8);
+		__builtin_memcpy(&len, span + U_OFF_RW_LEN, 4);
+		__builtin_memcpy(&rwf, span + U_OFF_RW_FLAGS, 4);
+		__builtin_memcpy(&s.fd, span + U_OFF_REQ_FD, 4);
+		s.flags = rwf;
+		if (is_vectored(op)) {
+			/* len is the iovec count: sum the first URING_MAX_IOV iov_len (user memory; an
+			 * SQPOLL thread shares the owner's mm) */
+			u64 total = 0;
+#pragma unroll
+			for (int i = 0; i < URING_MAX_IOV; i++) {
+				if (i >= len)
+					break;
+				u64 iov[2] = {};
+				if (bpf_probe_read_user(iov, sizeof(iov), (void *)(addr + 16 * i)))
+					break;
+				total += iov[1];
+			}
+			if (len > URING_MAX_IOV)
+				s.uflags |= URING_IOV_TRUNC;
+			s.size = total;
+		} else {
+			s.size = len;
+		}
+		if (s.offset == -1)
+			s.uflags |= URING_CUR_POS;
+	}
+	struct uring_totals *t = totals();
+	if (t)
+		t->submitted++;
+	struct uring_state *old = uring_inflight.lookup(&req);
+	if (old) {
+		if (t)
+			t->replaced++;
+		*old = s;
+		return 0;
+	}
+	if (uring_inflight.update(&req, &s) && t)
+		t->no_state++;
+	return 0;
+}
+
+#if HAVE_FILE_GET
+/* a plain fd made req->file at issue: this thread issues the read */
+TRACEPOINT_PROBE(io_uring, io_uring_file_get)
+{
+	u64 req = (u64)args->req;
+	struct uring_state *s = uring_inflight.lookup(&req);
+	if (s)
+		s->io_tid = (u32)bpf_get_current_pid_tgid();
+	return 0;
+}
+#endif
+
+#if HAVE_QUEUE_ASYNC
+TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
+{
+	u64 req = (u64)args->req;
+	struct uring_state *s = uring_inflight.lookup(&req);
+	if (s && !s->punt_ts)
+		s->punt_ts = bpf_ktime_get_ns();
+	return 0;
+}
+#endif
+
+#define U_FILE_SPAN_FROM (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_INODE : U_OFF_FILE_FLAGS)
+#define U_FILE_SPAN_TO (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_FLAGS + 4 : U_OFF_FILE_INODE + 8)
+#define U_INODE_SPAN_FROM (U_OFF_INODE_SB < U_OFF_INODE_INO ? U_OFF_INODE_SB : U_OFF_INODE_INO)
+#define U_INODE_SPAN_TO ((U_OFF_INODE_SB < U_OFF_INODE_INO ? U_OFF_INODE_INO : U_OFF_INODE_SB) + 8)
+
+TRACEPOINT_PROBE(io_uring, io_uring_complete)
+{
+	u64 req = (u64)args->req;
+	struct uring_state *p = uring_inflight.lookup(&req);
+	if (!p)
+		return 0;
+	u64 now = bpf_ktime_get_ns();
+	struct uring_state s = *p;
+	uring_inflight.delete(&req);
+	u32 ctid = (u32)bpf_get_current_pid_tgid();
+	s64 res = args->res;
+	/* the file and the kiocb's state now */
+	u64 file = 0, pos = 0, waitq = 0, inode = 0, sb = 0, ino = 0;
+	u32 f_flags = 0, dev = 0;
+	/* req->file, kiocb.ki_pos and kiocb.ki_waitq in one read (the first CSPAN bytes of the
+	 * request), f_inode and f_flags in another: four probe reads in all with the inode's */
+	char rspan[CSPAN];
+	if (bpf_probe_read_kernel(rspan, sizeof(rspan), (void *)req) == 0) {
+		__builtin_memcpy(&file, rspan + U_OFF_REQ_FILE, 8);
+		__builtin_memcpy(&pos, rspan + U_OFF_RW_POS, 8);
+		__builtin_memcpy(&waitq, rspan + U_OFF_RW_WAITQ, 8);
+	}
+	if (file) {
+		char fspan[U_FILE_SPAN_TO - U_FILE_SPAN_FROM];
+		if (bpf_probe_read_kernel(fspan, sizeof(fspan), (void *)(file + U_FILE_SPAN_FROM)) == 0) {
+			__builtin_memcpy(&inode, fspan + (U_OFF_FILE_INODE - U_FILE_SPAN_FROM), 8);
+			__builtin_memcpy(&f_flags, fspan + (U_OFF_FILE_FLAGS - U_FILE_SPAN_FROM), 4);
+		}
+	} else {
+		s.uflags |= URING_NO_FILE;
+	}
+	if (inode) {
+		char span[U_INODE_SPAN_TO - U_INODE_SPAN_FROM];
+		if (bpf_probe_read_kernel(span, sizeof(span), (void *)(inode + U_INODE_SPAN_FROM)) == 0) {
+			__builtin_memcpy(&sb, span + (U_OFF_INODE_SB - U_INODE_SPAN_FROM), 8);
+			__builtin_memcpy(&ino, span + (U_OFF_INODE_INO - U_INODE_SPAN_FROM), 8);
+		}
+		if (sb)
+			bpf_probe_read_kernel(&dev, 4, (void *)(sb + U_OFF_SB_DEV));
+	}
+	struct uring_totals *t = totals();
+	if (!is_target_file(dev, ino)) {  /* --file: targets.h */
+		if (t)
+			t->filtered++;
+		return 0;
+	}
+	u16 path = URING_PATH_INLINE;
+	if (s.punt_ts) {
+		path = URING_PATH_PUNTED;
+		if (s.io_tid == s.tid) {
+			/* no file_get in a worker (a registered file, or assigned by an inline attempt) */
+			if (ctid != s.tid) {
+				s.io_tid = ctid;
+				s.uflags |= URING_IO_TID_COMPLETE;
+			} else {
+				s.io_tid = 0;
+			}
+		}
+	} else if (waitq) {
+		path = URING_PATH_ASYNC;
+		s.uflags |= URING_WAITQ;
+	} else if (f_flags & O_DIRECT_BIT) {
+		path = URING_PATH_ASYNC;
+	}
+	if (f_flags & O_DIRECT_BIT)
+		s.uflags |= URING_DIRECT;
+	if ((s.uflags & URING_CUR_POS) && file) {
+		/* the position it read from: ki_pos has moved past the bytes read */
+		s.offset = (s64)pos - (res > 0 ? res : 0);
+	}
+	u64 dur = now - s.ts;
+	if (t) {
+		t->completed++;
+		if (path == URING_PATH_INLINE)
+			t->inline_n++;
+		else if (path == URING_PATH_ASYNC)
+			t->async_n++;
+		else
+			t->punted++;
+		if (s.uflags & URING_SQPOLL)
+			t->sqpoll++;
+		t->sum_ns += dur;
+		if (dur > t->max_ns)
+			t->max_ns = dur;
+	}
+	struct uring_record *r = uring_records.ringbuf_reserve(sizeof(struct uring_record));
+	if (!r) {
+		if (t)
+			t->lost_records++;
+		return 0;
+	}
+	r->ts_ns = s.ts;
+	r->dur_ns = dur;
+	r->offset = s.offset;
+	r->size = s.size;
+	r->ret = res;
+	r->flags = s.flags;
+	r->ino = ino;
+	r->user_data = s.user_data;
+	r->ctx = s.ctx;
+	r->punt_ns = s.punt_ts ? s.punt_ts - s.ts : 0;
+	r->pid = s.pid;
+	r->tid = s.tid;
+	r->io_tid = s.io_tid;
+	r->complete_tid = ctid;
+	r->dev = dev;
+	r->fd = s.fd;
+	r->sqe_flags = s.sqe_flags;
+	r->opcode = s.opcode;
+	r->path = path;
+	r->uflags = s.uflags;
+	r->__pad0 = 0;
+	r->__pad1 = 0;
+	uring_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+	return 0;
+}
