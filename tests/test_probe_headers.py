@@ -89,7 +89,8 @@ def test_the_one_struct_parser():
 
 #: probe source -> its header of what kernel and user space share (libbpf-tools: X.bpf.c + X.h)
 PROBE_HEADERS = {"syscalls.bpf.c": "syscalls.h", "faults.bpf.c": "faults.h", "sched.bpf.c": "sched.h",
-                 "evictions.bpf.c": "evictions.h", "pagecache.bpf.c": "pagecache.h", "export.bpf.c": "export.h"}
+                 "evictions.bpf.c": "evictions.h", "pagecache.bpf.c": "pagecache.h", "export.bpf.c": "export.h",
+                 "uring.bpf.c": "uring.h"}
 
 
 def test_each_probe_has_its_header_and_records_live_only_there():
