@@ -163,13 +163,14 @@ class Extents:
 def read_extent(dfd: int, arena: memoryview, slot: int, start: int, need: int, length: int,
                 align: int) -> int:
     """Blocking O_DIRECT preadv of one extent until ``need`` bytes are in; returns the calls.
-    A partial read continues from its last aligned byte; zero bytes is end of file."""
+    A partial read continues from its last aligned byte; a read that brings nothing new is end
+    of file."""
     calls = done = 0
     while done < need:
         at = done - done % align
         calls += 1
         n = os.preadv(dfd, [arena[slot + at:slot + length]], start + at)
-        if n <= 0:
+        if n <= 0 or at + n <= done:
             raise ShortReadError(errno.EIO, f"short O_DIRECT read at offset {start}: {done} of {need} bytes")
         done = at + n
     return calls

@@ -634,8 +634,8 @@ class AioReader(_DirectRows, Reader):
             ext, off = plans[p][5], reqs[k][3]
             if res < 0:
                 error = error or OSError(-res, f"AIO read at offset {off}: {os.strerror(-res)}")
-            elif res == 0:
-                error = error or ShortReadError(errno.EIO, f"short AIO read at offset {off}: 0 bytes")
+            elif off - int(ext.start[r]) + res <= done:  # nothing new: end of file
+                error = error or ShortReadError(errno.EIO, f"short AIO read at offset {off}: {res} bytes")
             elif off - int(ext.start[r]) + res < int(ext.need[r]):
                 again.append((p, r, off - int(ext.start[r]) + res))
         if error is not None:
