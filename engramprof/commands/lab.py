@@ -132,6 +132,12 @@ def run_cmd(
 
     layout.load(table_path)  # not a safetensors table: one line, before the pid line
     rank_plans = _rank_plans(workers, table_path, reader, cache, rank_table, rank_reader, rank_cache, rank_join)
+    # a reader that cannot run here (tmpfs for O_DIRECT, io_uring disabled): one line, before the pid line
+    for tbl, rdr in sorted({(str(table_path), reader)} if rank_plans is None else {(p.table, p.reader) for p in rank_plans}):
+        try:
+            readers.check_reader(rdr, tbl)
+        except readers.ReaderUnavailable as exc:
+            raise UserError(str(exc), exc.code) from None
     from engramprof.lab import run as lab_run
 
     result = lab_run.run(table_path, reader, rank_plans, steps=steps, duration=duration, tokens=tokens, heads=heads,

@@ -16,10 +16,28 @@
 - ``mmap-pool``: the same gather split across the 32-thread pool with the pool's chunk rule
   (``max(1, min(16, ceil(total_rows / threads)))`` rows a task, tasks never span jobs).
 
+The other read paths of issue 22 (each job's rows de-duplicated, as the pool does):
+
+- ``uring``: io_uring on the calling thread, one persistent ring (:mod:`.uring`, the
+  ``liburing`` package): one ``IORING_OP_READV`` per row straight into the job's array, all of
+  a step's rows submitted at once and every completion waited for (``io_uring_submit_and_wait``).
+- ``direct``: O_DIRECT ``preadv`` from the pool (the pool's tasks and chunk rule): each row's
+  aligned extent read into a page-aligned arena, the row copied out (:mod:`.direct_io`).
+- ``read``: one thread; per row ("chunk", zarr-style) ``open``, ``lseek``, ``read()`` until
+  the row is in, ``close`` (plus ``posix_fadvise(RANDOM)`` after the open unless --no-random).
+- ``aio``: Linux native AIO on the calling thread (:mod:`.aio`, raw syscalls): one
+  ``IOCB_CMD_PREAD`` per row's aligned extent on an O_DIRECT fd, ``io_submit`` of the whole
+  step and ``io_getevents`` until every one is in (as DiskANN's libaio reader).
+
+``direct`` and ``aio`` bypass the page cache; the table must be on a filesystem with O_DIRECT
+and a device (not tmpfs, ramfs): else one line (:class:`ReaderUnavailable`, exit 2).
+
 Every blocking row read is a full-read loop: a partial read continues, a zero return raises
 :class:`ShortReadError` rather than leaving stale bytes.  ``ReadStats.calls`` counts every
 ``preadv`` call made (CPython's ``os.preadv`` is always the ``preadv2`` syscall on Linux), so
-it can be compared with a kernel-side count.  ``preadv`` is injectable for forced-path tests.
+it can be compared with a kernel-side count (the other paths count their read requests:
+``read()`` calls, io_uring SQEs, AIO iocbs, O_DIRECT ``preadv`` calls).  ``preadv`` is
+injectable for forced-path tests (pool, nowait, serial).
 """
 from __future__ import annotations
 
@@ -34,9 +52,14 @@ from typing import Callable
 
 import numpy as np
 
+from engramprof.lab import aio, direct_io, uring
+from engramprof.lab.rowio import ReaderUnavailable, ShortReadError  # noqa: F401  (their public home)
+
 SYSCALL_READERS = ("pool", "nowait", "serial")  # rows read with preadv2
 MMAP_READERS = ("mmap", "mmap-pool")  # rows gathered through a mapping (page faults)
-READERS = SYSCALL_READERS + MMAP_READERS
+PATH_READERS = ("uring", "direct", "read", "aio")  # io_uring, O_DIRECT preadv, read(), libaio
+DIRECT_READERS = ("direct", "aio")  # O_DIRECT: the page cache is bypassed
+READERS = SYSCALL_READERS + MMAP_READERS + PATH_READERS
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 UNSUPPORTED_ERRNOS = frozenset(
@@ -45,10 +68,6 @@ UNSUPPORTED_ERRNOS = frozenset(
 MAX_TASK_ROWS = 16
 
 Preadv = Callable[..., int]
-
-
-class ShortReadError(OSError):
-    """A row read hit end-of-file (zero return) before the row was complete."""
 
 
 @dataclass
@@ -482,10 +501,260 @@ class MmapPoolReader(MmapReader):
             _release_pool(self.threads)
 
 
+def _wait_all(futures) -> int:
+    """Sum of the futures' results, after every one has finished (they write into the jobs'
+    arrays); the first failure is raised then."""
+    total, error = 0, None
+    for fut in futures:
+        try:
+            total += fut.result()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            error = error or exc
+    if error is not None:
+        raise error
+    return total
+
+
+class _DirectRows:
+    """The O_DIRECT side of the ``direct`` and ``aio`` readers: one O_DIRECT fd per table fd,
+    each row's aligned extent (:class:`direct_io.Extents`) in one arena for the step."""
+
+    def _init_direct(self) -> None:
+        self._direct = direct_io.DirectFiles(self.name)
+        self._arena = direct_io.Arena()
+
+    def prepare(self, fd: int, populate: bool = False) -> None:
+        self._direct.get(fd)  # a filesystem without O_DIRECT is refused before the first step
+
+    def _plan(self, jobs: list[Job]) -> tuple[list[tuple], memoryview]:
+        """Per job (job, O_DIRECT fd, alignment, first index of each unique row, inverse,
+        extents); and the arena, big enough for every extent of the step."""
+        plans, base = [], 0
+        for job in jobs:
+            uniq, first, inv = unique_rows(job)
+            dfd, align = self._direct.get(job.fd)
+            ext = direct_io.Extents(uniq, job.row_bytes, align, base)
+            base += -(-ext.total // mmap.PAGESIZE) * mmap.PAGESIZE  # the next job's slots page-aligned
+            plans.append((job, dfd, align, first, inv, ext))
+        return plans, self._arena.ensure(base)
+
+    @staticmethod
+    def _copy_out(arena: memoryview, job: Job, first: np.ndarray, ext, lo: int, hi: int) -> None:
+        if hi <= lo:
+            return
+        rb, buf = job.row_bytes, np.frombuffer(arena, dtype=np.uint8)
+        rows = np.lib.stride_tricks.as_strided(buf, shape=(len(buf) - rb + 1, rb), strides=(1, 1), writeable=False)
+        job.out[first[lo:hi]] = rows[ext.slot[lo:hi] + ext.skip[lo:hi]]  # a row starts at every byte
+
+    def _close_direct(self) -> None:
+        self._direct.close()
+        self._arena.close()
+
+
+def _direct_task(arena: memoryview, dfd: int, align: int, job: Job, first: np.ndarray, ext, lo: int,
+                 hi: int) -> int:
+    """One pool task of the direct reader: extents [lo, hi) read, their rows copied out."""
+    calls = 0
+    for r in range(lo, hi):
+        calls += direct_io.read_extent(dfd, arena, int(ext.slot[r]), int(ext.start[r]), int(ext.need[r]),
+                                       int(ext.length[r]), align)
+    _DirectRows._copy_out(arena, job, first, ext, lo, hi)
+    return calls
+
+
+class DirectReader(_DirectRows, PoolReader):
+    """O_DIRECT ``preadv`` of each row's aligned extent from the pool (see the module doc)."""
+
+    name = "direct"
+
+    def __init__(self, threads: int = 32, preadv: Preadv | None = None):
+        super().__init__(threads, preadv)
+        self._init_direct()
+
+    def read_batch(self, jobs: list[Job]) -> ReadStats:
+        if self._pool is None:
+            raise ValueError(f"{self.name} reader is closed")
+        plans, arena = self._plan(jobs)
+        total = sum(len(p[3]) for p in plans)
+        stats = ReadStats()
+        if not total:
+            return stats
+        size = max(1, min(MAX_TASK_ROWS, math.ceil(total / self.threads)))
+        stats.calls = _wait_all([
+            self._pool.submit(_direct_task, arena, dfd, align, job, first, ext, lo, min(lo + size, len(first)))
+            for job, dfd, align, first, _, ext in plans for lo in range(0, len(first), size)])
+        for job, _, _, first, inv, _ in plans:
+            _fill_duplicates(job, first, inv)
+        return stats
+
+    def close(self) -> None:
+        super().close()
+        self._close_direct()
+
+
+class AioReader(_DirectRows, Reader):
+    """Linux AIO PREADs of each row's aligned extent on an O_DIRECT fd, the whole step
+    submitted and reaped on the calling thread (see the module doc)."""
+
+    name = "aio"
+
+    def __init__(self, threads: int = 32, preadv: Preadv | None = None):
+        super().__init__(threads, preadv)
+        self._ctx = aio.AioContext()
+        self._init_direct()
+
+    def read_batch(self, jobs: list[Job]) -> ReadStats:
+        plans, arena = self._plan(jobs)
+        addr = self._arena.address()
+        # (plan index, row, bytes done): a short completion is submitted again for the rest
+        pending = [(p, r, 0) for p, plan in enumerate(plans) for r in range(len(plan[3]))]
+        stats = ReadStats()
+        while pending:
+            again = []
+            for k in range(0, len(pending), self._ctx.events):
+                part = pending[k:k + self._ctx.events]
+                reqs = []
+                for p, r, done in part:
+                    _, dfd, align, _, _, ext = plans[p]
+                    at = done - done % align
+                    reqs.append((dfd, addr + int(ext.slot[r]) + at, int(ext.length[r]) - at, int(ext.start[r]) + at))
+                stats.calls += len(reqs)
+                again += self._reaped(plans, part, reqs, self._ctx.read_round(reqs))
+            pending = again
+        for job, _, _, first, inv, ext in plans:
+            self._copy_out(arena, job, first, ext, 0, len(first))
+            _fill_duplicates(job, first, inv)
+        return stats
+
+    @staticmethod
+    def _reaped(plans, part, reqs, results) -> list[tuple[int, int, int]]:
+        again, error = [], None
+        for k, res in results:
+            p, r, done = part[k]
+            ext, off = plans[p][5], reqs[k][3]
+            if res < 0:
+                error = error or OSError(-res, f"AIO read at offset {off}: {os.strerror(-res)}")
+            elif off - int(ext.start[r]) + res <= done:  # nothing new: end of file
+                error = error or ShortReadError(errno.EIO, f"short AIO read at offset {off}: {res} bytes")
+            elif off - int(ext.start[r]) + res < int(ext.need[r]):
+                again.append((p, r, off - int(ext.start[r]) + res))
+        if error is not None:
+            raise error
+        return again
+
+    def close(self) -> None:
+        self._ctx.close()
+        self._close_direct()
+
+
+class UringReader(Reader):
+    """io_uring READV of every row of the step in one submit, on one persistent ring."""
+
+    name = "uring"
+
+    def __init__(self, threads: int = 32, preadv: Preadv | None = None):
+        super().__init__(threads, preadv)
+        self._ring = uring.Ring()
+
+    def read_batch(self, jobs: list[Job]) -> ReadStats:
+        prepared, reqs = [], []
+        for job in jobs:
+            uniq, first, inv = unique_rows(job)
+            flat, rb = memoryview(job.out).cast("B"), job.row_bytes
+            reqs += [(job.fd, flat[i * rb:(i + 1) * rb], off) for i, off in zip(first.tolist(), uniq.tolist())]
+            prepared.append((job, first, inv))
+        stats = ReadStats(calls=self._ring.read_all(reqs))
+        for job, first, inv in prepared:
+            _fill_duplicates(job, first, inv)
+        return stats
+
+    def close(self) -> None:
+        self._ring.close()
+
+
+def _open_read_close(path: str, view: memoryview, off: int, random: bool) -> int:
+    """One chunk, zarr-style: open, (fadvise RANDOM), lseek, read() until whole, close;
+    returns the read() calls."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if random:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.lseek(fd, off, os.SEEK_SET)
+        calls = done = 0
+        while done < len(view):
+            chunk = os.read(fd, len(view) - done)
+            calls += 1
+            if not chunk:
+                raise ShortReadError(errno.EIO, f"short read at offset {off}: {done} of {len(view)} bytes ({path})")
+            view[done:done + len(chunk)] = chunk
+            done += len(chunk)
+        return calls
+    finally:
+        os.close(fd)
+
+
+class ReadReader(Reader):
+    """open / lseek / read() / close per row on the calling thread (see the module doc)."""
+
+    name = "read"
+
+    def __init__(self, threads: int = 32, preadv: Preadv | None = None):
+        super().__init__(threads, preadv)
+        self._paths: dict[int, tuple[tuple[int, int], str]] = {}  # fd -> ((dev, ino), path)
+
+    def prepare(self, fd: int, populate: bool = False) -> None:
+        self._path(fd)
+
+    def _path(self, fd: int) -> str:
+        """The path that opens the file ``fd`` is open on (checked by identity)."""
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        have = self._paths.get(fd)
+        if have is not None and have[0] == ident:
+            return have[1]
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        try:
+            again = os.stat(path)
+        except OSError:
+            again = None
+        if again is None or (again.st_dev, again.st_ino) != ident:
+            raise ReaderUnavailable(f"the read reader opens the table by name for every chunk, and {path} "
+                                    f"no longer names the open table (renamed or deleted)")
+        self._paths[fd] = (ident, path)
+        return path
+
+    def read_batch(self, jobs: list[Job]) -> ReadStats:
+        stats = ReadStats()
+        for job in jobs:
+            uniq, first, inv = unique_rows(job)
+            path, rb = self._path(job.fd), job.row_bytes
+            flat = memoryview(job.out).cast("B")
+            for i, off in zip(first.tolist(), uniq.tolist()):
+                stats.calls += _open_read_close(path, flat[i * rb:(i + 1) * rb], off, self.random)
+            _fill_duplicates(job, first, inv)
+        return stats
+
+
 def make_reader(name: str, threads: int = 32, *, preadv: Preadv | None = None) -> Reader:
-    """A reader by name (``pool``, ``nowait``, ``serial``, ``mmap`` or ``mmap-pool``)."""
+    """A reader by name (one of :data:`READERS`).  A reader that cannot run on this host
+    (io_uring disabled, the liburing package missing) raises :class:`ReaderUnavailable`."""
     cls = {"pool": PoolReader, "nowait": NowaitReader, "serial": SerialReader,
-           "mmap": MmapReader, "mmap-pool": MmapPoolReader}.get(name)
+           "mmap": MmapReader, "mmap-pool": MmapPoolReader, "uring": UringReader,
+           "direct": DirectReader, "read": ReadReader, "aio": AioReader}.get(name)
     if cls is None:
         raise ValueError(f"unknown reader {name!r}; choose one of {', '.join(READERS)}")
     return cls(threads, preadv)
+
+
+def check_reader(name: str, path: str | os.PathLike) -> None:
+    """Raise :class:`ReaderUnavailable` (one line) if reader ``name`` cannot read the table at
+    ``path`` here: sets the reader up (an io_uring, an AIO context) and opens the table as it
+    would (O_DIRECT), reads nothing."""
+    fd = open_table(path)
+    try:
+        with make_reader(name, threads=1) as rdr:
+            if name not in MMAP_READERS:  # a mapping of the table is not a check
+                rdr.prepare(fd)
+    finally:
+        os.close(fd)
+

@@ -212,8 +212,8 @@ def run_workload(
     stop = stop or threading.Event()
     try:
         rdr = readers.make_reader(reader, threads, preadv=preadv)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    except ValueError as exc:  # also ReaderUnavailable: io_uring disabled, no liburing
+        raise UserError(str(exc), getattr(exc, "code", 2)) from None
     writer = MarkerWriter(markers, flush_s=marker_flush_s) if markers is not None else None
     if prefetch not in (None, "willneed") or prefetch_lead < 0:
         raise UserError(f"prefetch must be 'willneed' with a lead >= 0, not {prefetch!r} / {prefetch_lead}")
@@ -224,8 +224,12 @@ def run_workload(
             warm(path)
         elif cache == "cold":
             evict(path)
-        # the mmap readers map the table here, not inside a step (warm: every page mapped too)
-        rdr.prepare(fd, populate=cache == "warm")
+        # the mmap readers map the table here, not inside a step (warm: every page mapped too);
+        # the O_DIRECT readers open their O_DIRECT fd (a filesystem without O_DIRECT: one line)
+        try:
+            rdr.prepare(fd, populate=cache == "warm")
+        except readers.ReaderUnavailable as exc:
+            raise UserError(str(exc), exc.code) from None
         if on_ready:
             on_ready()
         if start_delay:  # ends early when start_event (or stop) is set

@@ -44,6 +44,14 @@ def table_made(out: Console, lay, rows: int, dim: int, layers: str, secs: float)
     out.print(t)
 
 
+#: what ``calls`` counts for the readers that do not read with preadv2 (engramprof.lab.readers)
+CALLS_LABEL = {"uring": "io_uring SQEs", "aio": "AIO iocbs", "read": "read() calls", "direct": "O_DIRECT preadv2"}
+
+
+def calls_label(reader: str | None) -> str:
+    return CALLS_LABEL.get(reader or "", "preadv2 calls")
+
+
 def run_summary(con: Console, result: dict) -> None:
     """`lab run`'s summary: one row, or one row per rank."""
     if "ranks" in result:
@@ -51,7 +59,7 @@ def run_summary(con: Console, result: dict) -> None:
         return
     bm = result["batch_ms"]
     # "rows read": each job's rows de-duplicated, summed; "distinct rows": over the whole run
-    cols = [Col("steps"), Col("rows"), Col("rows read", drop=2), Col("distinct rows"), Col("preadv2 calls"),
+    cols = [Col("steps"), Col("rows"), Col("rows read", drop=2), Col("distinct rows"), Col(calls_label(result["reader"])),
             Col("EAGAIN", drop_if_zero=True, drop=3), Col("fallback rows", drop_if_zero=True, drop=1),
             Col("batch p50 ms"), Col("p99 ms")]
     row = [f"{result[k]:,}" for k in ("steps", "rows", "unique_rows", "distinct_rows", "calls", "eagain",
@@ -84,7 +92,7 @@ def _fmt_evidence(ev: dict) -> str:
 def scenario_summary(out: Console, name: str, pid: int | None, markers: str | None, summary: dict, evidence: dict,
                      faulty_rank: int | None) -> None:
     """`lab scenario`'s end: the reader's run, each rank's, the fault's evidence, the markers."""
-    t = Table("steps", "rows", "preadv2 calls", "EAGAIN", "batch p50 ms", "p99 ms", "max ms",
+    t = Table("steps", "rows", calls_label(summary["reader"]), "EAGAIN", "batch p50 ms", "p99 ms", "max ms",
               title=f"lab scenario {name}: reader {summary['reader']}, pid {pid}")
     bm = summary["batch_ms"]
     t.add_row(str(summary["steps"]), str(summary["rows"]), str(summary["calls"]), str(summary["eagain"]),
