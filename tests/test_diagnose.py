@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -68,6 +69,11 @@ def test_each_scenario_diagnosed(name):
     # (at load 10 it took over 30 s, and the reader had ended before the window began)
     with Scenario(name, duration=180, **opts) as sc:
         d = _diagnose(sc)
+        if name == "healthy":  # the terminal report too (the command hands the result to its reporter)
+            r = subprocess.run(engramprof("diagnose", "--pid", sc.pid, "--duration", 2, "--markers", sc.markers_path),
+                               capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+            assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+            assert r.stdout.startswith("verdict: ") and "fix to try:" in r.stdout, r.stdout
         sc.stop()
     assert time.monotonic() - t0 < 60
     assert d["verdict"] == name, (d["verdict"], d["batch_tail"]["share"], d["evidence"])

@@ -642,6 +642,8 @@ def test_example_is_generated(ex):
     wide = [l for l in text.splitlines() if len(l.rstrip()) > 80 and any(c in l for c in _BOX)]
     assert not wide, f"{ex.name}: lines wider than 80 columns: {wide[:3]}"
     assert "COLUMNS" not in "".join(o for _, o in blocks), f"{ex.name}: output claims about COLUMNS"
+    broken = [l for l in text.splitlines() if "internal error" in l or l.startswith(("Traceback", "# exit 70"))]
+    assert not broken, f"{ex.name}: a command crashed when the example was made: {broken[:2]}"
 
 
 def _source_text() -> str:

@@ -84,4 +84,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(diagnose.jsonable(result), indent=2, default=str))
         else:
-            diagnose.render(Console(), result)
+            from engramprof.report.diagnose import render
+
+            render(Console(), result)
