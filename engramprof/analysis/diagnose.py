@@ -96,7 +96,8 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     slow = calls[is_slow(calls["dur_ns"].to_numpy(), bt["slow_ms"])] if not calls.empty else calls
     cm = bt.get("call_ms") or {}
     # what a read event is on this read path: a call, a page fault, or either
-    one, many = {"faults": ("page fault", "page faults"), "both": ("read", "reads")}.get(read_path_of(bt),
+    one, many = {"faults": ("page fault", "page faults"), "both": ("read", "reads"),
+                 "io_uring": ("io_uring read", "io_uring reads")}.get(read_path_of(bt),
                                                                                         ("call", "calls"))
     steps.append({
         "step": f"slow {many}",
@@ -177,11 +178,14 @@ END_REASONS = {
 
 
 def read_path_of(bt: dict) -> str:
-    """The read path the trace saw: ``syscalls``, ``faults`` (a memory-mapped reader), ``both``, ``none``."""
+    """The read path the trace saw: ``syscalls``, ``faults`` (a memory-mapped reader),
+    ``io_uring`` (read requests of an io_uring), ``both`` (more than one of them), ``none``."""
     ev = bt.get("read_events") or {}
-    sys_, flt = int(ev.get("syscall", 0)), int(ev.get("fault", 0))
-    if sys_ and flt:
+    sys_, flt, ur = int(ev.get("syscall", 0)), int(ev.get("fault", 0)), int(ev.get("io_uring", 0))
+    if (sys_ > 0) + (flt > 0) + (ur > 0) > 1:
         return "both"
+    if ur:
+        return "io_uring"
     if flt or (not sys_ and (bt.get("batches_without_read_events") or {}).get("batches")):
         return "faults"
     return "syscalls" if sys_ else "none"
@@ -234,7 +238,8 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     code = code_faults(bundle.calls)  # faults on the process's own code are not table reads
     no_reads = bundle.calls.empty or (code is not None and bool(code.all()))
     if no_reads and not (faults_traced and markers_df is not None):
-        what = "preadv2/preadv/pread64 calls" + (" and no page faults on mapped data files" if faults_traced else "")
+        what = ("preadv2/preadv/pread64 calls" + (", no io_uring read requests" if bundle.meta.get("uring_probe") else "")
+                + (" and no page faults on mapped data files" if faults_traced else ""))
         more = (" (a memory-mapped reader whose rows are all resident makes neither: pass --markers to "
                 "analyse its batches)" if faults_traced else " (is it the reader process? is it serving?)")
         raise UserError(f"pid {trace_summary.get('pid')} made no {what} in {duration:g} s: nothing to diagnose{more}",

@@ -179,6 +179,8 @@ class UringSource(Source):
         known = {(d, i): (p, False) for d, i, p in s.files}
         paths, tensors = rec.paths, rec.tensors
         self.files = PerPid(lambda p: FilePathEnricher(p, paths, known))
+        for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
+            self.files.of(pid)
         self.enrichers = [self.files, TensorEnricher(paths, tensors)]
         self.tables = EventTableBuilder(pa.array([KIND], type=pa.string()), paths, tensors,
                                         missing=list(EVIDENCE_COLUMNS))
