@@ -108,11 +108,16 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     # an evidence column the kernel could not measure is written all-null: not "0 misses"
     have_miss = "pages_added" not in (bt.get("missing_evidence") or []) and "pages_added" in calls.columns
     if have_miss and len(calls):
-        miss_any = float((calls["pages_added"] > 0).mean())
-        miss_slow = float((slow["pages_added"] > 0).mean()) if len(slow) else None
+        missed, io_wait = _missed(calls), _uring_waited(calls)
+        miss_any = float(missed.mean())
+        miss_slow = float(missed[slow.index].mean()) if len(slow) else None
         blocked = (calls["offcpu_ns"] - calls["runq_ns"]) > 0 if "offcpu_ns" in calls.columns else None
-        wait_slow = float(((slow["offcpu_ns"] - slow["runq_ns"]) > 0).mean()) if (len(slow) and blocked is not None) else None
+        waited = ((slow["offcpu_ns"] - slow["runq_ns"]) > 0).to_numpy() | io_wait[slow.index].to_numpy() if len(slow) else None
+        wait_slow = float(waited.mean()) if (len(slow) and blocked is not None) else None
         finding = f"{pct(miss_any)} of {many} brought pages into the page cache (misses)"
+        if io_wait.any():
+            finding = (f"{pct(miss_any)} of {many} missed (brought pages into the page cache, or io_uring requests "
+                       "served async / punted / O_DIRECT: they waited for the device)")
         if miss_slow is not None:
             finding += f"; of the slow {many} {pct(miss_slow)} missed and {pct(wait_slow)} waited off-CPU"
         if hot and hot.get("rows"):
@@ -141,10 +146,12 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
                   "value": {"refaults": refaults, "cgroup_refaults": cg_ref, "psi_memory_some_pct": psi.get("some_pct"),
                             "reclaim_in_calls_ms": rec_ms}})
     normal = bt.get("normal_miss_us")
-    miss = calls[calls["pages_added"] > 0] if have_miss else calls.iloc[0:0]
+    miss = calls[_missed(calls)] if have_miss else calls.iloc[0:0]
     miss_wait = None
     if len(miss) and "offcpu_ns" in calls.columns:
-        miss_wait = float(((miss["offcpu_ns"] - miss["runq_ns"]).median()) / 1e3)
+        # an io_uring request that waited: its whole submit -> complete (its evidence is null)
+        waits = (miss["offcpu_ns"] - miss["runq_ns"]).where(~_uring_waited(miss), miss["dur_ns"])
+        miss_wait = float(waits.median() / 1e3)
     dev = (f"device service (bio queue->complete) p50 >= {device['p50_us_lower']:.0f} us over {device['bios']:,} bios"
            if device else "no bios of the target were matched (all hits, or I/O submitted by another thread, e.g. a throttle)")
     dev += (f"; a missing read waited p50 {miss_wait:,.0f} us off-CPU" if miss_wait is not None else "")
@@ -175,6 +182,22 @@ END_REASONS = {
     "signal": "interrupted after {got:.1f} s of the {asked:g} s asked",
     "disk-full": "the disk filled after {got:.1f} s of the {asked:g} s asked",
 }
+
+
+def _uring_waited(calls: pd.DataFrame) -> pd.Series:
+    """Per row (indexed like ``calls``): an io_uring request that waited for the device (served
+    async or punted, or O_DIRECT): a miss although its evidence columns are null."""
+    out = pd.Series(False, index=calls.index)
+    if "uring_path" in calls.columns:
+        out |= calls["uring_path"].astype(object).isin(["async", "punted"])
+        if "direct" in calls.columns:
+            out |= calls["uring_path"].notna() & (calls["direct"].astype(object) == True)  # noqa: E712
+    return out
+
+
+def _missed(calls: pd.DataFrame) -> pd.Series:
+    """Per row: the read event missed (inserted pages, or an io_uring request that waited)."""
+    return (calls["pages_added"].fillna(0) > 0) | _uring_waited(calls)
 
 
 def read_path_of(bt: dict) -> str:
