@@ -820,3 +820,42 @@ def test_report_shows_each_process_and_the_slowest_at_80_columns():
     buf = StringIO()
     report.render(analyse(calls1, m1), Console(file=buf, width=80, color_system=None))
     assert "Processes (" not in buf.getvalue()
+
+
+# --------------------------------------------------------------------- io_uring requests --
+
+def _uring_calls(markers, path: str, per_batch=16, dur_ns=2_000_000, tid=500):
+    """``per_batch`` requests submitted together at each marker's start, completing over
+    ``dur_ns`` (the thread sleeps in io_uring_enter meanwhile); evidence null (not measured)."""
+    rows = []
+    for k in range(len(markers)):
+        t = int(markers["start_ns"].iloc[k]) + 20_000
+        for j in range(per_batch):
+            rows.append((t + j * 1_000, dur_ns - j * 1_000, tid) + (np.nan,) * len(EV))
+    df = hand_calls(rows)
+    df["kind"] = "io_uring"
+    df["uring_path"] = path
+    df["direct"] = False
+    return df
+
+
+@pytest.mark.parametrize("path,verdict", [("async", "residency"), ("punted", "residency"), ("inline", "healthy")])
+def test_io_uring_wait_is_a_miss_never_scheduling(path, verdict):
+    """An io_uring request that waited (async / punted) is a miss wait for its whole interval,
+    although its evidence columns are null; an inline one is on-CPU (the page cache had it)."""
+    markers = _mmap_markers(n=30, step_ms=2.1, gap_ms=5.0)
+    calls = _uring_calls(markers, path)
+    b, s = analyse(calls, markers, meta=_window(markers))
+    assert s["read_events"] == {"io_uring": len(calls)}
+    assert s["verdict"] == verdict, s["share"]
+    assert s["share"]["python-scheduling"] < 0.05 and s["share"]["unexplained"] < 0.05, s["share"]
+    assert not any("evidence values missing" in n for n in s["notes"]), s["notes"]
+    assert not any("not a plausible cached copy" in n for n in s["notes"]), s["notes"]
+
+
+def test_o_direct_io_uring_request_is_a_miss_even_inline():
+    markers = _mmap_markers(n=30, step_ms=2.1, gap_ms=5.0)
+    calls = _uring_calls(markers, "inline")
+    calls["direct"] = True
+    _, s = analyse(calls, markers, meta=_window(markers))
+    assert s["verdict"] == "residency", s["share"]

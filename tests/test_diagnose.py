@@ -202,6 +202,8 @@ def test_read_path_and_the_fix_that_fits_it():
     assert read_path_of({"read_events": {"syscall": 10}}) == "syscalls"
     assert read_path_of({"read_events": {"fault": 3}}) == "faults"
     assert read_path_of({"read_events": {"syscall": 1, "fault": 3}}) == "both"
+    assert read_path_of({"read_events": {"io_uring": 5}}) == "io_uring"
+    assert read_path_of({"read_events": {"io_uring": 5, "syscall": 2}}) == "both"
     assert read_path_of({"read_events": {}, "batches_without_read_events": {"batches": 5}}) == "faults"
     assert "RWF_NOWAIT" in advice("python-scheduling", "syscalls")["fix"]
     assert "calling thread" in advice("python-scheduling", "faults")["fix"]

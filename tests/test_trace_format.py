@@ -52,7 +52,7 @@ def test_written_bundle_has_kind_and_version(tmp_path):
     w.append_calls(_calls())
     w.close()
     meta = json.loads((tmp_path / "t" / "meta.json").read_text())
-    assert meta["format_version"] == trace.FORMAT_VERSION == 3
+    assert meta["format_version"] == trace.FORMAT_VERSION == 4
     part = pq.read_table(next((tmp_path / "t" / "calls").glob("part-*.parquet")))
     assert part.schema.names == trace.EVENT_SCHEMA.names
     calls = trace.load(tmp_path / "t")
@@ -133,6 +133,33 @@ def test_fault_columns_round_trip_and_default_for_syscalls(tmp_path):
     sysc = calls[calls["kind"] == "syscall"]
     assert sysc["major"].tolist() == [False, False] and sysc["mapped_pages"].tolist() == [0, 0]
     assert sysc["address"].isna().all()
+
+
+def test_format_3_bundle_loads_with_uring_columns_null(tmp_path):
+    """Format 4 adds uring_path / io_tid / direct; an older bundle (and a kind without them) reads them null."""
+    _format_2_bundle(tmp_path / "v2")
+    calls = trace.load(tmp_path / "v2")
+    assert calls["uring_path"].isna().all() and calls["io_tid"].isna().all() and calls["direct"].isna().all()
+    part = trace.load_bundle(tmp_path / "v2", columns=trace.EVENT_READ_COLUMNS, compact=True).calls
+    assert part["uring_path"].isna().all() and part["direct"].isna().all()
+
+
+def test_uring_columns_round_trip_and_null_for_other_kinds(tmp_path):
+    df = _calls(3)
+    df["kind"] = ["io_uring"] * 3
+    df["uring_path"] = ["inline", "async", "punted"]
+    df["io_tid"] = np.array([7, 7, 9], dtype=np.int32)
+    df["direct"] = [False, False, True]
+    w = trace.TraceWriter(tmp_path / "t")
+    w.append_calls(df)
+    w.append_calls(_calls(2))
+    w.close()
+    calls = trace.load(tmp_path / "t")
+    ur = calls[calls["kind"] == "io_uring"]
+    assert ur["uring_path"].tolist() == ["inline", "async", "punted"] and ur["io_tid"].tolist() == [7, 7, 9]
+    assert ur["direct"].tolist() == [False, False, True]
+    sysc = calls[calls["kind"] == "syscall"]
+    assert sysc["uring_path"].isna().all() and sysc["io_tid"].isna().all() and sysc["direct"].isna().all()
 
 
 def test_fault_record_struct_is_parsed():

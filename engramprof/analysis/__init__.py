@@ -29,7 +29,7 @@ from engramprof.analysis import batches as _batches
 from engramprof.analysis import calibrate, misses
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
-from engramprof.analysis.events import ReadEvents, prepare_read_events
+from engramprof.analysis.events import ReadEvents, code_faults, prepare_read_events
 from engramprof.analysis.holes import exclude_blind_batches, read_holes
 from engramprof.analysis.processes import analyse_each, process_ids, process_row
 from engramprof.analysis.summary import (
@@ -129,9 +129,13 @@ def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
 
 
 def read_event_counts(calls: pd.DataFrame) -> dict:
-    """Read events per kind (syscall, fault)."""
+    """Read events per kind (syscall, fault, io_uring); page faults on the process's own code
+    (left out of the analysis: not table reads) are not counted."""
     if "kind" not in calls.columns:
         return {"syscall": int(len(calls))}
+    code = code_faults(calls)
+    if code is not None and code.any():
+        calls = calls[~code]
     kind = calls["kind"]
     if isinstance(kind.dtype, pd.CategoricalDtype) and len(kind.cat.categories) <= 16:
         # a few kinds: one pass over the small codes per kind (value_counts' order: most first)

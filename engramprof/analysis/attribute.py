@@ -347,7 +347,10 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         with_bios = ev.bio_count > 0
         acc.per_bio.append(np.clip(ev.bio_ns[with_bios], 0, None) / ev.bio_count[with_bios])
     if events.cols.has("offcpu_ns"):
-        acc.totals.slow_copy += int((comp.copy > SLOW_COPY_NS).sum())
+        long_copy = comp.copy > SLOW_COPY_NS
+        if ev.uring is not None:  # an io_uring request's on-CPU time is its whole submission's
+            long_copy &= ~ev.uring
+        acc.totals.slow_copy += int(long_copy.sum())
     _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults)
     _per_batch_figures(acc, ch, events, inp, d, ev)
 

@@ -121,8 +121,17 @@ class Evidence:
     runq_ns: np.ndarray | None
     nulls: dict
 
+    #: per event, an io_uring request that waited for I/O (served async or punted to io-wq, or
+    #: O_DIRECT): its submit -> complete time is an I/O wait of the submitting thread (a miss),
+    #: never on-CPU work nor scheduling; None: no io_uring request in the chunk
+    io_wait: np.ndarray | None = None
+    #: per event, an io_uring request (None: none in the chunk); its copy time includes the
+    #: submission of the requests submitted with it (the CQEs are posted after the batch)
+    uring: np.ndarray | None = None
+
     @classmethod
     def read(cls, cols, chunk) -> "Evidence":
+        uring, io_wait = _uring_requests(cols, chunk)
         vals, nulls = {}, {}
         for c in EVIDENCE_COLUMNS:
             v = None
@@ -132,11 +141,32 @@ class Evidence:
                 nulls[c] = 0
                 if raw.dtype.kind == "f":  # an integer column has no missing value
                     bad = np.isnan(v)
-                    nulls[c] = int(np.count_nonzero(bad))
-                    if nulls[c]:
+                    # an io_uring request's evidence is not measured by its probe: not "missing"
+                    nulls[c] = int(np.count_nonzero(bad if uring is None else bad & ~uring))
+                    if bad.any():
                         v[bad] = 0.0
             vals[c] = v
-        return cls(nulls=nulls, **vals)
+        return cls(nulls=nulls, io_wait=io_wait, uring=uring, **vals)
+
+
+def _uring_requests(cols, chunk) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(io_uring requests, those of them that waited for I/O) among a chunk's kept events; (None,
+    None) when the trace has none.  A request served ``inline`` read the page cache in the
+    submitting thread's io_uring_enter (on its CPU); ``async`` and ``punted`` ones, and every
+    O_DIRECT one, waited for the device (engramprof/bpf/uring.py, docs/model.md)."""
+    if "uring_path" not in cols.calls.columns or not cols.has("uring_path"):
+        return None, None
+    codes, uniques = cols.codes("uring_path")
+    vals = [str(u) for u in uniques]
+    lo, hi = chunk.lo, chunk.hi
+    c = chunk.pick(codes[lo:hi] if cols.order is None else codes[cols.order[lo:hi]]).astype(np.int64)
+    uring = c >= 0
+    if not uring.any():
+        return None, None
+    waited = np.isin(c, [i for i, v in enumerate(vals) if v in ("async", "punted")])
+    if "direct" in cols.calls.columns:
+        waited |= uring & (np.nan_to_num(chunk.pick(cols.raw("direct", lo, hi)).astype(np.float64)) > 0)
+    return uring, waited
 
 
 @dataclass
@@ -180,11 +210,19 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
         missed = ev.bio_count > 0
     else:
         missed = None
+    offcpu = ev.offcpu_ns
+    if ev.io_wait is not None and ev.io_wait.any():
+        # an io_uring request that waited for I/O: submit -> complete is a miss's wait (the
+        # thread sleeps in io_uring_enter, or works on while the device serves the read)
+        w = ev.io_wait
+        missed = w.copy() if missed is None else (missed | w)
+        base = offcpu if offcpu is not None else np.zeros(n)
+        offcpu = np.where(w, np.maximum(base, d - recl), base)
     if missed is not None:
         batch_missed = any_per_batch(missed) if any_per_batch else per_batch(missed) > 0
         in_miss_ctx = missed | batch_missed[batch]
-    if ev.offcpu_ns is not None:
-        vol = np.clip(ev.offcpu_ns - (ev.runq_ns if ev.runq_ns is not None else 0.0), 0, d - recl - runq)
+    if offcpu is not None:
+        vol = np.clip(offcpu - (ev.runq_ns if ev.runq_ns is not None else 0.0), 0, d - recl - runq)
         oncpu = d - recl - runq - vol
         if missed is not None:
             miss_wait = np.where(in_miss_ctx, vol, 0.0)

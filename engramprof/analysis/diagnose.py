@@ -96,7 +96,8 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     slow = calls[is_slow(calls["dur_ns"].to_numpy(), bt["slow_ms"])] if not calls.empty else calls
     cm = bt.get("call_ms") or {}
     # what a read event is on this read path: a call, a page fault, or either
-    one, many = {"faults": ("page fault", "page faults"), "both": ("read", "reads")}.get(read_path_of(bt),
+    one, many = {"faults": ("page fault", "page faults"), "both": ("read", "reads"),
+                 "io_uring": ("io_uring read", "io_uring reads")}.get(read_path_of(bt),
                                                                                         ("call", "calls"))
     steps.append({
         "step": f"slow {many}",
@@ -107,11 +108,16 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     # an evidence column the kernel could not measure is written all-null: not "0 misses"
     have_miss = "pages_added" not in (bt.get("missing_evidence") or []) and "pages_added" in calls.columns
     if have_miss and len(calls):
-        miss_any = float((calls["pages_added"] > 0).mean())
-        miss_slow = float((slow["pages_added"] > 0).mean()) if len(slow) else None
+        missed, io_wait = _missed(calls), _uring_waited(calls)
+        miss_any = float(missed.mean())
+        miss_slow = float(missed[slow.index].mean()) if len(slow) else None
         blocked = (calls["offcpu_ns"] - calls["runq_ns"]) > 0 if "offcpu_ns" in calls.columns else None
-        wait_slow = float(((slow["offcpu_ns"] - slow["runq_ns"]) > 0).mean()) if (len(slow) and blocked is not None) else None
+        waited = ((slow["offcpu_ns"] - slow["runq_ns"]) > 0).to_numpy() | io_wait[slow.index].to_numpy() if len(slow) else None
+        wait_slow = float(waited.mean()) if (len(slow) and blocked is not None) else None
         finding = f"{pct(miss_any)} of {many} brought pages into the page cache (misses)"
+        if io_wait.any():
+            finding = (f"{pct(miss_any)} of {many} missed (brought pages into the page cache, or io_uring requests "
+                       "served async / punted / O_DIRECT: they waited for the device)")
         if miss_slow is not None:
             finding += f"; of the slow {many} {pct(miss_slow)} missed and {pct(wait_slow)} waited off-CPU"
         if hot and hot.get("rows"):
@@ -140,10 +146,12 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
                   "value": {"refaults": refaults, "cgroup_refaults": cg_ref, "psi_memory_some_pct": psi.get("some_pct"),
                             "reclaim_in_calls_ms": rec_ms}})
     normal = bt.get("normal_miss_us")
-    miss = calls[calls["pages_added"] > 0] if have_miss else calls.iloc[0:0]
+    miss = calls[_missed(calls)] if have_miss else calls.iloc[0:0]
     miss_wait = None
     if len(miss) and "offcpu_ns" in calls.columns:
-        miss_wait = float(((miss["offcpu_ns"] - miss["runq_ns"]).median()) / 1e3)
+        # an io_uring request that waited: its whole submit -> complete (its evidence is null)
+        waits = (miss["offcpu_ns"] - miss["runq_ns"]).where(~_uring_waited(miss), miss["dur_ns"])
+        miss_wait = float(waits.median() / 1e3)
     dev = (f"device service (bio queue->complete) p50 >= {device['p50_us_lower']:.0f} us over {device['bios']:,} bios"
            if device else "no bios of the target were matched (all hits, or I/O submitted by another thread, e.g. a throttle)")
     dev += (f"; a missing read waited p50 {miss_wait:,.0f} us off-CPU" if miss_wait is not None else "")
@@ -176,12 +184,31 @@ END_REASONS = {
 }
 
 
+def _uring_waited(calls: pd.DataFrame) -> pd.Series:
+    """Per row (indexed like ``calls``): an io_uring request that waited for the device (served
+    async or punted, or O_DIRECT): a miss although its evidence columns are null."""
+    out = pd.Series(False, index=calls.index)
+    if "uring_path" in calls.columns:
+        out |= calls["uring_path"].astype(object).isin(["async", "punted"])
+        if "direct" in calls.columns:
+            out |= calls["uring_path"].notna() & (calls["direct"].astype(object) == True)  # noqa: E712
+    return out
+
+
+def _missed(calls: pd.DataFrame) -> pd.Series:
+    """Per row: the read event missed (inserted pages, or an io_uring request that waited)."""
+    return (calls["pages_added"].fillna(0) > 0) | _uring_waited(calls)
+
+
 def read_path_of(bt: dict) -> str:
-    """The read path the trace saw: ``syscalls``, ``faults`` (a memory-mapped reader), ``both``, ``none``."""
+    """The read path the trace saw: ``syscalls``, ``faults`` (a memory-mapped reader),
+    ``io_uring`` (read requests of an io_uring), ``both`` (more than one of them), ``none``."""
     ev = bt.get("read_events") or {}
-    sys_, flt = int(ev.get("syscall", 0)), int(ev.get("fault", 0))
-    if sys_ and flt:
+    sys_, flt, ur = int(ev.get("syscall", 0)), int(ev.get("fault", 0)), int(ev.get("io_uring", 0))
+    if (sys_ > 0) + (flt > 0) + (ur > 0) > 1:
         return "both"
+    if ur:
+        return "io_uring"
     if flt or (not sys_ and (bt.get("batches_without_read_events") or {}).get("batches")):
         return "faults"
     return "syscalls" if sys_ else "none"
@@ -234,7 +261,8 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     code = code_faults(bundle.calls)  # faults on the process's own code are not table reads
     no_reads = bundle.calls.empty or (code is not None and bool(code.all()))
     if no_reads and not (faults_traced and markers_df is not None):
-        what = "preadv2/preadv/pread64 calls" + (" and no page faults on mapped data files" if faults_traced else "")
+        what = ("preadv2/preadv/pread64 calls" + (", no io_uring read requests" if bundle.meta.get("uring_probe") else "")
+                + (" and no page faults on mapped data files" if faults_traced else ""))
         more = (" (a memory-mapped reader whose rows are all resident makes neither: pass --markers to "
                 "analyse its batches)" if faults_traced else " (is it the reader process? is it serving?)")
         raise UserError(f"pid {trace_summary.get('pid')} made no {what} in {duration:g} s: nothing to diagnose{more}",

@@ -98,7 +98,9 @@ def register(app: typer.Typer) -> None:
             tracer.start()
             for line in selection.waiting():  # not an error: the trace waits for it
                 print(f"engramprof: {line}", file=sys.stderr, flush=True)
-            print(f"Tracing preadv2/preadv/pread64{' and page faults' if tracer.faults is not None else ''} of {selection.describe()}"
+            paths = ["preadv2/preadv/pread64"] + (["io_uring reads"] if tracer.uring is not None else []) \
+                + (["page faults"] if tracer.faults is not None else [])
+            print(f"Tracing {', '.join(paths[:-1]) + ' and ' + paths[-1] if len(paths) > 1 else paths[0]} of {selection.describe()}"
                   f" ({'raw_syscalls' if tracer.plan.raw_syscalls else 'syscalls tracepoints'})"
                   f"{f', recording to {output}' if output else ''}... Ctrl-C to end.", file=sys.stderr, flush=True)
             live = report_syscalls.LiveView(err) if err.is_terminal else None

@@ -103,8 +103,8 @@ MIXED_FROM = 0.1
 
 
 def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_events: np.ndarray) -> np.ndarray:
-    """Per batch, the kind of its read events: syscall, fault, mixed (each kind >= MIXED_FROM
-    of them) or none."""
+    """Per batch, the kind of its read events: syscall, fault, io_uring, mixed (each kind >=
+    MIXED_FROM of them) or none."""
     out = np.full(len(starts), "none", dtype=object)
     if not len(starts):
         return out
@@ -118,7 +118,8 @@ def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_eve
     fault_ts = ts[kinds == "fault"]
     nf = np.searchsorted(fault_ts, ends, side="right") - np.searchsorted(fault_ts, starts, side="left")
     f = np.minimum(nf, n_events) / np.maximum(n_events, 1)
-    out[has & (f < MIXED_FROM)] = "syscall"
+    other = [k for k in present if k != "fault"]  # the calls' kind (syscall, io_uring)
+    out[has & (f < MIXED_FROM)] = other[0] if len(other) == 1 else ("syscall" if not other else "mixed")
     out[has & (f > 1 - MIXED_FROM)] = "fault"
     out[has & (f >= MIXED_FROM) & (f <= 1 - MIXED_FROM)] = "mixed"
     return out

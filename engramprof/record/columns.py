@@ -4,7 +4,8 @@ The column list is the trace's (engramprof/trace/schema.py): a column named like
 probe's record is that field cast to the schema's type, ``syscall`` is the record's code looked
 up in the header's SYSCALL_* names, the enriched columns come from the batch, ``kind`` is the
 batch's kind, and the fault columns (``major``, ``mapped_pages``, ``address``) come from the batch's
-columns when its decoder set them (faults), else their non-fault defaults.  Nothing here lists the columns again.
+columns when its decoder set them (faults), and so do the io_uring columns (``uring_path``,
+``io_tid``, ``direct``: io_uring requests), else the defaults of another kind.  Nothing here lists the columns again.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class EventTableBuilder:
             else:
                 arrays.append(pa.array(recs[name].astype(f.type.to_pandas_dtype(), copy=False)))
         arrays.append(pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), self._kind(batch.kind)))
-        for f in trace.FAULT_FIELDS:  # a fault decoder fills them; other kinds get the defaults
+        for f in trace.FAULT_FIELDS + trace.URING_FIELDS:  # their kind's decoder fills them; others: defaults
             if f.name in batch.cols:
                 arrays.append(pa.array(batch.cols[f.name], type=f.type))
             else:

@@ -14,6 +14,9 @@ Format versions:
 3. calls/ gains the page-fault columns ``major``, ``mapped_pages`` and ``address``
    (:data:`FAULT_FIELDS`; read events of kind ``fault`` come from probes/faults.bpf.c).
    Older bundles are read with ``major`` = false, ``mapped_pages`` = 0, ``address`` null.
+4. calls/ gains the io_uring columns ``uring_path``, ``io_tid`` and ``direct`` (:data:`URING_FIELDS`;
+   read events of kind ``io_uring`` come from probes/uring.bpf.c).  Other kinds, and older
+   bundles, have them null.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 FORMAT = "engramprof-trace"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 # ---------------------------------------------------------------------- read events (calls/)
 
@@ -57,7 +60,7 @@ CALL_SCHEMA = pa.schema(
 # What kind of read event a row is.  CALL_SCHEMA is what a producer of read *calls* supplies;
 # the writer adds ``kind`` (``syscall``) when a producer leaves it out, so EVENT_SCHEMA is what
 # is on disk.  ``kind`` may also be given as a code: an index into READ_KINDS.
-READ_KINDS = ("syscall", "fault")
+READ_KINDS = ("syscall", "fault", "io_uring")
 KIND_FIELD = pa.field("kind", pa.string())  # READ_KINDS
 # Columns only a page fault fills (format 3).  A syscall row has major = false,
 # mapped_pages = 0, address = null; a producer that leaves them out gets those values.
@@ -67,11 +70,18 @@ FAULT_FIELDS = [
     pa.field("address", pa.int64()),  # faulting user address; null where the kernel cannot tell
 ]
 FAULT_DEFAULTS = {"major": False, "mapped_pages": 0, "address": None}
-EVENT_SCHEMA = pa.schema(list(CALL_SCHEMA) + [KIND_FIELD] + FAULT_FIELDS)
+# Columns only an io_uring read request fills (format 4); null for every other kind.
+URING_FIELDS = [
+    pa.field("uring_path", pa.string()),  # inline | async | punted: how the request was served
+    pa.field("io_tid", pa.int32()),  # the thread that issued the read (an io-wq worker when punted; 0: not seen)
+    pa.field("direct", pa.bool_()),  # the file was open with O_DIRECT: the page cache was bypassed
+]
+URING_DEFAULTS = {"uring_path": None, "io_tid": None, "direct": None}
+EVENT_SCHEMA = pa.schema(list(CALL_SCHEMA) + [KIND_FIELD] + FAULT_FIELDS + URING_FIELDS)
 
 # On disk the string columns are dictionary-encoded (few distinct values, many rows);
 # load() hands path/syscall/tensor back as plain strings and ``kind`` as a categorical.
-DICT_COLUMNS = ("path", "syscall", "tensor", "kind")
+DICT_COLUMNS = ("path", "syscall", "tensor", "kind", "uring_path")
 WRITE_SCHEMA = pa.schema([
     pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in DICT_COLUMNS else f for f in EVENT_SCHEMA
 ])
@@ -99,15 +109,17 @@ def check_record_columns(record: np.dtype) -> None:
 
 
 def fault_default_column(name: str, n: int) -> pa.Array:
-    """``n`` rows of a :data:`FAULT_FIELDS` column for events that are not faults."""
+    """``n`` rows of a :data:`FAULT_FIELDS` (or :data:`URING_FIELDS`) column for events of
+    another kind."""
     typ = EVENT_SCHEMA.field(name).type
-    value = FAULT_DEFAULTS[name]
+    value = {**FAULT_DEFAULTS, **URING_DEFAULTS}[name]
     return pa.nulls(n, type=typ) if value is None else pa.array(np.full(n, value), type=typ)
 
 
 def with_fault_columns(table: pa.Table) -> pa.Table:
-    """``table`` with every :data:`FAULT_FIELDS` column it lacks, at its non-fault value."""
-    for f in FAULT_FIELDS:
+    """``table`` with every :data:`FAULT_FIELDS` and :data:`URING_FIELDS` column it lacks, at
+    the value of another kind."""
+    for f in FAULT_FIELDS + URING_FIELDS:
         if f.name not in table.column_names:
             table = table.append_column(f, fault_default_column(f.name, table.num_rows))
     return table
@@ -329,7 +341,8 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
 #: the read events' columns the batch analysis reads (engramprof.analysis): a bundle is read
 #: with only these, compact (load_bundle(columns=EVENT_READ_COLUMNS, compact=True))
 EVENT_READ_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "kind", "path", "offset", "ret", "flags",
-                      "pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns", "tensor", "row"]
+                      "pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns", "tensor", "row",
+                      "uring_path", "direct"]
 # The sample columns the analysis reads (engramprof.analysis.context); each is in SAMPLE_SCHEMAS.
 SAMPLE_READ_COLUMNS = {
     "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],

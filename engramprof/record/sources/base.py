@@ -57,6 +57,7 @@ class Options:
     faults: bool = True  # page faults on mapped files (probes/faults.bpf.c)
     fault_address: bool = True  # False: fault path without exceptions:page_fault_user
     evictions: bool = True  # evictions of the target's files' pages (probes/evictions.bpf.c)
+    uring: bool = True  # io_uring read requests (probes/uring.bpf.c)
 
 
 class Recording:

@@ -1,0 +1,242 @@
+"""The io_uring source of the recorder: probes/uring.bpf.c -> read events of kind ``io_uring``.
+
+Every read request of a target's ring (READ, READV, READ_FIXED, READV_FIXED) is one read event:
+``ts_ns`` its submit, ``dur_ns`` submit -> complete (the CQE posted), ``tid`` the submitting
+thread, ``offset``, ``size``, ``ret`` (the CQE's res), ``fd`` (the sqe's fd, or a registered
+file's index), ``syscall`` = ``io_uring``, and the io_uring columns ``uring_path`` (inline |
+async | punted), ``io_tid`` (the thread that issued the read) and ``direct`` (O_DIRECT).  The
+in-flight evidence columns (pages added, bios, reclaim, off-CPU) are not measured by this
+probe: written null, never a misleading 0.
+
+Followed as data, the scheme of the fault source (engramprof/record/sources/faults.py):
+
+1. :class:`UringDecoder` -- ``struct uring_record`` (engramprof/bpf/uring.py) -> a
+   :class:`~.decode.ReadBatch` of kind ``io_uring`` whose records are contiguous columns
+   (:class:`~.faults.FaultColumns`);
+2. :class:`FilePathEnricher` -- the file's identity taken in the kernel at the read (device,
+   inode; never an fd number, which another file may reuse) -> ``path``: from the target's open
+   files (``/proc/PID/fd``), its mappings (``/proc/PID/maps``, the fault source's reading) and
+   the ``--file`` selection; a file none of them names keeps path "" (its dev/ino are the
+   kernel's);
+3. the shared :class:`~.enrich.TensorEnricher` and :class:`~.columns.EventTableBuilder`.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from engramprof.bpf import uring as uring_probe
+from engramprof.host import tracepoints as tp
+from engramprof.host import uring as uring_needs
+from engramprof.host.files import file_identities, kernel_dev
+from engramprof.record.columns import EventTableBuilder
+from engramprof.record.decode import DrainBatching, LostRecords, ProbeTotals, ReadBatch, WindowStart
+from engramprof.record.enrich import PerPid, TensorEnricher
+from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
+from engramprof.record.sources.faults import FaultColumns, _distinct_files, read_maps
+from engramprof.record.strings import Interner
+from engramprof.trace import EVIDENCE_COLUMNS
+
+KIND = uring_probe.KIND  # "io_uring"
+
+
+class UringDecoder:
+    """``struct uring_record`` rows -> :class:`ReadBatch` of kind ``io_uring``."""
+
+    kind = KIND
+
+    def __init__(self, armed_ns: int | None):
+        self.window = WindowStart(armed_ns)
+        self.bits = uring_probe.header_defines("URING_")
+
+    def decode(self, recs: np.ndarray) -> ReadBatch | None:
+        if len(recs) == 0:
+            return None
+        recs = self.window.keep(recs)
+        if len(recs) == 0:
+            return None
+        n = len(recs)
+        i64, i32 = np.int64, np.int32
+        cols = {name: recs[name].astype(dt) for name, dt in (
+            ("ts_ns", i64), ("dur_ns", i64), ("pid", i32), ("tid", i32), ("offset", i64), ("size", i64),
+            ("ret", i64), ("flags", i64), ("fd", i32), ("dev", np.uint64), ("ino", np.uint64))}
+        cols["syscall"] = np.zeros(n, dtype=i32)  # code 0 of the builder's dictionary: "io_uring"
+        uf = recs["uflags"].astype(i64)
+        paths = np.asarray(uring_probe.PATHS, dtype=object)
+        out = {"uring_path": paths[np.minimum(recs["path"].astype(i64), len(paths) - 1)],
+               "io_tid": recs["io_tid"].astype(i32),
+               "direct": (uf & self.bits["DIRECT"]) != 0}
+        return ReadBatch(self.kind, FaultColumns(cols), out)
+
+    @property
+    def partial_at_start(self) -> int:
+        return self.window.partial_at_start
+
+
+class FilePathEnricher:
+    """Adds ``path`` and ``path_stale`` (false) from a (device, inode) the kernel took at the
+    read: the names the process's open files and mappings give that identity now, and the
+    ``--file`` selection's.  An identity they do not name is looked up again (a new walk of
+    /proc/PID/fd and maps) at most once per ``UNNAMED_TTL_NS``; never found: path ""."""
+
+    UNNAMED_TTL_NS = 1_000_000_000
+
+    def __init__(self, pid: int, paths: Interner, known: dict | None = None, proc_root: str = "/proc"):
+        self.pid = pid
+        self.paths = paths
+        self.proc_root = proc_root
+        self.files: dict[tuple[int, int], tuple[str, bool]] = dict(known or {})
+        self._unnamed: dict[tuple[int, int], int] = {}
+        self._named: set[str] = set()
+        self.rereads = 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The identities of the process's open files and mappings now."""
+        fd_dir = f"{self.proc_root}/{self.pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                link = os.readlink(f"{fd_dir}/{fd}")
+                st = os.stat(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if not link.startswith("/") or not os.path.isfile(link):
+                continue
+            self._name(kernel_dev(st.st_dev), st.st_ino, link)
+        for _s, _e, _off, dev, ino, path in read_maps(self.pid):
+            if path.startswith("/"):
+                self._name(dev, ino, path)
+
+    def _name(self, dev: int, ino: int, path: str) -> None:
+        self.files.setdefault((dev, ino), (path, False))
+        if path in self._named:
+            return
+        self._named.add(path)
+        try:  # overlayfs: the request reads the layer's inode; the path names the overlay's
+            for i in file_identities(path):
+                self.files.setdefault((i.dev, i.ino), (path, False))
+        except OSError:
+            pass
+
+    def enrich(self, batch: ReadBatch) -> None:
+        recs = batch.recs
+        pairs, inv = _distinct_files(recs["dev"], recs["ino"])
+        unknown = [p for p in pairs if p not in self.files]
+        if unknown:
+            now = time.monotonic_ns()
+            if any(now - self._unnamed.get(p, -self.UNNAMED_TTL_NS) >= self.UNNAMED_TTL_NS for p in unknown):
+                self.rereads += 1
+                self.refresh()
+                for p in unknown:
+                    if p not in self.files:
+                        self._unnamed[p] = now
+        codes = np.array([self.paths.code(self.files.get(p, ("", False))[0]) for p in pairs], dtype=np.int32)
+        batch.cols["path"] = codes[inv]
+        batch.cols["path_stale"] = np.zeros(len(inv), dtype=bool)
+
+
+class UringSource(Source):
+    """The io_uring probe, its decoder, enrichers and table builder: read events of kind ``io_uring``."""
+
+    name = "uring"
+    title = "io_uring read requests"
+
+    def __init__(self, rec: Recording):
+        super().__init__(rec)
+        self.probe: uring_probe.UringProbe | None = None
+        self.decoder: UringDecoder | None = None
+        self.files: PerPid | None = None
+        self.recorded = 0
+        self.batching = DrainBatching()
+        self.lost = LostRecords("lost_records")
+        self._totals: dict[str, int] = {}
+
+    def available(self) -> Availability:
+        if not self.rec.options.uring:
+            return NOT_ASKED
+        root = tp.tracefs_root()
+        if root is None:
+            return Availability(False, "tracefs cannot be read")
+        missing = uring_needs.missing_tracepoints(root)
+        missing += uring_needs.btf_status()["missing"]
+        if missing:
+            return Availability(False, f"the kernel lacks {', '.join(missing)} (run `engramprof doctor`)")
+        return YES
+
+    def load(self) -> None:
+        """Compile the probe, attached by :meth:`arm`."""
+        rec, s = self.rec, self.rec.selection
+        config = uring_probe.UringProbeConfig(tgid=rec.pid, tid=rec.tid, selection=s)
+        self.probe = uring_probe.UringProbe.load(config, arm=False)
+        self.decoder = UringDecoder(None)
+        known = {(d, i): (p, False) for d, i, p in s.files}
+        paths, tensors = rec.paths, rec.tensors
+        self.files = PerPid(lambda p: FilePathEnricher(p, paths, known))
+        for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
+            self.files.of(pid)
+        self.enrichers = [self.files, TensorEnricher(paths, tensors)]
+        self.tables = EventTableBuilder(pa.array([KIND], type=pa.string()), paths, tensors,
+                                        missing=list(EVIDENCE_COLUMNS))
+        if self.probe.plan.missing:
+            rec.notes.append(f"io_uring evidence not collected: {', '.join(self.probe.plan.missing)}")
+        rec.put_meta(uring_probe=uring_probe.PROBE_FILE, uring_missing=self.probe.plan.missing)
+
+    def arm(self) -> None:
+        self.decoder.window.begin(self.probe.arm())
+        self.lost.checked_ns = self.probe.armed_ns
+
+    def begin_window(self, start_ns: int) -> None:
+        """Requests submitted before the window (``start_ns``) are not kept."""
+        self.decoder.window.begin(start_ns)
+
+    @property
+    def partial_at_start(self) -> int:
+        return self.decoder.partial_at_start if self.decoder is not None else 0
+
+    def drain(self, sink) -> None:
+        if self.probe is None or self.probe.bpf is None or not self.batching.due(self.probe.ring):
+            return
+        batch = self.decoder.decode(self.probe.drain())
+        self.lost.check(sink, self.probe.lost_records())
+        if batch is None:
+            return
+        for e in self.enrichers:
+            e.enrich(batch)
+        self.recorded += len(batch)
+        sink.add_events(self.tables.build(batch))
+        self.rec.files_mapped(self.files)  # a file read for the first time: watched for evictions
+
+    def detach(self) -> None:
+        if self.probe is not None:
+            self.probe.detach()
+        self.batching.final = True
+
+    def sync_targets(self) -> None:
+        sync_probe_targets(self.probe)
+
+    def seen_tgids(self) -> set[int]:
+        return set(self.files.by_pid) if self.files is not None else set()
+
+    def totals(self) -> dict[str, int]:
+        return ProbeTotals.totals(self)
+
+    def summary(self, totals: dict | None = None) -> dict:
+        t = totals if totals is not None else self.totals()
+        return {"submitted": t.get("submitted", 0), "completed": t.get("completed", 0),
+                "inline": t.get("inline_n", 0), "async": t.get("async_n", 0), "punted": t.get("punted", 0),
+                "sqpoll": t.get("sqpoll", 0), "lost_records": t.get("lost_records", 0),
+                "untracked": t.get("no_state", 0), "recorded": self.recorded,
+                "partial_at_start": self.partial_at_start, "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
+                "missing_tracepoints": self.probe.plan.missing if self.probe is not None else []}
+
+    def close(self) -> None:
+        if self.probe is not None and self.probe.bpf is not None:
+            self.totals()
+            self.probe.close()

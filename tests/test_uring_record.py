@@ -1,0 +1,109 @@
+"""io_uring read requests in a recording (issue 22): `engramprof syscalls --pid` on the lab's
+io_uring reader (`lab run --reader uring`: one persistent ring, a READV per row, every
+completion waited for each step).  Real eBPF, small: a 34 MiB table, a few dozen steps.
+
+- every row the reader read is one read event of kind ``io_uring``, on the table's path (named
+  from the (dev, ino) the kernel took at the read), with its tensor and row;
+- cold (the table dropped from the page cache every 20 ms by a thread of this process, as the
+  lab's ``residency`` scenario does): the step thread's sleep in io_uring_enter is an I/O wait,
+  so the verdict is ``residency``, never ``python-scheduling``; warm: ``healthy``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from engramprof import trace
+from engramprof.analysis.diagnose import read_path_of
+from engramprof.lab import table
+from tests.tracing import engramprof, traced_lab
+
+pytestmark = pytest.mark.bpf
+
+ROWS, DIM, STEPS = 32768, 256, 30
+
+
+@pytest.fixture(scope="module")
+def tbl(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("uring-record") / "engram.safetensors"
+    table.make_table(path, ROWS, DIM, (3, 17), seed=7)
+    return path
+
+
+class Evictor:
+    """POSIX_FADV_DONTNEED on the table every ``every_s`` from a thread of this process."""
+
+    def __init__(self, path: Path, every_s: float = 0.02):
+        self.path, self.every_s = path, every_s
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            while not self.stop.wait(self.every_s):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.t.join(5)
+
+
+def _batch_tail(run, markers: Path) -> dict:
+    p = subprocess.run(engramprof("batch-tail", run.trace, "--markers", markers, "--json"), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_every_row_read_through_the_ring_is_one_io_uring_read_event(tbl, tmp_path):
+    m = tmp_path / "m.jsonl"
+    run = traced_lab(tmp_path, tbl, "--reader", "uring", "--steps", str(STEPS), "--cold", "--markers", str(m))
+    assert run.tracer_rc == 0, run.tracer_err
+    assert any(l.startswith("Tracing") and "io_uring reads" in l for l in run.tracer_err.splitlines())
+    calls = trace.load_bundle(run.trace).calls
+    ur = calls[calls["kind"].astype(str) == "io_uring"]
+    rows = run.lab["rows"]
+    assert rows == sum(json.loads(x)["rows"] for x in m.read_text().splitlines())
+    assert len(ur) == rows, (len(ur), rows)
+    assert set(ur["path"]) == {str(tbl)}
+    assert (ur["tensor"] != "").all() and (ur["row"] >= 0).all()
+    assert (ur["ret"] == ur["size"]).all() and (ur["syscall"] == "io_uring").all()
+    assert set(ur["uring_path"]) <= {"inline", "async", "punted"} and not ur["direct"].astype(bool).any()
+    s = run.summary["uring"]
+    assert s["recorded"] == rows and s["completed"] == rows and s["lost_records"] == 0
+    # the table's pages came in: cold requests were served async (waited on the page), not inline
+    assert (ur["uring_path"] != "inline").any()
+
+
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_io_uring_wait_is_io_not_python_scheduling(tbl, tmp_path, cache):
+    m = tmp_path / "m.jsonl"
+    args = ("--reader", "uring", "--steps", str(STEPS), "--gap-ms", "5", f"--{cache}", "--markers", str(m))
+    if cache == "cold":
+        with Evictor(tbl):
+            run = traced_lab(tmp_path, tbl, *args)
+    else:
+        run = traced_lab(tmp_path, tbl, *args)
+    assert run.tracer_rc == 0, run.tracer_err
+    bt = _batch_tail(run, m)
+    assert bt["read_events"].get("io_uring") == run.lab["rows"]
+    assert read_path_of(bt) == "io_uring"
+    share = bt["share"]
+    if cache == "cold":
+        assert bt["verdict"] != "python-scheduling", (bt["verdict"], share)
+        assert bt["verdict"] == "residency", (bt["verdict"], share)
+        assert share["python-scheduling"] < 0.1, share
+    else:
+        assert bt["verdict"] == "healthy", (bt["verdict"], share)
