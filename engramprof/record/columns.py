@@ -47,7 +47,7 @@ class EventTableBuilder:
             else:
                 arrays.append(pa.array(recs[name].astype(f.type.to_pandas_dtype(), copy=False)))
         arrays.append(pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), self._kind(batch.kind)))
-        for f in trace.FAULT_FIELDS + trace.URING_FIELDS:  # their kind's decoder fills them; others: defaults
+        for f in trace.OPTIONAL_FIELDS:  # their kind's decoder fills them; others: defaults
             if f.name in batch.cols:
                 arrays.append(pa.array(batch.cols[f.name], type=f.type))
             else:

@@ -32,11 +32,12 @@ from engramprof.trace.schema import (CALL_SCHEMA, CGROUP_COUNTERS, CGROUP_GAUGES
                                      table_schema)
 from engramprof.trace.schema import FAULT_DEFAULTS, FAULT_FIELDS, fault_default_column, with_fault_columns
 from engramprof.trace.schema import URING_DEFAULTS, URING_FIELDS
+from engramprof.trace.schema import FILE_DEFAULTS, FILE_FIELDS, OPTIONAL_DEFAULTS, OPTIONAL_FIELDS
 from engramprof.trace.writer import END_DURATION, END_REASONS, END_SIGNAL, END_TARGET_EXIT, TraceWriter  # noqa: F401
 
 __all__ = [
     "CALL_SCHEMA", "CGROUP_COUNTERS", "CGROUP_GAUGES", "CONTRACT_COLUMNS", "DICT_COLUMNS", "ENRICHED_COLUMNS", "EVENT_READ_COLUMNS",
-    "EVENT_SCHEMA", "EVIDENCE_COLUMNS", "FAULT_DEFAULTS", "FAULT_FIELDS", "fault_default_column", "with_fault_columns", "URING_DEFAULTS", "URING_FIELDS", "FORMAT", "FORMAT_VERSION", "PSI_RESOURCES", "READ_KINDS", "SAMPLE_NAMES",
+    "EVENT_SCHEMA", "EVIDENCE_COLUMNS", "FAULT_DEFAULTS", "FAULT_FIELDS", "fault_default_column", "with_fault_columns", "URING_DEFAULTS", "URING_FIELDS", "FILE_DEFAULTS", "FILE_FIELDS", "OPTIONAL_DEFAULTS", "OPTIONAL_FIELDS", "FORMAT", "FORMAT_VERSION", "PSI_RESOURCES", "READ_KINDS", "SAMPLE_NAMES",
     "SAMPLE_READ_COLUMNS", "SAMPLE_SCHEMAS", "TABLE_SCHEMAS", "Trace", "TraceWriter", "VMSTAT_COUNTERS",
     "VMSTAT_DERIVED", "WRITE_SCHEMA", "bio_latency_table", "check_record_columns", "empty_calls",
     "fd_latency_table", "kswapd_events_table", "load", "lost_records_table", "load_bundle", "sample_schema", "table_schema",

@@ -19,6 +19,7 @@ from engramprof.trace.schema import (
     EVENT_SCHEMA,
     FAULT_DEFAULTS,
     URING_DEFAULTS,
+    FILE_DEFAULTS,
     FORMAT,
     FORMAT_VERSION,
     kind_categorical,
@@ -409,6 +410,9 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
     for c in URING_DEFAULTS:  # format < 4 (or another tool's table): no io_uring requests
         if c not in calls.columns and (columns is None or c in columns):
             calls[c] = None if c == "uring_path" else np.nan
+    for c in FILE_DEFAULTS:  # format < 5 (or another tool's table): identity not recorded
+        if c not in calls.columns and (columns is None or c in columns):
+            calls[c] = np.nan
     if not calls["ts_ns"].is_monotonic_increasing:
         calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
     elif not isinstance(calls.index, pd.RangeIndex) or calls.index.start != 0 or calls.index.step != 1:

@@ -17,6 +17,12 @@ Format versions:
 4. calls/ gains the io_uring columns ``uring_path``, ``io_tid`` and ``direct`` (:data:`URING_FIELDS`;
    read events of kind ``io_uring`` come from probes/uring.bpf.c).  Other kinds, and older
    bundles, have them null.
+5. calls/ gains the file identity ``dev`` and ``ino`` (:data:`FILE_FIELDS`): the device and
+   inode of the file each read event read, taken in the kernel at the read, so a path is a name
+   for an identity and never a guess from an fd number.  ``READ_KINDS`` gains ``libaio``; the
+   ``syscall`` column gains ``read`` and ``readv``; ``direct`` (format 4) is filled for every
+   kind that can bypass the page cache (syscall, io_uring, libaio) and null for faults.
+   Older bundles have ``dev`` / ``ino`` null.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 FORMAT = "engramprof-trace"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 # ---------------------------------------------------------------------- read events (calls/)
 
@@ -60,7 +66,7 @@ CALL_SCHEMA = pa.schema(
 # What kind of read event a row is.  CALL_SCHEMA is what a producer of read *calls* supplies;
 # the writer adds ``kind`` (``syscall``) when a producer leaves it out, so EVENT_SCHEMA is what
 # is on disk.  ``kind`` may also be given as a code: an index into READ_KINDS.
-READ_KINDS = ("syscall", "fault", "io_uring")
+READ_KINDS = ("syscall", "fault", "io_uring", "libaio")
 KIND_FIELD = pa.field("kind", pa.string())  # READ_KINDS
 # Columns only a page fault fills (format 3).  A syscall row has major = false,
 # mapped_pages = 0, address = null; a producer that leaves them out gets those values.
@@ -77,7 +83,16 @@ URING_FIELDS = [
     pa.field("direct", pa.bool_()),  # the file was open with O_DIRECT: the page cache was bypassed
 ]
 URING_DEFAULTS = {"uring_path": None, "io_tid": None, "direct": None}
-EVENT_SCHEMA = pa.schema(list(CALL_SCHEMA) + [KIND_FIELD] + FAULT_FIELDS + URING_FIELDS)
+# The file a read event read, from the kernel at the read (format 5); null where not known.
+FILE_FIELDS = [
+    pa.field("dev", pa.int64()),  # the file's device, as a userspace dev_t (major << 8 | minor, st_dev)
+    pa.field("ino", pa.int64()),  # its inode number
+]
+FILE_DEFAULTS = {"dev": None, "ino": None}
+# every column a producer may leave out, and the value a read event of another kind has there
+OPTIONAL_FIELDS = FAULT_FIELDS + URING_FIELDS + FILE_FIELDS
+OPTIONAL_DEFAULTS = {**FAULT_DEFAULTS, **URING_DEFAULTS, **FILE_DEFAULTS}
+EVENT_SCHEMA = pa.schema(list(CALL_SCHEMA) + [KIND_FIELD] + OPTIONAL_FIELDS)
 
 # On disk the string columns are dictionary-encoded (few distinct values, many rows);
 # load() hands path/syscall/tensor back as plain strings and ``kind`` as a categorical.
@@ -109,17 +124,16 @@ def check_record_columns(record: np.dtype) -> None:
 
 
 def fault_default_column(name: str, n: int) -> pa.Array:
-    """``n`` rows of a :data:`FAULT_FIELDS` (or :data:`URING_FIELDS`) column for events of
-    another kind."""
+    """``n`` rows of an :data:`OPTIONAL_FIELDS` column for events of another kind."""
     typ = EVENT_SCHEMA.field(name).type
-    value = {**FAULT_DEFAULTS, **URING_DEFAULTS}[name]
+    value = OPTIONAL_DEFAULTS[name]
     return pa.nulls(n, type=typ) if value is None else pa.array(np.full(n, value), type=typ)
 
 
 def with_fault_columns(table: pa.Table) -> pa.Table:
-    """``table`` with every :data:`FAULT_FIELDS` and :data:`URING_FIELDS` column it lacks, at
-    the value of another kind."""
-    for f in FAULT_FIELDS + URING_FIELDS:
+    """``table`` with every :data:`OPTIONAL_FIELDS` column it lacks, at the value of another
+    kind."""
+    for f in OPTIONAL_FIELDS:
         if f.name not in table.column_names:
             table = table.append_column(f, fault_default_column(f.name, table.num_rows))
     return table

@@ -34,8 +34,7 @@ from engramprof.trace.schema import (
     CALL_SCHEMA,
     DICT_COLUMNS,
     EVENT_SCHEMA,
-    FAULT_FIELDS,
-    URING_FIELDS,
+    OPTIONAL_FIELDS,
     FORMAT,
     FORMAT_VERSION,
     READ_KINDS,
@@ -103,7 +102,7 @@ def _events_from_pandas(df: pd.DataFrame) -> pa.Table:
     """A DataFrame of read calls as an EVENT_SCHEMA table; ``kind`` absent -> ``syscall``,
     ``kind`` given as codes -> their READ_KINDS names."""
     table = pa.Table.from_pandas(df, schema=CALL_SCHEMA, preserve_index=False)
-    for f in FAULT_FIELDS + URING_FIELDS:  # format 3 / 4: the fault and io_uring columns, when the frame has them
+    for f in OPTIONAL_FIELDS:  # formats 3-5: the fault, io_uring and file columns, when the frame has them
         if f.name in df.columns:
             table = table.append_column(f, pa.Array.from_pandas(df[f.name], type=f.type))
     if "kind" not in df.columns:
