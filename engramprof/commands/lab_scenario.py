@@ -46,7 +46,7 @@ def scenario_cmd(
     as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout: a 'ready' object, then 'done'"),
     start_delay: float = typer.Option(0.0, "--start-delay", metavar="SECONDS", help="reader sleeps SECONDS after ready, before step 1"),
     keep_running: bool = typer.Option(False, "--keep-running", help="run until Ctrl-C / SIGTERM"),
-    reader: Optional[str] = typer.Option(None, "--reader", metavar="READER", help=f"override the scenario's reader ({'|'.join(READERS)}; mmap: a numpy.memmap gather, its rows read by page faults)"),
+    reader: Optional[str] = typer.Option(None, "--reader", metavar="READER", help=f"override the scenario's reader (one of: {', '.join(READERS)}; mmap: a numpy.memmap gather, its rows read by page faults)"),
     evict_ms: float = typer.Option(sc_mod.DEFAULT_EVICT_MS, "--evict-ms", metavar="MS", help="residency, dropper: eviction period"),
     memory_mib: float = typer.Option(sc_mod.DEFAULT_MEMORY_MIB, "--memory-mib", metavar="MIB",
                                      help="reclaim: page cache allowed in the cgroup"),
