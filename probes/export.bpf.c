@@ -64,7 +64,8 @@
 	struct read_key fault_key; \
 	u64 pf_ts;        /* FAULT_SPANS: the open fault's entry; 0 = none */ \
 	u64 pf_end;       /* its last in-fault event */ \
-	u64 pf_pages;     /* pages it inserted */
+	u64 pf_pages;     /* pages it inserted */ \
+	u64 pf_index;     /* the file page it read: mm_filemap_fault's index, else fault-around's first */
 /* FAULT_SPANS: any syscall of a target thread ends its open fault (every_syscall) */
 #define INFLIGHT_EVERY_SYSCALL FAULT_SPANS
 
@@ -148,7 +149,39 @@ static __always_inline void add_latency(struct read_stats *st, u64 dur)
 	st->latency_log2[slot]++;
 }
 
+static __always_inline struct call_record *sample_reserve(struct export_totals *t);
+
 #if FAULT_SPANS
+/* The sample record of a file-backed fault (kind fault: syscall SYSCALL_FAULT, fd -1, one page
+ * at the page it read, no bio evidence: bios are followed inside syscall reads only). */
+static __always_inline void fault_sample(struct inflight *s, u64 dur, u64 offcpu, u64 runq, struct export_totals *t)
+{
+	struct call_record *r = sample_reserve(t);
+	if (!r)
+		return;
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	r->ts_ns = s->pf_ts;
+	r->dur_ns = dur;
+	r->offset = (s64)(s->pf_index << 12);
+	r->size = 4096;
+	r->ret = 0;
+	r->flags = 0;
+	r->offcpu_ns = offcpu;
+	r->runq_ns = runq;
+	r->reclaim_ns = 0;
+	r->bio_ns = 0;
+	r->pid = pid_tgid >> 32;
+	r->tid = (u32)pid_tgid;
+	r->fd = -1;
+	r->pages_added = s->pf_pages;
+	r->bio_count = 0;
+	r->syscall = SYSCALL_FAULT;
+	r->__pad0 = 0;
+	sample_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+	if (t)
+		t->sampled++;
+}
+
 /* Count the thread's open fault (if file-backed) and forget it; runs in the thread itself. */
 static __always_inline void fault_close(struct inflight *s, u32 tid)
 {
@@ -181,6 +214,7 @@ static __always_inline void fault_close(struct inflight *s, u32 tid)
 			st->runq_ns += rq;
 			add_latency(st, end > s->pf_ts ? end - s->pf_ts : 0);
 		}
+		fault_sample(s, end > s->pf_ts ? end - s->pf_ts : 0, off, rq, t);
 	}
 	s->pf_ts = 0;
 	s->pf_pages = 0;
@@ -189,7 +223,7 @@ static __always_inline void fault_close(struct inflight *s, u32 tid)
 }
 
 /* A filemap event of a target file in the current thread's fault (opens one if none is open). */
-static __always_inline void fault_file_event(u32 dev, u64 ino)
+static __always_inline void fault_file_event(u32 dev, u64 ino, u64 index, int exact)
 {
 	if (!armed())
 		return;
@@ -203,6 +237,8 @@ static __always_inline void fault_file_event(u32 dev, u64 ino)
 		s->fault_slept = 0;
 	}
 	struct read_key k = {.ino = ino, .dev = dev, .kind = READ_KIND_FAULT};
+	if (exact || !s->fault_open)
+		s->pf_index = index;
 	s->fault_key = k;
 	s->fault_open = 1;
 	s->pf_end = now;
@@ -252,23 +288,29 @@ static __always_inline void call_file(struct inflight *s, u64 pid_tgid, struct r
 	}
 }
 
-static __always_inline void sample(struct inflight *s, u64 pid_tgid, u64 dur, s64 ret, u64 offcpu, u64 runq,
-				   u64 bio_ns, struct export_totals *t)
+/* A sample record for the window's analysis while its budget lasts (0: none; counted) */
+static __always_inline struct call_record *sample_reserve(struct export_totals *t)
 {
 	int zero = 0;
 	s64 *budget = sample_budget.lookup(&zero);
 	if (!budget || *budget <= 0) {
 		if (t)
 			t->unsampled++;
-		return;
+		return 0;
 	}
 	__sync_fetch_and_add(budget, -1);
 	struct call_record *r = sample_records.ringbuf_reserve(sizeof(struct call_record));
-	if (!r) {
-		if (t)
-			t->sample_lost++;
+	if (!r && t)
+		t->sample_lost++;
+	return r;
+}
+
+static __always_inline void sample(struct inflight *s, u64 pid_tgid, u64 dur, s64 ret, u64 offcpu, u64 runq,
+				   u64 bio_ns, struct export_totals *t)
+{
+	struct call_record *r = sample_reserve(t);
+	if (!r)
 		return;
-	}
 	call_record_fill(r, s, pid_tgid, dur, ret, offcpu, runq, bio_ns);
 	sample_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 	if (t)
@@ -344,7 +386,7 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 TRACEPOINT_PROBE(filemap, mm_filemap_fault)
 {
 	if (is_target(bpf_get_current_pid_tgid()) && is_target_file(args->s_dev, args->i_ino))
-		fault_file_event(args->s_dev, args->i_ino);
+		fault_file_event(args->s_dev, args->i_ino, args->index, 1);
 	return 0;
 }
 
@@ -353,7 +395,7 @@ TRACEPOINT_PROBE(filemap, mm_filemap_fault)
 TRACEPOINT_PROBE(filemap, mm_filemap_map_pages)
 {
 	if (is_target(bpf_get_current_pid_tgid()) && is_target_file(args->s_dev, args->i_ino))
-		fault_file_event(args->s_dev, args->i_ino);
+		fault_file_event(args->s_dev, args->i_ino, args->index, 0);
 	return 0;
 }
 #endif

@@ -1,9 +1,11 @@
 """`engramprof export` scraped by a real Prometheus (Debian's package), with real probes.
 
 One shared run (module fixture): a cgroup2 group holding a warm lab pool reader (the
-python-scheduling scenario), `engramprof export --cgroup` on it, and a Prometheus server
-started here on 127.0.0.1 (generated config, scrape interval 1 s, data in a temporary
-directory).  The tests then ask Prometheus's HTTP API; the restart test kills the reader and
+python-scheduling scenario), `engramprof export --cgroup` on it (label rank=0); two memory-mapped
+lab readers (numpy.memmap gathers), one in the residency scenario (its table evicted every 20 ms)
+and one warm, each with its own `engramprof export --pid --markers` (rank=mmap-cold,
+rank=mmap-warm); and a Prometheus server started here on 127.0.0.1 scraping the three
+(generated config, scrape interval 1 s, data in a temporary directory).  The tests then ask Prometheus's HTTP API; the restart test kills the reader and
 starts another one in the same group.  The --file test runs its own exporter (no Prometheus:
 it parses /metrics).  Bad input (tests/test_export_input.py) needs neither BPF nor Prometheus.
 """
@@ -80,6 +82,37 @@ def _start_reader(table: Path, markers: Path, group: Path) -> Proc:
     return lab
 
 
+def _start_mapped(kind: str, table: Path, tmp: Path, port: int) -> tuple[Proc, Proc, int, int]:
+    """A mapped lab reader waiting to start (cold: the residency scenario; warm: `lab run --warm`),
+    its exporter (--pid, its markers, label rank=mmap-KIND), then the reader started: (reader,
+    exporter, reader pid, the reader's majflt when it started)."""
+    if kind == "cold":
+        argv = engramprof("lab", "scenario", "residency", "--reader", "mmap", "--table", table, "--duration", "300",
+                          "--start-delay", "120", "--json")
+    else:
+        argv = engramprof("lab", "run", "--table", table, "--warm", "--reader", "mmap", "--duration", "300",
+                          "--markers", tmp / "mmap-warm.jsonl", "--start-delay", "120", "--json")
+    reader = Proc(argv)
+    if kind == "cold":
+        ready = json.loads(reader.p.stdout.readline())  # the scenario's first JSON line
+        pid, markers = ready["pid"], ready["markers"]
+    else:
+        reader.wait_line("lab: ready")
+        pid, markers = reader.p.pid, tmp / "mmap-warm.jsonl"
+    exporter = Proc(engramprof("export", "--pid", str(pid), "--markers", markers, "--window", "3",
+                               "--listen", f"127.0.0.1:{port}", "--label", f"rank=mmap-{kind}"))
+    exporter.wait_line("Exporting", timeout=120)
+    majflt0 = _majflt(pid)
+    os.kill(pid, signal.SIGUSR1)  # attached: start reading
+    return reader, exporter, pid, majflt0
+
+
+def _majflt(pid: int) -> int:
+    """The kernel's count of the process's major faults (/proc/PID/stat field 12)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[9])
+
+
 def _stop(proc, sig=signal.SIGKILL):
     p = proc.p if isinstance(proc, Proc) else proc
     if p.poll() is None:
@@ -128,9 +161,18 @@ def scraped(tmp_path_factory):
                                    "--label", "rank=0"))
         procs.append(exporter)
         exporter.wait_line("Exporting", timeout=120)
+        mapped = {}
+        for kind in ("cold", "warm"):
+            mtable = tmp / f"mmap-{kind}.safetensors"
+            subprocess.run(engramprof("lab", "make-table", mtable, "--rows", "16384"), check=True, capture_output=True)
+            port = _free_port()
+            reader, mexp, pid, majflt0 = _start_mapped(kind, mtable, tmp, port)
+            procs += [reader, mexp]
+            mapped[kind] = dict(reader=reader, exporter=mexp, pid=pid, majflt0=majflt0, port=port)
+        ports = ", ".join(f"'127.0.0.1:{p}'" for p in [eport] + [m["port"] for m in mapped.values()])
         cfg = tmp / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
-                       f"  - job_name: engramprof\n    static_configs:\n      - targets: ['127.0.0.1:{eport}']\n")
+                       f"  - job_name: engramprof\n    static_configs:\n      - targets: [{ports}]\n")
         prom_p = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                                    f"--web.listen-address=127.0.0.1:{pport}"],
                                   stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "wb"))
@@ -140,7 +182,7 @@ def scraped(tmp_path_factory):
         # 20 s of scrapes: a full 15 s rate window while the reader runs, several analysis windows
         _wait("20 s of samples", lambda: prom.query("count_over_time(up[25s]) >= 20"), timeout=60)
         yield dict(tmp=tmp, table=table, group=group, lab=lab, markers=markers, exporter=exporter, prom=prom,
-                   eport=eport, procs=procs)
+                   eport=eport, procs=procs, mapped=mapped)
     finally:
         for p in reversed(procs):
             _stop(p, signal.SIGTERM if p is not procs[0] else signal.SIGKILL)
@@ -180,13 +222,13 @@ def test_histogram_count_equals_the_calls_counter(scraped):
 
 def test_python_scheduling_scenario_puts_python_scheduling_first(scraped):
     prom = scraped["prom"]
-    res = prom.query("increase(engramprof_batch_cause_seconds_total[20s])")
+    res = prom.query('increase(engramprof_batch_cause_seconds_total{rank="0"}[20s])')
     inc = {r["metric"]["cause"]: float(r["value"][1]) for r in res}
     assert inc["python-scheduling"] > 0, inc
     verdict_causes = {c: inc[c] for c in ("residency", "reclaim", "storage", "python-scheduling")}
     assert max(verdict_causes, key=verdict_causes.get) == "python-scheduling", inc
-    assert prom.value('max_over_time(engramprof_window_verdict{verdict="python-scheduling"}[20s])') == 1
-    assert prom.value("increase(engramprof_batch_seconds_count[20s])") > 0
+    assert prom.value('max_over_time(engramprof_window_verdict{rank="0",verdict="python-scheduling"}[20s])') == 1
+    assert prom.value('increase(engramprof_batch_seconds_count{rank="0"}[20s])') > 0
 
 
 def test_dashboard_metrics_are_all_in_a_real_scrape(scraped):
@@ -205,18 +247,54 @@ def test_target_restart_continues_without_duplicated_series(scraped):
     sel = f'engramprof_read_calls_total{{kind="syscall",file="{table}"}}'
     before = prom.value(sel)
     _stop(scraped["lab"])  # kill -9: the target is gone, the exporter stays
-    _wait("target gone", lambda: prom.value("engramprof_target_processes") == 0, timeout=20)
-    assert prom.value("engramprof_target_waiting") == 1
+    _wait("target gone", lambda: prom.value('engramprof_target_processes{rank="0"}') == 0, timeout=20)
+    assert prom.value('engramprof_target_waiting{rank="0"}') == 1
     lab2 = _start_reader(scraped["table"], scraped["tmp"] / "m2.jsonl", group)
     scraped["procs"].insert(1, lab2)
-    _wait("new target counted", lambda: prom.value("engramprof_target_processes") == 1, timeout=20)
+    _wait("new target counted", lambda: prom.value('engramprof_target_processes{rank="0"}') == 1, timeout=20)
     _wait("reads of the new process", lambda: prom.value(sel) > before + 10_000, timeout=30)
     assert scraped["exporter"].p.poll() is None, "the exporter restarted or died"
-    assert prom.value("engramprof_target_waiting") == 0
+    assert prom.value('engramprof_target_waiting{rank="0"}') == 0
     # one series per (file, kind): the new process's reads went on in the same ones
     dup = prom.query("count by (file, kind, rank) (engramprof_read_calls_total) > 1")
     assert dup == [], dup
     assert len(prom.query(sel)) == 1
+
+
+def test_mapped_reader_evicted_every_step_windows_say_residency(scraped):
+    """A numpy.memmap gather whose table is evicted every 20 ms: its windows (batches from its
+    markers, read events from the fault samples) say residency, and the exporter's fault misses
+    equal the kernel's count of the reader's major faults."""
+    prom, m = scraped["prom"], scraped["mapped"]["cold"]
+    assert prom.value('max_over_time(engramprof_window_verdict{rank="mmap-cold",verdict="residency"}[20s])') == 1
+    inc = {r["metric"]["cause"]: float(r["value"][1])
+           for r in prom.query('increase(engramprof_batch_cause_seconds_total{rank="mmap-cold"}[20s])')}
+    causes = {c: inc[c] for c in ("residency", "reclaim", "storage", "python-scheduling")}
+    assert max(causes, key=causes.get) == "residency" and inc["residency"] > 0, inc
+    assert prom.value('increase(engramprof_window_analyses_total{rank="mmap-cold",result="ok"}[20s])') > 0
+    # the kernel's count as the truth: the reader stopped (SIGSTOP), its faults all closed by
+    # the switch-out or left open (at most one a thread: the stopped thread's last fault)
+    os.kill(m["pid"], signal.SIGSTOP)
+    try:
+        time.sleep(0.5)
+        majflt = _majflt(m["pid"]) - m["majflt0"]
+        threads = len(os.listdir(f"/proc/{m['pid']}/task"))
+        got = _scrape(m["port"])
+    finally:
+        os.kill(m["pid"], signal.SIGCONT)
+    misses = sum(v for (name, labels), v in got.items()
+                 if name == "engramprof_read_misses_total" and dict(labels).get("kind") == "fault")
+    assert majflt > 1000, majflt
+    assert majflt - threads <= misses <= majflt, (misses, majflt, threads)
+
+
+def test_mapped_reader_warm_windows_say_healthy(scraped):
+    """The same reader on a cached, mapped table: it hardly faults; its marked batches are
+    analysed all the same, and say healthy."""
+    prom = scraped["prom"]
+    assert prom.value('max_over_time(engramprof_window_verdict{rank="mmap-warm",verdict="healthy"}[20s])') == 1
+    assert prom.value('increase(engramprof_window_analyses_total{rank="mmap-warm",result="ok"}[20s])') > 0
+    assert prom.value('increase(engramprof_window_analyses_total{rank="mmap-warm",result="no-batches"}[20s])') == 0
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -159,6 +159,13 @@ class ExportProbe(LoadedBpf):
     def bio_histogram(self) -> np.ndarray:
         return np.array([self._bio[ctypes.c_int(i)].value for i in range(self.lat_slots)], dtype=np.int64)
 
+    def read_paths(self) -> tuple[str, ...]:
+        """The read paths whose events reach the window sample: syscall reads, and page faults
+        where they are spans (x86's exceptions:page_fault_user with the raw syscall hook)."""
+        f = self.plan.features
+        spans = f.get("HAVE_PFU") and f.get("HAVE_FAULT") and self.plan.raw_syscalls
+        return ("syscall", "fault") if spans else ("syscall",)
+
     # ---- the window sample -----------------------------------------------------------------
     def set_sample_budget(self, n: int) -> None:
         self._budget[ctypes.c_int(0)] = ctypes.c_int64(n)

@@ -172,6 +172,7 @@ def run(settings: ExportSettings) -> int:
         server.shutdown()
         raise
     state.probe = p
+    analyser.read_paths = list(p.read_paths())
     try:
         state.refresh_targets()
         registry.register(ExporterCollector(state, settings.labels))

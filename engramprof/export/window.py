@@ -1,8 +1,8 @@
 """Every --window seconds: the batch analysis (engramprof.analysis, as batch-tail runs it) on
 the window's sampled read records, folded into cumulative counters for /metrics.
 
-The probe records each window's first ``budget`` syscall reads (probes/export.bpf.c); when a
-window has more, the analysis covers its start up to the last sampled read (``coverage``), and
+The probe records each window's first ``budget`` read events, syscall reads and page faults
+alike (probes/export.bpf.c); when a window has more, the analysis covers its start up to the last sampled read (``coverage``), and
 inferred batches cut by that end are left out as at a recording's edge.  Markers (JSON lines
 with start_ns / end_ns, CLOCK_MONOTONIC) are read incrementally from where the last window
 stopped; a marked batch belongs to the window its end falls in.
@@ -29,11 +29,15 @@ _RECORD_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "offset", "size", "ret", "fl
 
 
 def records_frame(recs: np.ndarray) -> pd.DataFrame:
-    """The per-event DataFrame the analysis reads, from sampled ``struct call_record`` rows."""
+    """The per-event DataFrame the analysis reads, from sampled ``struct call_record`` rows:
+    syscall reads, and page faults (syscall code ``fault``: one page at ``offset``, major when
+    the fault inserted pages into the page cache)."""
     df = pd.DataFrame({c: recs[c].astype(np.int64) for c in _RECORD_COLUMNS})
     names = syscall_names()
     df["syscall"] = pd.Categorical.from_codes(recs["syscall"].astype(np.int16), categories=names)
-    df["kind"] = "syscall"
+    fault = recs["syscall"] == names.index("fault")
+    df["kind"] = pd.Categorical.from_codes(fault.astype(np.int8), categories=["syscall", "fault"])
+    df["major"] = fault & (recs["pages_added"] > 0)
     return df
 
 
@@ -103,8 +107,9 @@ class WindowTotals:
 
 
 class WindowAnalyser:
-    def __init__(self, markers: str | None, slow_ms: float | None = None):
+    def __init__(self, markers: str | None, slow_ms: float | None = None, read_paths: tuple[str, ...] = ("syscall",)):
         self.markers = MarkerTail(markers)
+        self.read_paths = list(read_paths)  # what the probe traces: a marked batch without faults is a read
         self.pending_markers: list[tuple[int, int]] = []
         self.totals = WindowTotals()
         self.slow_ms = slow_ms
@@ -130,11 +135,13 @@ class WindowAnalyser:
             covered_end = int((recs["ts_ns"] + recs["dur_ns"]).max())
         markers = self._markers_for(start_ns, covered_end)
         t.coverage = max(0.0, min(1.0, (covered_end - start_ns) / max(1, end_ns - start_ns)))
-        if len(recs) == 0 or (markers is not None and markers.empty):
+        # no read event and no marked batch: nothing to analyse.  Marked batches without a read
+        # (a mapped reader whose pages are all mapped: it never faults) are analysed: healthy.
+        if (len(recs) == 0 and markers is None) or (markers is not None and markers.empty):
             t.analyses["no-batches"] += 1
             t.verdict, t.last_batches = None, 0
             return
-        meta = {"start_ns": int(start_ns), "end_ns": int(covered_end)}
+        meta = {"start_ns": int(start_ns), "end_ns": int(covered_end), "read_paths": self.read_paths}
         kw = {} if self.slow_ms is None else {"slow_ms": self.slow_ms}
         try:
             table, summary = analyse(records_frame(recs), markers, meta=meta, **kw)
