@@ -20,7 +20,8 @@
  * offset or length: they are read from the request with member offsets of the running kernel's
  * BTF (engramprof/bpf/uring.py fills U_OFF_* before load).  At complete, req->file is set (a
  * plain fd holds its reference until the request is freed, a registered file is the table's):
- * file -> f_inode -> (i_ino, i_sb -> s_dev), and f_flags (O_DIRECT).
+ * file -> f_inode -> (i_ino, i_sb -> s_dev, i_mode), and f_flags (O_DIRECT).  A read of a file
+ * that is not a regular file (a pipe, socket, tty, procfs) is counted (nonregular), not recorded.
  *
  * Path (URING_PATH_*, probes/uring.h): punted when queue_async_work was seen; else async when the
  * read was queued rather than done by its issue: a buffered read armed on the page's wait queue
@@ -172,8 +173,12 @@ TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
 
 #define U_FILE_SPAN_FROM (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_INODE : U_OFF_FILE_FLAGS)
 #define U_FILE_SPAN_TO (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_FLAGS + 4 : U_OFF_FILE_INODE + 8)
-#define U_INODE_SPAN_FROM (U_OFF_INODE_SB < U_OFF_INODE_INO ? U_OFF_INODE_SB : U_OFF_INODE_INO)
-#define U_INODE_SPAN_TO ((U_OFF_INODE_SB < U_OFF_INODE_INO ? U_OFF_INODE_INO : U_OFF_INODE_SB) + 8)
+#define U_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define U_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define U_INODE_SPAN_FROM U_MIN(U_OFF_INODE_MODE, U_MIN(U_OFF_INODE_SB, U_OFF_INODE_INO))
+#define U_INODE_SPAN_TO U_MAX(U_OFF_INODE_MODE + 2, U_MAX(U_OFF_INODE_SB, U_OFF_INODE_INO) + 8)
+#define U_S_IFMT 0170000
+#define U_S_IFREG 0100000
 
 TRACEPOINT_PROBE(io_uring, io_uring_complete)
 {
@@ -189,6 +194,7 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	/* the file and the kiocb's state now */
 	u64 file = 0, pos = 0, waitq = 0, inode = 0, sb = 0, ino = 0;
 	u32 f_flags = 0, dev = 0;
+	u16 mode = 0;
 	/* req->file, kiocb.ki_pos and kiocb.ki_waitq in one read (the first CSPAN bytes of the
 	 * request), f_inode and f_flags in another: four probe reads in all with the inode's */
 	char rspan[CSPAN];
@@ -211,11 +217,18 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 		if (bpf_probe_read_kernel(span, sizeof(span), (void *)(inode + U_INODE_SPAN_FROM)) == 0) {
 			__builtin_memcpy(&sb, span + (U_OFF_INODE_SB - U_INODE_SPAN_FROM), 8);
 			__builtin_memcpy(&ino, span + (U_OFF_INODE_INO - U_INODE_SPAN_FROM), 8);
+			__builtin_memcpy(&mode, span + (U_OFF_INODE_MODE - U_INODE_SPAN_FROM), 2);
 		}
 		if (sb)
 			bpf_probe_read_kernel(&dev, 4, (void *)(sb + U_OFF_SB_DEV));
 	}
 	struct uring_totals *t = totals();
+	if (inode && (mode & U_S_IFMT) != U_S_IFREG) {
+		/* a pipe, socket, tty or procfs file read through the ring: not a table read */
+		if (t)
+			t->nonregular++;
+		return 0;
+	}
 	if (!is_target_file(dev, ino)) {  /* --file: targets.h */
 		if (t)
 			t->filtered++;

@@ -64,6 +64,7 @@ struct uring_totals {
 	u64 replaced;      /* a submit found its request pointer still in flight: the earlier one's
 	                    * completion was not seen (IOSQE_CQE_SKIP_SUCCESS, or a missed event) */
 	u64 filtered;      /* completed reads of files not selected (--file) */
+	u64 nonregular;    /* completed reads of files that are not regular files (pipes, sockets, procfs) */
 	u64 sum_ns;        /* submit -> complete, summed over completed requests */
 	u64 max_ns;
 };

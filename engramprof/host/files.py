@@ -24,6 +24,13 @@ def kernel_dev(st_dev: int) -> int:
     return dev_t(os.major(st_dev), os.minor(st_dev))
 
 
+def st_dev_of(kdev):
+    """The kernel's dev_t (major << 20 | minor; scalars or numpy arrays) -> st_dev, the user-space
+    encoding (glibc's makedev), as the trace's ``dev`` column holds it."""
+    major, minor = kdev >> 20, kdev & 0xFFFFF
+    return ((major & 0xFFF) << 8) | ((major & ~0xFFF) << 32) | (minor & 0xFF) | ((minor & ~0xFF) << 12)
+
+
 @dataclass(frozen=True)
 class FileIdentity:
     """One (device, inode) a ``--file`` is matched by, and where it was learnt: ``stat``, ``open

@@ -39,6 +39,7 @@ BTF_FIELDS = [
     ("U_OFF_FILE_FLAGS", "file", "f_flags", 4),
     ("U_OFF_INODE_INO", "inode", "i_ino", 8),
     ("U_OFF_INODE_SB", "inode", "i_sb", 8),
+    ("U_OFF_INODE_MODE", "inode", "i_mode", 2),  # S_ISREG: a pipe / socket / procfs read is not a table read
     ("U_OFF_SB_DEV", "super_block", "s_dev", 4),
 ]
 #: the read opcodes (enum io_uring_op); READV_FIXED is Linux 6.15+

@@ -117,6 +117,21 @@ def fault_summary_line(f: dict) -> str:
     return line
 
 
+def uring_summary_line(u: dict) -> str:
+    """The io_uring read path in one line (the summary's "io_uring reads" row)."""
+    line = (f"{u.get('completed', 0):,} read requests completed of {u.get('submitted', 0):,} submitted "
+            f"({u.get('inline', 0):,} inline, {u.get('async', 0):,} async, {u.get('punted', 0):,} punted to io-wq"
+            + (f", {u['sqpoll']:,} by SQPOLL" if u.get("sqpoll") else "") + f"), {u.get('sum_ms', 0):,.1f} ms in flight")
+    if u.get("nonregular"):
+        n = u["nonregular"]
+        line += f"; {n:,} read{'s' if n != 1 else ''} of pipes, sockets or procfs left out (not table reads)"
+    if u.get("lost_records"):
+        line += f"; {u['lost_records']:,} records lost"
+    if u.get("untracked"):
+        line += f"; {u['untracked']:,} not tracked (in-flight map full)"
+    return line
+
+
 def _short(path: str, width: int = 48) -> str:
     if not path:
         return "?"
@@ -135,6 +150,8 @@ def print_summary(console: Console, s: dict) -> None:
                  if s.get("partial_at_start") else ""))
     if s.get("faults"):  # the second read path, beside the calls
         t.add_row("page faults", fault_summary_line(s["faults"]))
+    if s.get("uring"):
+        t.add_row("io_uring reads", uring_summary_line(s["uring"]))
     t.add_row("lost records", Text(f"{s['lost_records']:,}", style="red" if s["lost_records"] else ""))
     if s.get("bios_untracked"):
         t.add_row("untracked bios", Text(f"{s['bios_untracked']:,} queued by calls, counted in bio_count, not timed "
@@ -184,11 +201,16 @@ def print_summary(console: Console, s: dict) -> None:
             rows = [r[:2] + r[3:] for r in rows]
         console.print(fit_table(console, cols, rows, title=title))
     f = s.get("faults")
-    if f is not None and not s.get("calls") and not f.get("major"):  # nothing read from a file's storage
+    u = s.get("uring")
+    if f is not None and not s.get("calls") and not f.get("major") and not (u or {}).get("completed"):
+        # nothing read from a file's storage
         parts = [f"{f.get('faults', 0):,} minor file-backed faults (pages already cached: its code and "
                  "libraries, or resident rows)"]
         if f.get("other_faults"):
             parts.append(f"{f['other_faults']:,} anonymous or other faults (counted, not recorded)")
+        if u is not None:
+            parts.append(f"no io_uring read request completed ({u.get('nonregular', 0):,} of pipes, sockets or "
+                         "procfs left out)" if u.get("nonregular") else "no io_uring read request")
         console.print(f"[yellow]note:[/yellow] pid {s['pid']} made no preadv2/preadv/pread64 call and no major "
                       f"page fault in this window: {'; '.join(parts)}")
     for n in s.get("notes", []):

@@ -31,7 +31,7 @@ import pyarrow as pa
 from engramprof.bpf import uring as uring_probe
 from engramprof.host import tracepoints as tp
 from engramprof.host import uring as uring_needs
-from engramprof.host.files import file_identities, kernel_dev
+from engramprof.host.files import file_identities, kernel_dev, st_dev_of
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import DrainBatching, LostRecords, ProbeTotals, ReadBatch, WindowStart
 from engramprof.record.enrich import PerPid, TensorEnricher
@@ -68,7 +68,8 @@ class UringDecoder:
         paths = np.asarray(uring_probe.PATHS, dtype=object)
         out = {"uring_path": paths[np.minimum(recs["path"].astype(i64), len(paths) - 1)],
                "io_tid": recs["io_tid"].astype(i32),
-               "direct": (uf & self.bits["DIRECT"]) != 0}
+               "direct": (uf & self.bits["DIRECT"]) != 0,
+               "dev": st_dev_of(recs["dev"].astype(i64)), "ino": recs["ino"].astype(i64)}
         return ReadBatch(self.kind, FaultColumns(cols), out)
 
     @property
@@ -233,6 +234,7 @@ class UringSource(Source):
                 "inline": t.get("inline_n", 0), "async": t.get("async_n", 0), "punted": t.get("punted", 0),
                 "sqpoll": t.get("sqpoll", 0), "lost_records": t.get("lost_records", 0),
                 "untracked": t.get("no_state", 0), "recorded": self.recorded,
+                "nonregular": t.get("nonregular", 0),
                 "partial_at_start": self.partial_at_start, "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
                 "missing_tracepoints": self.probe.plan.missing if self.probe is not None else []}
 
