@@ -28,11 +28,24 @@
  * (kiocb.ki_waitq, which io_prep_rw sets to NULL, is set by io_rw_should_retry) or an O_DIRECT
  * read (returns -EIOCBQUEUED; completes from the bio's end through task work); else inline.
  *
+ * In-flight evidence (HAVE_ISSUE_EVIDENCE): the thread that issues a request -- the submitter,
+ * from io_uring_submit_req (its inline issue follows at once) until the next submit or its
+ * io_uring_enter returns; an io-wq worker from io_uring_file_get until it posts the completion --
+ * holds the request in task storage (`uring_issuing`).  Pages that thread inserts into the page
+ * cache (filemap:mm_filemap_add_to_page_cache: sync readahead of the inline attempt, a worker's
+ * blocking read) and bios it queues (block:block_bio_queue: O_DIRECT, readahead) are the
+ * request's; a bio is found again at its completion in the bio table of probes/bios.h (its
+ * owner is the request pointer) and its queue -> complete time added while the request is in
+ * flight.  A buffered request completed by task work after the page's wait queue woke it did
+ * its I/O through readahead already counted at its issue (or another request's): it has none.
+ * No off-CPU or reclaim time per request: many requests share one wait in io_uring_enter.
+ *
  * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV,
  *   OP_READV, OP_READ_FIXED, OP_READ, OP_READV_FIXED (the kernel's enum io_uring_op; -1 = absent),
  *   U_OFF_* (BTF member offsets), REQ_SPAN / CSPAN (bytes of the request read at submit / complete),
  *   O_DIRECT_BIT,
- *   HAVE_QUEUE_ASYNC, HAVE_FILE_GET, and targets.h's.
+ *   HAVE_QUEUE_ASYNC, HAVE_FILE_GET, HAVE_ISSUE_EVIDENCE (the filemap, block and
+ *   sys_exit_io_uring_enter tracepoints), BIO_SLOTS / BIO_STALE_NS (probes/bios.h), and targets.h's.
  */
 #include "uring.h"
 
@@ -51,6 +64,9 @@ struct uring_state {
 	u32 sqe_flags;
 	u16 opcode;
 	u16 uflags;
+	u64 bio_ns;       /* queue -> complete of its bios that completed while it was in flight */
+	u32 pages_added;  /* page-cache insertions by the thread issuing it */
+	u32 bio_count;    /* bios queued by that thread */
 };
 
 BPF_HASH(uring_inflight, u64, struct uring_state, MAX_INFLIGHT);
@@ -61,6 +77,34 @@ BPF_ARRAY(uring_totals_layout, struct uring_totals, 1);
 
 /* is_target(pid_tgid), is_target_file(dev, ino): probes/targets.h */
 #include "targets.h"
+
+#if HAVE_ISSUE_EVIDENCE
+/* the request the current thread is issuing (0: none) */
+struct uring_issuing {
+	u64 req;
+};
+BPF_TASK_STORAGE(uring_issuing, struct uring_issuing);
+/* bio_slots, bio_slots_taken (owner = the request pointer) */
+#include "bios.h"
+
+static __always_inline void issuing_set(u64 req)
+{
+	struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0,
+								 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (i)
+		i->req = req;
+}
+
+/* the in-flight state of the request the current thread issues, if any */
+static __always_inline struct uring_state *issuing_state(u64 *req)
+{
+	struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+	if (!i || !i->req)
+		return 0;
+	*req = i->req;
+	return uring_inflight.lookup(req);
+}
+#endif
 
 static __always_inline struct uring_totals *totals(void)
 {
@@ -145,6 +189,9 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 	}
 	if (uring_inflight.update(&req, &s) && t)
 		t->no_state++;
+#if HAVE_ISSUE_EVIDENCE
+	issuing_set(req);
+#endif
 	return 0;
 }
 
@@ -154,8 +201,86 @@ TRACEPOINT_PROBE(io_uring, io_uring_file_get)
 {
 	u64 req = (u64)args->req;
 	struct uring_state *s = uring_inflight.lookup(&req);
-	if (s)
+	if (s) {
 		s->io_tid = (u32)bpf_get_current_pid_tgid();
+#if HAVE_ISSUE_EVIDENCE
+		issuing_set(req);
+#endif
+	}
+	return 0;
+}
+#endif
+
+#if HAVE_ISSUE_EVIDENCE
+/* the submitter's io_uring_enter is over: what it inserts or queues next is not the request's */
+TRACEPOINT_PROBE(syscalls, sys_exit_io_uring_enter)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+	if (i)
+		i->req = 0;
+	return 0;
+}
+
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	u64 req;
+	struct uring_state *s = issuing_state(&req);
+	if (s)
+		s->pages_added += 1 << args->order;
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	u64 req;
+	struct uring_state *s = issuing_state(&req);
+	if (!s)
+		return 0;
+	s->bio_count++;
+	if (bio_claim(args->dev, args->sector, bpf_ktime_get_ns(), req, (u32)bpf_get_current_pid_tgid())) {
+		struct uring_totals *t = totals();
+		if (t)
+			t->bios_untracked++;
+	}
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_backmerge)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct bio_found b;
+	bio_completed(args->dev, args->sector, &b);  /* merged: no completion of its own to time */
+	return 0;
+}
+
+/* every I/O of the machine: the count of taken slots first (probes/bios.h) */
+static __always_inline void uring_bio_done(u32 dev, u64 sector)
+{
+	struct bio_found b;
+	if (!bio_completed(dev, sector, &b))
+		return;
+	u64 req = b.owner_ts;
+	struct uring_state *s = uring_inflight.lookup(&req);
+	if (s)
+		__sync_fetch_and_add(&s->bio_ns, bpf_ktime_get_ns() - b.ts);
+}
+
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	uring_bio_done(args->dev, args->sector);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	uring_bio_done(args->dev, args->sector);
 	return 0;
 }
 #endif
@@ -190,6 +315,14 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	struct uring_state s = *p;
 	uring_inflight.delete(&req);
 	u32 ctid = (u32)bpf_get_current_pid_tgid();
+#if HAVE_ISSUE_EVIDENCE
+	{
+		/* a worker that issued it has posted it: its next insertions are not this request's */
+		struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+		if (i && i->req == req)
+			i->req = 0;
+	}
+#endif
 	s64 res = args->res;
 	/* the file and the kiocb's state now */
 	u64 file = 0, pos = 0, waitq = 0, inode = 0, sb = 0, ino = 0;
@@ -299,6 +432,9 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	r->opcode = s.opcode;
 	r->path = path;
 	r->uflags = s.uflags;
+	r->bio_ns = s.bio_ns;
+	r->pages_added = s.pages_added;
+	r->bio_count = s.bio_count;
 	r->__pad0 = 0;
 	r->__pad1 = 0;
 	uring_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);

@@ -37,6 +37,8 @@ struct uring_record {
 	u64 user_data;    /* the sqe's user_data */
 	u64 ctx;          /* the ring (struct io_ring_ctx *): requests of one ring share it */
 	u64 punt_ns;      /* submit -> io_uring_queue_async_work (0: not punted) */
+	u64 bio_ns;       /* queue -> complete of the bios the issuing thread queued for it (those that
+	                   * completed while it was in flight) */
 	u32 pid;          /* tgid of the submitter: the ring's owner (io-wq and SQPOLL threads are its threads) */
 	u32 tid;          /* the submitting thread (an SQPOLL ring: its iou-sqp thread) */
 	u32 io_tid;       /* the thread that issued the read (0: an io-wq worker not seen) */
@@ -44,6 +46,8 @@ struct uring_record {
 	u32 dev;          /* the file's superblock s_dev: major << 20 | minor */
 	s32 fd;           /* the sqe's fd (URING_FIXED_FILE: the registered file's index) */
 	u32 sqe_flags;    /* IOSQE_* of the sqe (the low byte of the request's flags) */
+	u32 pages_added;  /* page-cache insertions by the thread issuing it, while issuing it */
+	u32 bio_count;    /* bios queued by that thread while issuing it */
 	u16 opcode;       /* IORING_OP_* */
 	u16 path;         /* URING_PATH_* */
 	u16 uflags;       /* URING_* */
@@ -67,6 +71,8 @@ struct uring_totals {
 	u64 nonregular;    /* completed reads of files that are not regular files (pipes, sockets, procfs) */
 	u64 sum_ns;        /* submit -> complete, summed over completed requests */
 	u64 max_ns;
+	u64 bios_untracked; /* bios queued for a request whose bio-table slot another bio held
+	                     * (probes/bios.h): in its bio_count, not in its bio_ns */
 };
 
 #endif

@@ -85,6 +85,13 @@ def test_every_row_read_through_the_ring_is_one_io_uring_read_event(tbl, tmp_pat
     assert s["recorded"] == rows and s["completed"] == rows and s["lost_records"] == 0
     # the table's pages came in: cold requests were served async (waited on the page), not inline
     assert (ur["uring_path"] != "inline").any()
+    # each request's insertions and bios, in the thread issuing it: the cold table's pages were
+    # inserted by the requests (readahead windows: some requests insert many, later ones none)
+    # and their bios timed within the request (bio time never longer than submit -> complete)
+    assert ur["pages_added"].sum() >= len(tbl.read_bytes()) // 4096 // 4, ur["pages_added"].sum()
+    assert ur["bio_count"].sum() > 0 and (ur["bio_ns"] <= ur["dur_ns"]).all()
+    assert ((ur["bio_ns"] > 0) <= (ur["bio_count"] > 0)).all()  # bio time only where bios were queued
+    assert ur["offcpu_ns"].isna().all() and ur["reclaim_ns"].isna().all()  # not per request: null
 
 
 @pytest.mark.parametrize("cache", ["cold", "warm"])
@@ -107,3 +114,7 @@ def test_io_uring_wait_is_io_not_python_scheduling(tbl, tmp_path, cache):
         assert share["python-scheduling"] < 0.1, share
     else:
         assert bt["verdict"] == "healthy", (bt["verdict"], share)
+        # warm: no request inserted a page or queued a bio
+        calls = trace.load_bundle(run.trace).calls
+        ur = calls[calls["kind"].astype(str) == "io_uring"]
+        assert ur["pages_added"].sum() == 0 and ur["bio_count"].sum() == 0, ur[["pages_added", "bio_count"]].sum()

@@ -20,10 +20,16 @@ REQUIRED_FIELDS = {
 FEATURES = {
     "HAVE_QUEUE_ASYNC": ["io_uring:io_uring_queue_async_work"],  # punted to io-wq (else: counted inline/async)
     "HAVE_FILE_GET": ["io_uring:io_uring_file_get"],  # the io-wq worker that issued a punted plain-fd read
+    # a request's page-cache insertions and bios, in the thread issuing it
+    "HAVE_ISSUE_EVIDENCE": ["syscalls:sys_exit_io_uring_enter", "filemap:mm_filemap_add_to_page_cache",
+                            "block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete",
+                            "block:block_bio_complete"],
 }
 FEATURE_EFFECT = {
     "HAVE_QUEUE_ASYNC": "punts to io-wq are not seen (punted requests count as inline or async)",
     "HAVE_FILE_GET": "the io-wq worker of a punted request is known only when it posts the completion",
+    "HAVE_ISSUE_EVIDENCE": "requests carry no page-cache insertions, bios or bio time (pages_added, bio_count, "
+                           "bio_ns null)",
 }
 
 #: (macro, struct, member path, bytes the probe reads): what the probe reads from the request

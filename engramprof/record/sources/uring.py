@@ -4,9 +4,11 @@ Every read request of a target's ring (READ, READV, READ_FIXED, READV_FIXED) is 
 ``ts_ns`` its submit, ``dur_ns`` submit -> complete (the CQE posted), ``tid`` the submitting
 thread, ``offset``, ``size``, ``ret`` (the CQE's res), ``fd`` (the sqe's fd, or a registered
 file's index), ``syscall`` = ``io_uring``, and the io_uring columns ``uring_path`` (inline |
-async | punted), ``io_tid`` (the thread that issued the read) and ``direct`` (O_DIRECT).  The
-in-flight evidence columns (pages added, bios, reclaim, off-CPU) are not measured by this
-probe: written null, never a misleading 0.
+async | punted), ``io_tid`` (the thread that issued the read) and ``direct`` (O_DIRECT).  Of the
+in-flight evidence, the page-cache insertions and bios of the thread issuing the request (the
+submitter inline, an io-wq worker when punted) and their bio time are the request's; reclaim,
+off-CPU and run-queue time are not measured per request (one wait in io_uring_enter serves many):
+written null, never a misleading 0.
 
 Followed as data, the scheme of the fault source (engramprof/record/sources/faults.py):
 
@@ -62,7 +64,8 @@ class UringDecoder:
         i64, i32 = np.int64, np.int32
         cols = {name: recs[name].astype(dt) for name, dt in (
             ("ts_ns", i64), ("dur_ns", i64), ("pid", i32), ("tid", i32), ("offset", i64), ("size", i64),
-            ("ret", i64), ("flags", i64), ("fd", i32), ("dev", np.uint64), ("ino", np.uint64))}
+            ("ret", i64), ("flags", i64), ("fd", i32), ("dev", np.uint64), ("ino", np.uint64),
+            ("pages_added", i32), ("bio_count", i32), ("bio_ns", i64))}
         cols["syscall"] = np.zeros(n, dtype=i32)  # code 0 of the builder's dictionary: "io_uring"
         uf = recs["uflags"].astype(i64)
         paths = np.asarray(uring_probe.PATHS, dtype=object)
@@ -183,8 +186,11 @@ class UringSource(Source):
         for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
             self.files.of(pid)
         self.enrichers = [self.files, TensorEnricher(paths, tensors)]
+        # off-CPU, run-queue and reclaim time are not per request (one wait in io_uring_enter
+        # serves many); insertions and bios are, where the kernel has their tracepoints
+        per_request = () if not self.probe.plan.features.get("HAVE_ISSUE_EVIDENCE") else uring_probe.ISSUE_EVIDENCE
         self.tables = EventTableBuilder(pa.array([KIND], type=pa.string()), paths, tensors,
-                                        missing=list(EVIDENCE_COLUMNS))
+                                        missing=[c for c in EVIDENCE_COLUMNS if c not in per_request])
         if self.probe.plan.missing:
             rec.notes.append(f"io_uring evidence not collected: {', '.join(self.probe.plan.missing)}")
         rec.put_meta(uring_probe=uring_probe.PROBE_FILE, uring_missing=self.probe.plan.missing)
