@@ -11,6 +11,7 @@
 
 #define READ_KIND_SYSCALL 0
 #define READ_KIND_FAULT   1
+#define READ_KIND_IO_URING 2  /* kept by probes/uring.bpf.c compiled with EXPORT_MODE */
 
 /* ---- what user space reads ---- */
 

@@ -40,7 +40,13 @@
  * its I/O through readahead already counted at its issue (or another request's): it has none.
  * No off-CPU or reclaim time per request: many requests share one wait in io_uring_enter.
  *
- * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV,
+ * EXPORT_MODE (`engramprof export`): every completed request is also aggregated in the kernel
+ * into `uring_stats_by_file` (struct read_stats of probes/export.h, keyed by file and kind
+ * READ_KIND_IO_URING), and a record is written only while `uring_sample_budget` lasts (the
+ * window's sample: user space refills it at each window start).
+ *
+ * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV, EXPORT_MODE,
+ *   MAX_READ_FILES (EXPORT_MODE),
  *   OP_READV, OP_READ_FIXED, OP_READ, OP_READV_FIXED (the kernel's enum io_uring_op; -1 = absent),
  *   U_OFF_* (BTF member offsets), REQ_SPAN / CSPAN (bytes of the request read at submit / complete),
  *   O_DIRECT_BIT,
@@ -77,6 +83,14 @@ BPF_ARRAY(uring_totals_layout, struct uring_totals, 1);
 
 /* is_target(pid_tgid), is_target_file(dev, ino): probes/targets.h */
 #include "targets.h"
+
+#if EXPORT_MODE
+/* struct read_key, struct read_stats, READ_KIND_IO_URING */
+#include "export.h"
+BPF_PERCPU_HASH(uring_stats_by_file, struct read_key, struct read_stats, MAX_READ_FILES);
+BPF_PERCPU_ARRAY(uring_stats_zero, struct read_stats, 1);   /* never written: the initial value */
+BPF_ARRAY(uring_sample_budget, s64, 1);
+#endif
 
 #if HAVE_ISSUE_EVIDENCE
 /* the request the current thread is issuing (0: none) */
@@ -121,6 +135,50 @@ static __always_inline int is_vectored(u32 op)
 {
 	return op == OP_READV || op == OP_READV_FIXED;
 }
+
+#if EXPORT_MODE
+/* The request, aggregated per file; 1 when it is also to be recorded (the budget lasts). */
+static __always_inline int uring_export(struct uring_state *s, u32 dev, u64 ino, s64 res, u64 dur, u32 direct,
+					struct uring_totals *t)
+{
+	struct read_key k = {.ino = ino, .dev = dev, .kind = READ_KIND_IO_URING};
+	struct read_stats *st = uring_stats_by_file.lookup(&k);
+	if (!st) {
+		int zero = 0;
+		struct read_stats *init = uring_stats_zero.lookup(&zero);
+		if (init) {
+			uring_stats_by_file.update(&k, init);
+			st = uring_stats_by_file.lookup(&k);
+		}
+		if (!st && t)
+			t->files_overflow++;
+	}
+	if (st) {
+		st->reads++;
+		if (res > 0)
+			st->bytes += res;
+		if (s->pages_added || s->bio_count || direct)
+			st->misses++;  /* the page cache did not have it (or was bypassed) */
+		st->pages_added += s->pages_added;
+		st->bio_count += s->bio_count;
+		st->bio_ns += s->bio_ns;
+		st->sum_ns += dur;
+		u32 slot = bpf_log2l(dur);
+		if (slot >= LAT_SLOTS)
+			slot = LAT_SLOTS - 1;
+		st->latency_log2[slot]++;
+	}
+	int zero = 0;
+	s64 *budget = uring_sample_budget.lookup(&zero);
+	if (!budget || *budget <= 0) {
+		if (t)
+			t->unsampled++;
+		return 0;
+	}
+	__sync_fetch_and_add(budget, -1);
+	return 1;
+}
+#endif
 
 TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 {
@@ -406,6 +464,10 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 		if (dur > t->max_ns)
 			t->max_ns = dur;
 	}
+#if EXPORT_MODE
+	if (!uring_export(&s, dev, ino, res, dur, f_flags & O_DIRECT_BIT, t))
+		return 0;
+#endif
 	struct uring_record *r = uring_records.ringbuf_reserve(sizeof(struct uring_record));
 	if (!r) {
 		if (t)

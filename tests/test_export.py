@@ -83,24 +83,28 @@ def _start_reader(table: Path, markers: Path, group: Path) -> Proc:
 
 
 def _start_mapped(kind: str, table: Path, tmp: Path, port: int) -> tuple[Proc, Proc, int, int]:
-    """A mapped lab reader waiting to start (cold: the residency scenario; warm: `lab run --warm`),
-    its exporter (--pid, its markers, label rank=mmap-KIND), then the reader started: (reader,
+    """A lab reader waiting to start (mmap-cold: a numpy.memmap gather in the residency scenario;
+    mmap-warm: `lab run --warm`; uring-cold: the io_uring reader in the residency scenario, 300
+    steps), its exporter (--pid, its markers, label rank=KIND), then the reader started: (reader,
     exporter, reader pid, the reader's majflt when it started)."""
-    if kind == "cold":
+    if kind == "mmap-cold":
         argv = engramprof("lab", "scenario", "residency", "--reader", "mmap", "--table", table, "--duration", "300",
+                          "--start-delay", "120", "--json")
+    elif kind == "uring-cold":
+        argv = engramprof("lab", "scenario", "residency", "--reader", "uring", "--table", table, "--steps", "300",
                           "--start-delay", "120", "--json")
     else:
         argv = engramprof("lab", "run", "--table", table, "--warm", "--reader", "mmap", "--duration", "300",
                           "--markers", tmp / "mmap-warm.jsonl", "--start-delay", "120", "--json")
     reader = Proc(argv)
-    if kind == "cold":
+    if kind != "mmap-warm":
         ready = json.loads(reader.p.stdout.readline())  # the scenario's first JSON line
         pid, markers = ready["pid"], ready["markers"]
     else:
         reader.wait_line("lab: ready")
         pid, markers = reader.p.pid, tmp / "mmap-warm.jsonl"
     exporter = Proc(engramprof("export", "--pid", str(pid), "--markers", markers, "--window", "3",
-                               "--listen", f"127.0.0.1:{port}", "--label", f"rank=mmap-{kind}"))
+                               "--listen", f"127.0.0.1:{port}", "--label", f"rank={kind}"))
     exporter.wait_line("Exporting", timeout=120)
     majflt0 = _majflt(pid)
     os.kill(pid, signal.SIGUSR1)  # attached: start reading
@@ -162,8 +166,8 @@ def scraped(tmp_path_factory):
         procs.append(exporter)
         exporter.wait_line("Exporting", timeout=120)
         mapped = {}
-        for kind in ("cold", "warm"):
-            mtable = tmp / f"mmap-{kind}.safetensors"
+        for kind in ("mmap-cold", "mmap-warm", "uring-cold"):
+            mtable = tmp / f"{kind}.safetensors"
             subprocess.run(engramprof("lab", "make-table", mtable, "--rows", "16384"), check=True, capture_output=True)
             port = _free_port()
             reader, mexp, pid, majflt0 = _start_mapped(kind, mtable, tmp, port)
@@ -265,7 +269,7 @@ def test_mapped_reader_evicted_every_step_windows_say_residency(scraped):
     """A numpy.memmap gather whose table is evicted every 20 ms: its windows (batches from its
     markers, read events from the fault samples) say residency, and the exporter's fault misses
     equal the kernel's count of the reader's major faults."""
-    prom, m = scraped["prom"], scraped["mapped"]["cold"]
+    prom, m = scraped["prom"], scraped["mapped"]["mmap-cold"]
     assert prom.value('max_over_time(engramprof_window_verdict{rank="mmap-cold",verdict="residency"}[20s])') == 1
     inc = {r["metric"]["cause"]: float(r["value"][1])
            for r in prom.query('increase(engramprof_batch_cause_seconds_total{rank="mmap-cold"}[20s])')}
@@ -295,6 +299,29 @@ def test_mapped_reader_warm_windows_say_healthy(scraped):
     assert prom.value('max_over_time(engramprof_window_verdict{rank="mmap-warm",verdict="healthy"}[20s])') == 1
     assert prom.value('increase(engramprof_window_analyses_total{rank="mmap-warm",result="ok"}[20s])') > 0
     assert prom.value('increase(engramprof_window_analyses_total{rank="mmap-warm",result="no-batches"}[20s])') == 0
+
+
+def test_io_uring_reader_counted_exactly_and_analysed(scraped):
+    """The io_uring reader evicted every 20 ms: every SQE it submitted is one io_uring read of its
+    table (the reader's own count), and its windows are analysed with the I/O wait as residency,
+    never as Python scheduling."""
+    prom, m = scraped["prom"], scraped["mapped"]["uring-cold"]
+    done = json.loads(m["reader"].p.stdout.readline())  # the scenario's last line: 300 steps read
+    assert done["event"] == "done", done
+    time.sleep(1.5)  # the exporter's next drain and Prometheus's next scrape
+    got = _scrape(m["port"])
+    calls = {dict(k[1])["file"]: v for k, v in got.items()
+             if k[0] == "engramprof_read_calls_total" and dict(k[1]).get("kind") == "io_uring"}
+    assert calls == {done["summary"]["table"]: done["summary"]["calls"]}, (calls, done["summary"])
+    assert got[("engramprof_probe_reads_total", (("kind", "io_uring"), ("rank", "uring-cold")))] == \
+        done["summary"]["calls"]
+    key = (("file", done["summary"]["table"]), ("kind", "io_uring"), ("rank", "uring-cold"))
+    assert got[("engramprof_read_latency_seconds_count", key)] == done["summary"]["calls"]
+    assert 0 < got[("engramprof_read_misses_total", key)] <= done["summary"]["calls"]
+    inc = {r["metric"]["cause"]: float(r["value"][1])
+           for r in prom.query('max_over_time(engramprof_batch_cause_seconds_total{rank="uring-cold"}[60s])')}
+    assert inc["python-scheduling"] < 0.1 * sum(inc.values()), inc
+    assert prom.value('max_over_time(engramprof_window_verdict{rank="uring-cold",verdict="residency"}[60s])') == 1
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -2,7 +2,7 @@
 totals (prometheus_client collectors: the library writes the text format).
 
 Label sets are bounded: ``file`` (one per file the targets read: table files, at most the
-probe's MAX_FILES), ``kind`` (syscall, fault), ``cause`` (6), ``verdict`` (5), ``what`` and
+probe's MAX_FILES), ``kind`` (syscall, fault, io_uring), ``cause`` (6), ``verdict`` (5), ``what`` and
 ``result`` (a few fixed values), plus the constant --label pairs.  No pid, tid or offset label.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ NS = 1e-9
 FIRST_BUCKET_LOG2, LAST_BUCKET_LOG2 = 10, 35
 #: (field of the probe's read_stats, metric name, help, scale)
 READ_COUNTERS = (
-    ("reads", "engramprof_read_calls_total", "Reads: syscall reads (preadv2/preadv/pread64) or file-backed page "
-     "faults, per file and kind", 1),
+    ("reads", "engramprof_read_calls_total", "Reads: syscall reads (preadv2/preadv/pread64), file-backed page "
+     "faults or io_uring read requests, per file and kind", 1),
     ("bytes", "engramprof_read_bytes_total", "Bytes returned by syscall reads", 1),
     ("eagain", "engramprof_read_eagain_total", "Syscall reads that returned EAGAIN (RWF_NOWAIT misses)", 1),
     ("misses", "engramprof_read_misses_total", "Reads that inserted at least one page into the page cache", 1),
@@ -70,7 +70,8 @@ class ExporterCollector:
         stats = snap["stats"]
         fams = {name: self._f(CounterMetricFamily, name, doc, ("file", "kind")) for _, name, doc, _ in READ_COUNTERS}
         lat = self._f(HistogramMetricFamily, "engramprof_read_latency_seconds",
-                      "Latency of reads: a syscall's entry to exit; a page fault's entry to its last in-fault event "
+                      "Latency of reads: a syscall's entry to exit; a page fault's entry to its last in-fault event; "
+                      "an io_uring request's submit to its completion "
                       "(log2 buckets kept in the kernel)", ("file", "kind"))
         for (dev, ino, kind), row in sorted(stats.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
             if not s.wanted_file(dev, ino):
@@ -78,7 +79,7 @@ class ExporterCollector:
             labels = lv + [s.file_name(dev, ino), kind]
             for field, name, _doc, scale in READ_COUNTERS:
                 fams[name].add_metric(labels, row[field] * scale, timestamp=at)
-            if kind == "syscall" or s.fault_latency:
+            if kind != "fault" or s.fault_latency:
                 buckets, total = log2_histogram(row["latency_log2"], row["sum_ns"] * NS)
                 lat.add_metric(labels, buckets, total, timestamp=at)
         yield from fams.values()
@@ -110,6 +111,8 @@ class ExporterCollector:
                         "Every read the probe saw, by kind (files beyond the file map included)", ("kind",))
         reads.add_metric(lv + ["syscall"], tot["syscall_reads"], timestamp=at)
         reads.add_metric(lv + ["fault"], tot["faults"], timestamp=at)
+        if s.probe.uring is not None:
+            reads.add_metric(lv + ["io_uring"], tot["uring_reads"], timestamp=at)
         yield reads
         smp = self._f(CounterMetricFamily, "engramprof_window_sampled_reads_total",
                       "Syscall reads recorded for the window analysis (result=sampled) or only aggregated because "

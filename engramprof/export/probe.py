@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engramprof.bpf import bios, targets
+from engramprof.bpf import uring as uring_probe
 from engramprof.bpf import structs as layout
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.syscalls import EVIDENCE_FEATURES, tracefs_unusable
@@ -24,9 +25,10 @@ from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words
 from engramprof.errors import UserError
 from engramprof.host import tracepoints as tp
+from engramprof.host import uring as uring_needs
 
 PROBE_FILE = "export.bpf.c"
-READ_KINDS = ("syscall", "fault")  # READ_KIND_* of the probe, by code
+READ_KINDS = ("syscall", "fault", "io_uring")  # READ_KIND_* of probes/export.h, by code
 
 FEATURES = {
     "HAVE_PREADV": ["syscalls:sys_enter_preadv", "syscalls:sys_exit_preadv"],
@@ -51,6 +53,7 @@ class ExportProbeConfig:
     bio_slots: int = bios.BIO_SLOTS  # the in-flight bio table (probes/bios.h): a power of two
     bio_stale_ns: int = bios.BIO_STALE_NS
     tid_words: int = field(default_factory=_tid_words)  # call_out_bits covers every tid
+    uring: bool = True  # io_uring read requests too (probes/uring.bpf.c in export mode), where the kernel can
 
 
 @dataclass
@@ -59,6 +62,7 @@ class ExportPlan:
     features: dict[str, bool]
     raw_syscalls: bool
     missing: list[str] = field(default_factory=list)
+    uring_missing: list[str] = field(default_factory=list)  # why io_uring requests are not exported (empty: they are)
 
 
 def plan(config: ExportProbeConfig, tracefs_root=None) -> ExportPlan:
@@ -76,7 +80,9 @@ def plan(config: ExportProbeConfig, tracefs_root=None) -> ExportPlan:
         absent = [n for n in tp.REQUIRED if not tp.available(n, root)]
         if absent:
             raise UserError(f"kernel lacks required tracepoint(s) {', '.join(absent)}: run `engramprof doctor`", code=1)
-    return ExportPlan(config=config, features=feats, raw_syscalls=raw, missing=missing)
+    uring_missing = ["not asked"] if not config.uring else (
+        uring_needs.missing_tracepoints(root) + uring_needs.btf_status()["missing"])
+    return ExportPlan(config=config, features=feats, raw_syscalls=raw, missing=missing, uring_missing=uring_missing)
 
 
 def program_text(p: ExportPlan) -> str:
@@ -128,8 +134,49 @@ class ExportProbe(LoadedBpf):
         self._totals = self.bpf["export_totals"]
         self._budget = self.bpf["sample_budget"]
         self._bio = self.bpf["bio_latency_log2"]
+        self.uring = self._load_uring(p)
         # every program is attached now: count from here (see export_armed in the probe)
         self.bpf["export_armed"][ctypes.c_int(0)] = ctypes.c_uint32(1)
+
+    @staticmethod
+    def _load_uring(p: ExportPlan) -> "uring_probe.UringProbe | None":
+        """The io_uring probe in export mode (per-file stats in the kernel, a sample of records),
+        armed; None where the kernel cannot trace io_uring reads (``p.uring_missing`` says why)."""
+        if p.uring_missing:
+            return None
+        c = p.config
+        config = uring_probe.UringProbeConfig(tgid=c.selection.first_pid or 0, tid=c.selection.tid,
+                                              selection=c.selection, export_mode=True, max_files=c.max_files)
+        u = uring_probe.UringProbe.load(config)
+        release_freed_memory()
+        u.arm()
+        return u
+
+    def read_paths(self) -> tuple[str, ...]:
+        """The read paths whose events reach the window sample: syscall reads, page faults where
+        they are spans (x86's exceptions:page_fault_user with the raw syscall hook), io_uring
+        requests where the kernel has their tracepoints."""
+        f = self.plan.features
+        spans = f.get("HAVE_PFU") and f.get("HAVE_FAULT") and self.plan.raw_syscalls
+        return ("syscall",) + (("fault",) if spans else ()) + (("io_uring",) if self.uring is not None else ())
+
+    def sync_targets(self) -> None:
+        self.targets.sync()
+        if self.uring is not None:
+            self.uring.targets.sync()
+
+    def totals(self) -> dict[str, int]:
+        """The export probe's totals, with the io_uring probe's folded in: ``uring_reads`` (its
+        completed requests), and its unsampled / lost / overflowed / untracked counts added to
+        the export probe's fields of the same meaning."""
+        t = super().totals()
+        u = self.uring.totals() if self.uring is not None else {}
+        t["uring_reads"] = u.get("completed", 0)
+        for mine, theirs in (("unsampled", "unsampled"), ("sample_lost", "lost_records"),
+                             ("files_overflow", "files_overflow"), ("bios_untracked", "bios_untracked")):
+            t[mine] += u.get(theirs, 0)
+        t["sampled"] += max(0, u.get("completed", 0) - u.get("unsampled", 0) - u.get("lost_records", 0))
+        return t
 
     # ---- reading the maps ------------------------------------------------------------------
     def read_stats(self) -> dict[tuple[int, int, str], dict]:
@@ -143,11 +190,14 @@ class ExportProbe(LoadedBpf):
                 hist += np.ctypeslib.as_array(v.latency_log2).astype(np.int64)
             row["latency_log2"] = hist
             out[(int(k.dev), int(k.ino), kind)] = row
+        if self.uring is not None:
+            out.update(self.uring.read_stats())
         return out
 
     def file_keys(self) -> list[tuple[int, int]]:
         """(dev, ino) of every key in the map (keys only: no per-CPU values read)."""
-        return [(int(k.dev), int(k.ino)) for k in self._stats.keys()]
+        keys = [(int(k.dev), int(k.ino)) for k in self._stats.keys()]
+        return keys + (self.uring.file_keys() if self.uring is not None else [])
 
     def totals_fields(self) -> list[str]:
         """export_totals is defined in export.bpf.c alone: its fields as BCC compiled them."""
@@ -168,7 +218,27 @@ class ExportProbe(LoadedBpf):
 
     # ---- the window sample -----------------------------------------------------------------
     def set_sample_budget(self, n: int) -> None:
+        """The window's sample: the next ``n`` reads of each path (syscall reads and faults share
+        one budget, io_uring requests have their own)."""
         self._budget[ctypes.c_int(0)] = ctypes.c_int64(n)
+        if self.uring is not None:
+            self.uring.set_sample_budget(n)
+
+    def unsampled(self) -> tuple[int, int]:
+        """Reads only aggregated because the window's budget was spent: (syscall reads and
+        faults, io_uring requests)."""
+        return (int(super().totals()["unsampled"]),
+                int(self.uring.totals()["unsampled"]) if self.uring is not None else 0)
+
+    def drain_uring(self) -> np.ndarray | None:
+        """The io_uring requests sampled since the last drain (None: io_uring not traced)."""
+        return self.uring.drain() if self.uring is not None else None
+
+    def close(self) -> None:
+        if self.uring is not None:
+            self.uring.close()
+            self.uring = None
+        super().close()
 
     def drain(self) -> np.ndarray:
         return self.ring.drain()

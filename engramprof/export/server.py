@@ -96,7 +96,7 @@ class ExportState:
 
     def refresh_targets(self) -> None:
         sel = self.settings.selection
-        self.probe.targets.sync()
+        self.probe.sync_targets()
         self._live = None if not (sel.pids or sel.cgroups_v2 or sel.cgroups_v1) else len(self.target_pids())
 
     # ---- what the collector asks -----------------------------------------------------------
@@ -189,26 +189,32 @@ def _loop(settings: ExportSettings, state: ExportState, p, stop: threading.Event
     window_ns = int(settings.window_s * 1e9)
     with state.lock:
         p.set_sample_budget(settings.window_sample)
-        unsampled0 = p.totals()["unsampled"]
+        unsampled0 = p.unsampled()
     start = time.monotonic_ns()
     print(f"Exporting {settings.selection.describe()} on {settings.listen.url} (window {settings.window_s:g} s); "
           "SIGTERM ends", file=sys.stderr, flush=True)
     for w in state.selection_waiting():
         print(f"engramprof export: {w}", file=sys.stderr, flush=True)
     parts: list[np.ndarray] = []
+    uring_parts: list[np.ndarray] = []
     while not stop.wait(1.0):
         now = time.monotonic_ns()
         with state.lock:
             state.refresh_targets()
             state.name_new_files()
             parts.append(p.drain())
+            u = p.drain_uring()
+            if u is not None:
+                uring_parts.append(u)
             if now - start < window_ns:
                 continue
-            unsampled1 = p.totals()["unsampled"]
+            unsampled1 = p.unsampled()
             p.set_sample_budget(settings.window_sample)
         recs = np.concatenate(parts) if parts else np.empty(0, dtype=p.record_dtype)
-        parts = []
-        state.analyser.run(recs, start, now, budget_spent=unsampled1 > unsampled0)
-        del recs
+        urecs = np.concatenate(uring_parts) if uring_parts else None
+        parts, uring_parts = [], []
+        state.analyser.run(recs, start, now, budget_spent=unsampled1[0] > unsampled0[0], uring_recs=urecs,
+                           uring_spent=unsampled1[1] > unsampled0[1])
+        del recs, urecs
         export_probe.release_freed_memory()  # the analysis's transient arrays: back to the kernel
         unsampled0, start = unsampled1, now

@@ -19,6 +19,7 @@ import pandas as pd
 
 from engramprof.analysis import analyse
 from engramprof.analysis.verdicts import CAUSES, VERDICTS, col
+from engramprof.bpf import uring as uring_probe
 from engramprof.errors import UserError
 from engramprof.record.decode import syscall_names
 
@@ -26,6 +27,34 @@ from engramprof.record.decode import syscall_names
 BATCH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _RECORD_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "offset", "size", "ret", "flags", "pages_added", "bio_count",
                    "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns")
+
+
+def uring_records_frame(recs: np.ndarray) -> pd.DataFrame:
+    """The per-event DataFrame of sampled io_uring requests (``struct uring_record`` rows): the
+    columns of :func:`records_frame`, with off-CPU, run-queue and reclaim time unknown (NaN: not
+    per request) and the request's path and O_DIRECT flag."""
+    df = pd.DataFrame({c: recs[c].astype(np.int64) for c in _RECORD_COLUMNS if c in recs.dtype.names})
+    for c in _RECORD_COLUMNS:
+        if c not in df.columns:
+            df[c] = np.nan
+    df["syscall"] = "io_uring"
+    df["kind"] = "io_uring"
+    paths = np.asarray(uring_probe.PATHS, dtype=object)
+    df["uring_path"] = paths[np.minimum(recs["path"].astype(np.int64), len(paths) - 1)]
+    df["direct"] = (recs["uflags"].astype(np.int64) & uring_probe.header_defines("URING_")["DIRECT"]) != 0
+    return df[list(_RECORD_COLUMNS) + ["syscall", "kind", "uring_path", "direct"]]
+
+
+def window_frame(recs: np.ndarray, uring_recs: np.ndarray | None) -> pd.DataFrame:
+    """A window's sampled read events of every path, in time order."""
+    df = records_frame(recs)
+    if uring_recs is None or not len(uring_recs):
+        return df
+    both = pd.concat([df.astype({"syscall": object, "kind": object}), uring_records_frame(uring_recs)],
+                     ignore_index=True)
+    both["kind"] = both["kind"].astype("category")
+    both["syscall"] = both["syscall"].astype("category")
+    return both.sort_values("ts_ns", kind="stable").reset_index(drop=True)
 
 
 def records_frame(recs: np.ndarray) -> pd.DataFrame:
@@ -127,24 +156,29 @@ class WindowAnalyser:
         self.pending_markers = [m for m in self.pending_markers if m[1] > end_ns]
         return pd.DataFrame(mine, columns=["start_ns", "end_ns"])
 
-    def run(self, recs: np.ndarray, start_ns: int, end_ns: int, budget_spent: bool) -> None:
-        """Analyse one window's records; fold the result into the totals (never raises)."""
+    def run(self, recs: np.ndarray, start_ns: int, end_ns: int, budget_spent: bool,
+            uring_recs: np.ndarray | None = None, uring_spent: bool = False) -> None:
+        """Analyse one window's records (syscall reads and faults: ``recs``, their budget
+        ``budget_spent``; io_uring requests: ``uring_recs``, ``uring_spent``); fold the result
+        into the totals (never raises)."""
         t = self.totals
         covered_end = end_ns
-        if budget_spent and len(recs):
-            covered_end = int((recs["ts_ns"] + recs["dur_ns"]).max())
+        for r, spent in ((recs, budget_spent), (uring_recs, uring_spent)):
+            if spent and r is not None and len(r):  # a path's budget ran out: the window is covered to its last read
+                covered_end = min(covered_end, int((r["ts_ns"] + r["dur_ns"]).max()))
         markers = self._markers_for(start_ns, covered_end)
         t.coverage = max(0.0, min(1.0, (covered_end - start_ns) / max(1, end_ns - start_ns)))
         # no read event and no marked batch: nothing to analyse.  Marked batches without a read
         # (a mapped reader whose pages are all mapped: it never faults) are analysed: healthy.
-        if (len(recs) == 0 and markers is None) or (markers is not None and markers.empty):
+        n_events = len(recs) + (len(uring_recs) if uring_recs is not None else 0)
+        if (n_events == 0 and markers is None) or (markers is not None and markers.empty):
             t.analyses["no-batches"] += 1
             t.verdict, t.last_batches = None, 0
             return
         meta = {"start_ns": int(start_ns), "end_ns": int(covered_end), "read_paths": self.read_paths}
         kw = {} if self.slow_ms is None else {"slow_ms": self.slow_ms}
         try:
-            table, summary = analyse(records_frame(recs), markers, meta=meta, **kw)
+            table, summary = analyse(window_frame(recs, uring_recs), markers, meta=meta, **kw)
         except UserError as exc:
             t.analyses["no-batches"] += 1
             t.verdict, t.last_batches = None, 0
