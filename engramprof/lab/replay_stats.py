@@ -94,20 +94,26 @@ def paired_speedup(pool_rounds, arm_rounds, confidence: float = CONFIDENCE) -> I
     return median_interval(p[ok] / a[ok], confidence)
 
 
+def times(v: float) -> str:
+    """A ratio as "2.35x"; three decimals when two would show a ratio near 1.0 as exactly 1.00."""
+    t = f"{v:.2f}"
+    return (f"{v:.3f}" if t == "1.00" and v != 1.0 else t) + "x"
+
+
 def speedup_claim(arm: str, iv: Interval, wide: float = WIDE_FACTOR) -> tuple[str, str]:
     """(claim, the sentence that says it): one of :data:`CLAIMS`."""
     pct = f"{round(100 * CONFIDENCE)}%"
     if iv.lo is None or iv.hi is None:
-        return "no interval", (f"{arm} vs pool: {iv.estimate:.2f}x, but {iv.n} round(s) give no {pct} interval "
+        return "no interval", (f"{arm} vs pool: {times(iv.estimate)}, but {iv.n} round(s) give no {pct} interval "
                                f"(at least {MIN_ROUNDS} are needed): not supported; one sample, not a result "
                                f"(--rounds {MIN_ROUNDS} or more)")
-    span = f"{pct} interval {iv.lo:.2f}x-{iv.hi:.2f}x over {iv.n} rounds"
+    span = f"{pct} interval {times(iv.lo)}-{times(iv.hi)} over {iv.n} rounds"
     if iv.lo <= 1.0 <= iv.hi:
-        return "not supported", (f"{arm} vs pool: {iv.estimate:.2f}x, but the {span} contains 1.0: not supported; "
+        return "not supported", (f"{arm} vs pool: {times(iv.estimate)}, but the {span} contains 1.0: not supported; "
                                  f"this run cannot tell {arm} from pool")
     way = "faster" if iv.lo > 1.0 else "slower"
     if iv.hi / iv.lo > wide:
         return "direction only", (f"{arm} vs pool: {way} (the {span} excludes 1.0), but its ends are "
                                   f"{iv.hi / iv.lo:.1f}x apart (over {wide:g}x): how much {way} is not supported; "
                                   "claim the direction, not the figure")
-    return "supported", f"{arm} vs pool: {iv.estimate:.2f}x ({span}): supported"
+    return "supported", f"{arm} vs pool: {times(iv.estimate)}, {way} ({span}): supported"

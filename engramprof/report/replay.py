@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from engramprof.report.render import Col, fit_table, say
+from engramprof.lab.replay_stats import times
 from engramprof.units import ms, pct
 
 
@@ -24,10 +25,10 @@ def render(res: dict) -> None:
     # the arm, its median and its speedup stay whole; the CPU and context-switch detail goes
     # first when narrow (named under the table; --json has it all)
     conf = f"{round(100 * res['confidence'])}%"
-    cols = [Col("arm", "left"), Col("median ms"), Col(f"{conf} CI ms", drop=10), Col("speedup vs pool"),
-            Col(f"speedup {conf} CI", drop=11), Col("p90 ms", drop=5),
-            Col("vol ctx/batch", drop=6), Col("invol ctx/batch", drop=7), Col("user ms/batch", drop=8),
-            Col("sys ms/batch", drop=9), Col("fallback rows", drop_if_zero=True, drop=4),
+    cols = [Col("arm", "left"), Col("median ms"), Col(f"{conf} CI ms", drop=5), Col("speedup vs pool"),
+            Col(f"speedup {conf} CI"), Col("p90 ms", drop=11),
+            Col("vol ctx/batch", drop=7), Col("invol ctx/batch", drop=8), Col("user ms/batch", drop=9),
+            Col("sys ms/batch", drop=10), Col("fallback rows", drop_if_zero=True, drop=6),
             Col("cold at start", drop_if_zero=True, drop=3), Col("major faults/batch", drop_if_zero=True, drop=2)]
     rows = []
     for name, a in res["arms"].items():
@@ -37,7 +38,7 @@ def render(res: dict) -> None:
         pb = a["per_batch"]
         cold = a["cold_frac_observed"]
         rows.append([name, ms(rm["estimate"]), _span(rm["lo"], rm["hi"], ms),
-                     f"{sp:.2f}x" if sp else "-", _span(ci and ci["lo"], ci and ci["hi"], lambda v: f"{v:.2f}x"),
+                     f"{sp:.2f}x" if sp else "-", _span(ci and ci["lo"], ci and ci["hi"], times),
                      ms(a["batch_ms"]["p90"]), f"{pb['ctx_voluntary']:,.1f}", f"{pb['ctx_involuntary']:,.1f}",
                      f"{pb['cpu_user_ms']:.1f}", f"{pb['cpu_sys_ms']:.1f}", f"{a['fallback_rows']:,}",
                      pct(cold),
