@@ -852,7 +852,7 @@ def _speedups(strategies: list[str], results: dict[str, ArmResult]) -> tuple[dic
     pool = results["pool"].round_medians_ms()
     speedup, ci = {}, {}
     for a in strategies:
-        iv = replay_stats.paired_speedup(pool, results[a].round_medians_ms())
+        iv = replay_stats.paired_speedup(pool, results[a].round_medians_ms()).rounded(3)  # as printed
         speedup[a] = round(iv.estimate, 2) if iv.n else None
         if a != "pool" and iv.n:
             claim, statement = replay_stats.speedup_claim(a, iv)

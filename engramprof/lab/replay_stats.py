@@ -25,7 +25,7 @@ batch times in that round.  Rounds are treated as independent draws of the host'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,6 +43,11 @@ class Interval:
     coverage: float | None  # the interval's exact coverage probability (>= the confidence asked)
     n: int
     rank: int | None = None  # k: the interval is the k-th smallest to the k-th largest value
+
+    def rounded(self, digits: int) -> "Interval":
+        """The same interval with its values rounded (so a sentence and a table agree)."""
+        r = (lambda v: None if v is None else round(v, digits))
+        return replace(self, estimate=r(self.estimate), lo=r(self.lo), hi=r(self.hi))
 
     def to_dict(self, digits: int = 3) -> dict:
         r = (lambda v: None if v is None else round(float(v), digits))
