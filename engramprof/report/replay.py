@@ -43,7 +43,7 @@ def render(res: dict) -> None:
                      f"{pb['cpu_user_ms']:.1f}", f"{pb['cpu_sys_ms']:.1f}", f"{a['fallback_rows']:,}",
                      pct(cold),
                      f"{a['faults_major'] / max(a['batches'], 1):,.1f}" if a["faults_major"] else "0"])
-    con.print(fit_table(con, cols, rows))
+    con.print(fit_table(con, cols, rows, title=f"arms (medians over rounds, {conf} intervals)"))
     say(con, f"median ms: the median over rounds of each round's median batch time; CI: the order-statistic "
              f"{conf} interval of the median (distribution-free); speedup: the median of the rounds' paired "
              "pool / arm ratios, with the same interval")
