@@ -417,7 +417,7 @@ def test_io_uring_and_direct_arms_keep_their_residency(lab):
     assert r["mismatches"] == 0, r
     for x in r["per_round"]:
         for name in NEW_ARMS:
-            assert 0.2 <= x["cold_frac_observed"][name] <= 0.28, (x["round"], name, x["cold_frac_observed"])
+            assert 0.2 <= x["cold_frac_observed"][name] <= 0.3, (x["round"], name, x["cold_frac_observed"])
     for name in NEW_ARMS:
         assert r["arms"][name]["evicted_pages"] > 0
     # the readers on the whole cold table: O_DIRECT adds no page, io_uring (buffered) does
@@ -474,6 +474,10 @@ def test_order_statistic_interval_by_hand():
     assert st.order_rank(10) == (2, pytest.approx(1 - 2 * 11 / 1024))
     assert st.order_rank(6) == (1, pytest.approx(1 - 2 / 64))  # the fewest rounds with a 95% interval
     assert st.order_rank(5) is None and st.MIN_ROUNDS == 6
+    # the CLI's --rounds default is the library's, and gives an interval
+    from engramprof.commands import replay as cmd
+    import inspect
+    assert inspect.signature(cmd.replay).parameters["rounds"].default.default == rp.DEFAULT_ROUNDS >= st.MIN_ROUNDS
     assert st.order_rank(20)[0] == 6  # P(B <= 5) = 21700 / 2**20 = 2.07%; P(B <= 6) = 5.77%
     iv = st.median_interval([2.4, 2.1, 2.9, 2.0, 2.6, 2.2, 3.5, 2.3, 1.9, 2.5])
     assert (iv.estimate, iv.lo, iv.hi, iv.rank, iv.n) == (pytest.approx(2.35), 2.0, 2.9, 2, 10)

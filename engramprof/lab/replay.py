@@ -815,8 +815,8 @@ def _arm_notes(results: dict[str, ArmResult], evicting: bool, cold_frac: float, 
             continue
         al = "/".join(f"{x:,}" for x in od["alignment"])
         notes.append(f"{a}: O_DIRECT bypasses the page cache: every row is read from the device whatever its "
-                     "residency" + (" (a cached mix: this arm reads the device, the others the cache)"
-                                    if cold_frac < 1 else ""))
+                     "residency" + (" (the mix's resident rows too: this arm reads them from the device, the "
+                                    "other arms from the cache)" if cold_frac < 1 else ""))
         if od["unaligned_rows"]:
             notes.append(f"{a}: {od['unaligned_rows']:,} of {r.rows:,} row reads are not aligned to the file's O_DIRECT "
                          f"alignment ({al} B): each was read as its aligned covering extent and the row sliced "
