@@ -159,8 +159,10 @@ def make(s: Session, want: set[str]) -> None:
         s.run("residency", "engramprof residency table.safetensors --tensors --ranges 2")
         s.run("residency", "engramprof residency --rows trace")
     if "replay" in want:
-        s.run("replay", "engramprof replay trace --markers markers.jsonl --batches 20 --repeat 1 --threads 8")
-        s.run("replay", "engramprof replay trace --batches 20 --repeat 1 --threads 8 --cold-frac 0.25 --allow-evict")
+        s.run("replay", "engramprof replay trace --markers markers.jsonl --batches 20 --threads 8")
+        s.run("replay", "engramprof replay trace --batches 8 --rounds 6 --threads 8 "
+              "--strategies pool,nowait,io_uring,direct")
+        s.run("replay", "engramprof replay trace --batches 20 --rounds 6 --threads 8 --cold-frac 0.25 --allow-evict")
     if "lab-scenario" in want:
         s.run("lab-scenario", "engramprof lab scenario python-scheduling --duration 3 --rows 16384 --threads 8 "
                               "--markers scenario.jsonl")

@@ -170,7 +170,7 @@ NUMBERS = [
     (["batch-tail", "{trace}", "--min-share", "1.5"], "--min-share"),
     (["replay", "{trace}", "--cold-frac", "2"], "--cold-frac"),
     (["replay", "{trace}", "--cold-frac", "nan"], "--cold-frac"),
-    (["replay", "{trace}", "--repeat", "0"], "--repeat"),
+    (["replay", "{trace}", "--rounds", "0"], "--rounds"),
     (["replay", "{trace}", "--rows-per-batch", "0"], "--rows-per-batch"),
     (["replay", "{trace}", "--threads", "0"], "--threads"),
     (["replay", "{trace}", "--threads", "100000"], "--threads"),

@@ -413,7 +413,7 @@ def test_json_keys_residency(lab_inputs):
 
 
 def test_json_keys_replay(lab_inputs):
-    out = _run("replay", lab_inputs["trace"], "--markers", lab_inputs["markers"], "--repeat", "1", "--threads", "4",
+    out = _run("replay", lab_inputs["trace"], "--markers", lab_inputs["markers"], "--rounds", "2", "--threads", "4",
                "--json")
     check_keys(PAGES / "replay.md", _json(out), "replay")
 

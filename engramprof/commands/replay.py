@@ -1,4 +1,4 @@
-"""`engramprof replay TRACE [--strategies pool,nowait,serial,mmap] [--cold-frac F] [--repeat N]
+"""`engramprof replay TRACE [--strategies pool,nowait,serial,mmap,io_uring,direct] [--cold-frac F] [--rounds N]
 [--rows-per-batch K] [--allow-evict] [--json]`."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from engramprof.errors import UserError
 
 def replay(
     trace: str = typer.Argument(..., metavar="TRACE", help="Trace bundle written by `engramprof syscalls` / `diagnose`."),
-    strategies: str = typer.Option("pool,nowait,serial", "--strategies", metavar="ARMS", help="Comma-separated reader arms: pool, nowait, serial, mmap, mmap-pool (mmap: the same rows gathered through a numpy.memmap of each file, MADV_RANDOM)."),
+    strategies: str = typer.Option("pool,nowait,serial", "--strategies", metavar="ARMS", help="Comma-separated reader arms: pool, nowait, serial, mmap, mmap-pool, io_uring, direct, aio, read (mmap: the same rows gathered through a numpy.memmap of each file; io_uring: liburing; direct: O_DIRECT preadv from the pool)."),
     cold_frac: float = typer.Option(0.0, "--cold-frac", metavar="FRACTION", help="Fraction of each job's rows that must be cold (not in the page cache) when its arm starts."),
-    repeat: int = typer.Option(5, "--repeat", metavar="N", help="Timed runs of every batch per arm."),
+    rounds: int = typer.Option(10, "--rounds", metavar="N", help="Rounds: in each, every arm reads every batch once, arms interleaved, order rotated per round. Medians and 95% intervals are over rounds (6 at least for an interval)."),
     rows_per_batch: Optional[int] = typer.Option(None, "--rows-per-batch", metavar="N", help="Re-batch the trace's distinct rows into batches of K rows (default: the trace's own batches)."),
     allow_evict: bool = typer.Option(False, "--allow-evict", help="With --cold-frac: evict (POSIX_FADV_DONTNEED) the pages of the rows chosen as cold before each timed batch. Drops those pages of the data file from the page cache."),
     threads: int = typer.Option(32, "--threads", metavar="N", help="Pool size of the pool / nowait-fallback readers."),
@@ -35,7 +35,7 @@ def replay(
     use_layout(layout_file)
 
     validate.fraction("--cold-frac", cold_frac)
-    validate.at_least("--repeat", repeat, 1)
+    validate.at_least("--rounds", rounds, 1)
     validate.at_least("--rows-per-batch", rows_per_batch, 1)
     validate.threads("--threads", threads)
     validate.at_least("--batches", batches, 1)
@@ -45,7 +45,7 @@ def replay(
     progress = None
     if not as_json and sys.stderr.isatty():
         progress = lambda msg: print(f"\r\033[K{msg}", end="", file=sys.stderr, flush=True)  # noqa: E731
-    res = rp.replay(trace, arms, cold_frac=cold_frac, repeat=repeat, rows_per_batch=rows_per_batch,
+    res = rp.replay(trace, arms, cold_frac=cold_frac, rounds=rounds, rows_per_batch=rows_per_batch,
                     allow_evict=allow_evict, threads=threads, max_batches=batches, markers=markers,
                     gap_ms=gap_ms, seed=seed, progress=progress, allow_changed=allow_changed)
     if progress:
@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
     app.command("replay", epilog=(
         "Examples:\n\n"
         "engramprof replay /var/tmp/t1 --markers m.jsonl    # pool, nowait, serial\n"
-        "engramprof replay /var/tmp/t1 --batches 20 --repeat 3 --json\n"
+        "engramprof replay /var/tmp/t1 --batches 20 --rounds 12 --json\n"
+        "engramprof replay /var/tmp/t1 --strategies pool,io_uring,direct\n"
         "engramprof replay /var/tmp/t1 --cold-frac 0.25 --allow-evict\n\n"
         "A component A/B of the reader alone, not a model result.\n"
         "Page: docs/commands/replay.md"

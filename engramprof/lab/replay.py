@@ -33,6 +33,17 @@ Method (the field report's corrected harness, not its first, invalid one):
   once before the timed batches.  ``POSIX_FADV_DONTNEED`` skips mapped pages, so before an
   eviction the cold rows' pages are unmapped from every mmap arm's mapping
   (``madvise(MADV_DONTNEED)``: page-table entries only, the page cache is untouched).
+- The ``io_uring`` arm is the lab's ``uring`` reader (the ``liburing`` package: one
+  ``IORING_OP_READV`` per row, one submit per step, buffered); ``direct`` (and ``aio``) read with
+  O_DIRECT, so the page cache is bypassed whatever the rows' residency: each row is read as its
+  aligned covering extent and sliced out (the rows not aligned to the file's O_DIRECT alignment
+  are counted and named in a note).  An O_DIRECT read neither adds nor drops cached pages, so
+  the per-arm residency control is the same as for every arm.
+- Rounds: every arm reads every selected batch once per round, the arms interleaved batch by
+  batch, their order rotated every round.  Each arm's figure is the median over rounds of its
+  round medians with a distribution-free 95% interval, the speedup the median of the rounds'
+  paired ratios with its interval, and what that interval supports is said in words
+  (:mod:`engramprof.lab.replay_stats`).
 """
 from __future__ import annotations
 
@@ -49,13 +60,17 @@ from engramprof.analysis import batches as seg
 from engramprof.analysis.events import code_faults
 from engramprof.errors import UserError
 from engramprof.host import residency
-from engramprof.lab import readers
+from engramprof.lab import direct_io, readers, replay_stats
 from engramprof.lab.readers import Job
 from engramprof.tables import safetensors as layout
 from engramprof.target import identity
 from engramprof.trace import load_bundle
 
 DEFAULT_STRATEGIES = ("pool", "nowait", "serial")
+DEFAULT_ROUNDS = 10  # the order-statistic interval is then the 2nd to the 9th of 10 (97.9%)
+ARM_READER = {"io_uring": "uring"}  # replay's arm name -> the lab reader's name (otherwise the same)
+ARM_ALIASES = {"uring": "io_uring"}  # the lab's name for the io_uring reader is accepted too
+STRATEGIES = tuple(ARM_ALIASES.get(r, r) for r in readers.READERS)
 MMAP_ARMS = ("mmap", "mmap-pool")  # engramprof.lab.readers.MMAP_READERS: gathers through a mapping
 SENTINEL = 0x5A
 MAX_STRIPE_PAGES = 256  # 1 MiB stripes at most
@@ -275,7 +290,7 @@ def _assign_partitions(pops: list[Population], weights: np.ndarray, rng: np.rand
 @dataclass
 class PlannedBatch:
     arm: str
-    repeat: int
+    round: int
     shape: int
     jobs: list[tuple[int, np.ndarray, np.ndarray]]  # (population index, offsets, is_cold per row)
     evict: bool = False
@@ -312,7 +327,7 @@ def _cold_quota(n: np.ndarray, cold_frac: float, cold_avail: np.ndarray, hot_ava
     return cur
 
 
-def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac: float, repeat: int,
+def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac: float, rounds: int,
          allow_evict: bool, rng: np.random.Generator, notes: list[str]) -> list[PlannedBatch]:
     """Choose, for every timed batch of every arm, which rows it reads (see the module doc)."""
     evict = allow_evict and cold_frac > 0
@@ -328,9 +343,9 @@ def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac
     used: dict[str, np.ndarray] = {}
     shared_hot = spread = False
     out: list[PlannedBatch] = []
-    for r in range(repeat):
+    for r in range(rounds):
         k = r % na
-        order = arms[k:] + arms[:k]  # rotate the arm order every repeat
+        order = arms[k:] + arms[:k]  # rotate the arm order every round
         for sh in shapes:
             for ai_name in order:
                 ai = arms.index(ai_name)
@@ -365,7 +380,7 @@ def plan(pops: list[Population], shapes: list[Shape], arms: list[str], cold_frac
                     least = int(np.maximum(0, nn - np.array([len(c[2]) for c in cands])).sum())
                     labels = ", ".join(f"{pops[pi].key.label()}: {n:,} rows, {len(c[0]):,} cold / {len(c[2]):,} "
                                        "resident candidates" for (pi, n), c in zip(sh.counts, cands))
-                    raise _Shortage(f"{quota} rows: arm {ai_name}, batch {sh.index} (repeat {r + 1}): "
+                    raise _Shortage(f"{quota} rows: arm {ai_name}, batch {sh.index} (round {r + 1}): "
                                     f"{int(round(cold_frac * sh.rows)):,} of its {sh.rows:,} rows should be cold, "
                                     f"but its page-disjoint share has cold rows for at most {most:,} and resident "
                                     f"rows for at least {least:,} of them to be cold ({labels})")
@@ -450,6 +465,24 @@ class ArmResult:
     majflt: int = 0  # page faults inside the timed batches (getrusage: the whole process)
     minflt: int = 0
     unmapped_pages: int = 0  # pages of cold rows unmapped from the mmap arms' mappings before eviction
+    round_ns: dict[int, list[int]] = field(default_factory=dict)  # round -> its batch times, in order
+    round_rows: dict[int, int] = field(default_factory=dict)
+    round_cold: dict[int, int] = field(default_factory=dict)  # rows cold at the pre-batch check
+    direct_align: dict[str, int] = field(default_factory=dict)  # O_DIRECT arms: path -> alignment
+    unaligned_rows: int = 0  # O_DIRECT arms: rows whose start or end is not aligned
+    direct_bytes: int = 0  # O_DIRECT arms: bytes of the aligned extents read
+    direct_requested: int = 0  # O_DIRECT arms: bytes of the rows themselves
+
+    def round_medians_ms(self) -> list[float]:
+        """The arm's figure of each round (the median of its batch times), rounds in order."""
+        return [float(np.median(self.round_ns[r])) / 1e6 for r in sorted(self.round_ns)]
+
+    def o_direct(self) -> dict | None:
+        """O_DIRECT arms: the alignment, the rows read by a wider aligned extent, the bytes."""
+        if not self.direct_align:
+            return None
+        return {"alignment": sorted(set(self.direct_align.values())), "unaligned_rows": self.unaligned_rows,
+                "bytes_read": self.direct_bytes, "bytes_requested": self.direct_requested}
 
     def to_dict(self) -> dict:
         ms = np.array(self.batch_ns, dtype=np.float64) / 1e6
@@ -479,6 +512,7 @@ class ArmResult:
             "faults_major": self.majflt,
             "faults_minor": self.minflt,
             "unmapped_pages": self.unmapped_pages,
+            "rounds_ms": replay_stats.median_interval(self.round_medians_ms()).to_dict(),
         }
 
 
@@ -503,7 +537,7 @@ def replay(
     strategies: list[str] | tuple[str, ...] = DEFAULT_STRATEGIES,
     *,
     cold_frac: float = 0.0,
-    repeat: int = 5,
+    rounds: int = DEFAULT_ROUNDS,
     rows_per_batch: int | None = None,
     allow_evict: bool = False,
     threads: int = 32,
@@ -522,15 +556,15 @@ def replay(
     since the trace (its recorded identity, tables/files.parquet) is refused (UserError, exit 2)
     unless ``allow_changed``.
     """
-    strategies = list(dict.fromkeys(strategies))
-    bad = [s for s in strategies if s not in readers.READERS]
+    strategies = list(dict.fromkeys(ARM_ALIASES.get(s, s) for s in strategies))
+    bad = [s for s in strategies if s not in STRATEGIES]
     if not strategies or bad:
         raise UserError(f"reader strategies: unknown {', '.join(bad) or '(none given)'}; "
-                        f"choose from {', '.join(readers.READERS)}")
+                        f"choose from {', '.join(STRATEGIES)}")
     if not 0.0 <= cold_frac <= 1.0:
         raise UserError("cold_frac (the fraction of rows read cold) must be between 0 and 1")
-    if repeat < 1 or max_batches < 1 or threads < 1:
-        raise UserError("repeat, max_batches and threads must be at least 1")
+    if rounds < 1 or max_batches < 1 or threads < 1:
+        raise UserError("rounds, max_batches and threads must be at least 1")
     if rows_per_batch is not None and rows_per_batch < 1:
         raise UserError("rows_per_batch must be at least 1")
     notes: list[str] = []
@@ -541,19 +575,19 @@ def replay(
     notes.extend(identity.verify(trace, sorted(set(rows["path"])), allow_changed))
     files = _open_files(rows)
     try:
-        return _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, threads,
+        return _run(trace_path, rows, files, strategies, cold_frac, rounds, allow_evict, threads,
                     max_batches, seed, preadv, progress, notes)
     finally:
         for f in files.values():
             f.close()
 
 
-def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, threads, max_batches,
+def _run(trace_path, rows, files, strategies, cold_frac, rounds, allow_evict, threads, max_batches,
          seed, preadv, progress, notes) -> dict:
     rng = np.random.default_rng(seed)
     pops, key_index = _populations(rows, files)
     shapes = _batch_shapes(rows, key_index, max_batches, notes)
-    planned = _plan_or_explain(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes)
+    planned = _plan_or_explain(pops, shapes, strategies, cold_frac, rounds, allow_evict, rng, notes)
     evicting = bool(planned) and planned[0].evict
     if cold_frac > 0 and evicting:
         _write_back_dirty(files, notes)
@@ -561,8 +595,13 @@ def _run(trace_path, rows, files, strategies, cold_frac, repeat, allow_evict, th
     notes.append(RACE_NOTE)
     notes.append("component benchmark of the reader alone on this host now: not a model or endpoint result")
     results = _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progress)
-    _arm_notes(results, evicting, notes)
-    return _result(trace_path, strategies, cold_frac, repeat, threads, allow_evict, shapes, pops, results, notes)
+    _arm_notes(results, evicting, cold_frac, notes)
+    orders: dict[int, list[str]] = {}
+    for pb in planned:
+        if pb.arm not in orders.setdefault(pb.round, []):
+            orders[pb.round].append(pb.arm)
+    return _result(trace_path, strategies, cold_frac, rounds, threads, allow_evict, shapes, pops, results,
+                   [orders[r] for r in sorted(orders)], notes)
 
 
 def _populations(rows: pd.DataFrame, files: dict[str, ReplayFile]) -> tuple[list[Population], dict[tuple, int]]:
@@ -600,16 +639,16 @@ def _batch_shapes(rows: pd.DataFrame, key_index: dict[tuple, int], max_batches: 
     return [all_shapes[i] for i in pick]
 
 
-def _plan_or_explain(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes) -> list[PlannedBatch]:
+def _plan_or_explain(pops, shapes, strategies, cold_frac, rounds, allow_evict, rng, notes) -> list[PlannedBatch]:
     """:func:`plan`, with a shortage of cold or resident rows turned into a UserError that
     says what the trace has now and what would help."""
     try:
-        return plan(pops, shapes, strategies, cold_frac, repeat, allow_evict, rng, notes)
+        return plan(pops, shapes, strategies, cold_frac, rounds, allow_evict, rng, notes)
     except _Shortage as exc:
         if str(exc).startswith("cold"):
             hint = ("; allow eviction (allow_evict) to evict the pages of the rows selected as cold just before "
                     "each timed batch (drops those pages of the data file from the page cache: on a production "
-                    "host only if you mean it), or lower the cold fraction, the repeats or the batches")
+                    "host only if you mean it), or lower the cold fraction, the rounds or the batches")
         else:
             hint = ("; warm the file first (read it once, e.g. `cat FILE > /dev/null`) or raise the cold "
                     "fraction; replay never warms rows itself")
@@ -642,12 +681,8 @@ def _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progres
     bufs = {a: {pi: np.empty((n, pops[pi].key.size), dtype=np.uint8) for pi, n in most.items()}
             for a in strategies + ["reference"]}
     results = {a: ArmResult(a) for a in strategies}
-    rdrs = {a: readers.make_reader(a, threads, preadv=preadv) for a in strategies}
-    # the mmap arms map every file once, before any timed batch (a long-running reader's mapping)
+    rdrs = _make_readers(strategies, threads, preadv, files, results)
     mapped = [r for r in rdrs.values() if isinstance(r, readers.MmapReader)]
-    for r in mapped:
-        for rf in files.values():
-            r.prepare(rf.fd_read)
     # holds the shared executor and starts its threads before any timed batch
     rdrs_warm = readers.make_reader("pool", threads)
     # the garbage made so far (trace, plan) is not the readers': collect it once and keep the
@@ -659,13 +694,37 @@ def _run_arms(planned, pops, shapes, files, strategies, threads, preadv, progres
         for i, pb in enumerate(planned):
             ms = _timed_batch(pb, results[pb.arm], rdrs[pb.arm], pops, files, bufs, mapped)
             if progress:
-                progress(f"{i + 1}/{len(planned)} {pb.arm} batch {pb.shape} repeat {pb.repeat + 1}: {ms:.2f} ms")
+                progress(f"{i + 1}/{len(planned)} {pb.arm} batch {pb.shape} round {pb.round + 1}: {ms:.2f} ms")
     finally:
         for rdr in rdrs.values():
             rdr.close()
         rdrs_warm.close()
         gc.unfreeze()
     return results
+
+
+def _make_readers(strategies: list[str], threads: int, preadv, files: dict[str, ReplayFile],
+                  results: dict[str, ArmResult]) -> dict:
+    """One reader per arm, each prepared on every file before any timed batch: the mmap arms
+    map the files (a long-running reader's mapping), the O_DIRECT arms open their O_DIRECT fds
+    (and the arm's result learns each file's alignment).  A reader that cannot run here (io_uring
+    refused, a filesystem without O_DIRECT) is one line (UserError), every reader closed."""
+    rdrs: dict = {}
+    try:
+        for a in strategies:
+            rdr = rdrs[a] = readers.make_reader(ARM_READER.get(a, a), threads, preadv=preadv)
+            for rf in files.values():
+                if isinstance(rdr, readers.MmapReader) or a in readers.DIRECT_READERS:
+                    rdr.prepare(rf.fd_read)
+                if a in readers.DIRECT_READERS:
+                    dfd, align = direct_io.open_direct(rf.fd_read, a)
+                    os.close(dfd)
+                    results[a].direct_align[rf.path] = align
+    except readers.ReaderUnavailable as exc:
+        for rdr in rdrs.values():
+            rdr.close()
+        raise UserError(f"arm {a}: {exc}", exc.code) from None
+    return rdrs
 
 
 def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population],
@@ -695,7 +754,11 @@ def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population
     t1 = time.perf_counter_ns()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     res.batch_ns.append(t1 - t0)
+    res.round_ns.setdefault(pb.round, []).append(t1 - t0)
     res.rows += sum(len(j.offsets) for j in jobs)
+    res.round_rows[pb.round] = res.round_rows.get(pb.round, 0) + sum(len(j.offsets) for j in jobs)
+    if res.direct_align:
+        _count_extents(res, jobs, files)
     res.nvcsw += ru1.ru_nvcsw - ru0.ru_nvcsw
     res.nivcsw += ru1.ru_nivcsw - ru0.ru_nivcsw
     res.utime += ru1.ru_utime - ru0.ru_utime
@@ -714,6 +777,18 @@ def _timed_batch(pb: PlannedBatch, res: ArmResult, reader, pops: list[Population
     return (t1 - t0) / 1e6
 
 
+def _count_extents(res: ArmResult, jobs: list[Job], files: dict[str, ReplayFile]) -> None:
+    """O_DIRECT arms: rows not aligned to their file's alignment, and the bytes of the aligned
+    covering extents they were read by (the reader reads each distinct row's extent)."""
+    align = {files[p].fd_read: a for p, a in res.direct_align.items()}
+    for job in jobs:
+        a = align[job.fd]
+        offs = np.unique(job.offsets)
+        res.unaligned_rows += int(((offs % a != 0) | ((offs + job.row_bytes) % a != 0)).sum())
+        res.direct_bytes += direct_io.Extents(offs, job.row_bytes, a).total
+        res.direct_requested += len(offs) * job.row_bytes
+
+
 def _observe_start(pb: PlannedBatch, res: ArmResult, pops: list[Population], files: dict[str, ReplayFile]) -> None:
     """The residency the arm actually starts from (mincore, no read), against the plan."""
     for pi, offs, is_cold in pb.jobs:
@@ -722,14 +797,30 @@ def _observe_start(pb: PlannedBatch, res: ArmResult, pops: list[Population], fil
                                      method="mincore")
         res.cold_requested += int(is_cold.sum())
         res.cold_observed += int((fr <= 0).sum())
+        res.round_cold[pb.round] = res.round_cold.get(pb.round, 0) + int((fr <= 0).sum())
         res.resident_observed += int((fr >= 1).sum())
         res.race_rows += int(((fr < 1) & ~is_cold).sum() + ((fr > 0) & is_cold).sum())
 
 
-def _arm_notes(results: dict[str, ArmResult], evicting: bool, notes: list[str]) -> None:
+def _arm_notes(results: dict[str, ArmResult], evicting: bool, cold_frac: float, notes: list[str]) -> None:
     """What may make an arm's figures not what was asked for."""
     if "pool" not in results:
         notes.append("no pool arm: speedups are relative to the pool and so are not given")
+    if "io_uring" in results:
+        notes.append("io_uring: the lab's uring reader (liburing package): one IORING_OP_READV per row into the "
+                     "arm's array, every row of the batch in one submit on one persistent ring, buffered reads")
+    for a, r in results.items():
+        od = r.o_direct()
+        if od is None:
+            continue
+        al = "/".join(f"{x:,}" for x in od["alignment"])
+        notes.append(f"{a}: O_DIRECT bypasses the page cache: every row is read from the device whatever its "
+                     "residency" + (" (the mix's resident rows too: this arm reads them from the device, the "
+                                    "other arms from the cache)" if cold_frac < 1 else ""))
+        if od["unaligned_rows"]:
+            notes.append(f"{a}: {od['unaligned_rows']:,} of {r.rows:,} row reads are not aligned to the file's O_DIRECT "
+                         f"alignment ({al} B): each was read as its aligned covering extent and the row sliced "
+                         f"out ({od['bytes_read']:,} bytes read for {od['bytes_requested']:,} requested)")
     mm = [a for a in results if a in MMAP_ARMS]
     if mm:
         notes.append(f"{', '.join(mm)}: rows gathered through a read-only numpy.memmap of each file (MADV_RANDOM, "
@@ -753,19 +844,55 @@ def _arm_notes(results: dict[str, ArmResult], evicting: bool, notes: list[str]) 
                          "pre-batch check (residency changed after classification)")
 
 
-def _result(trace_path, strategies, cold_frac, repeat, threads, allow_evict, shapes, pops, results, notes) -> dict:
-    pool_p50 = float(np.median(results["pool"].batch_ns)) / 1e6 if "pool" in results else None
-    arms = {a: results[a].to_dict() for a in strategies}
-    speedup = {}
+def _speedups(strategies: list[str], results: dict[str, ArmResult]) -> tuple[dict, dict]:
+    """Per arm: the speedup over the pool (median of the rounds' paired ratios) and its
+    interval with the claim it supports (:mod:`.replay_stats`)."""
+    if "pool" not in results:
+        return {a: None for a in strategies}, {}
+    pool = results["pool"].round_medians_ms()
+    speedup, ci = {}, {}
     for a in strategies:
-        p50 = arms[a]["batch_ms"]["p50"]
-        speedup[a] = round(pool_p50 / p50, 2) if pool_p50 and p50 else None
+        iv = replay_stats.paired_speedup(pool, results[a].round_medians_ms()).rounded(3)  # as printed
+        speedup[a] = round(iv.estimate, 2) if iv.n else None
+        if a != "pool" and iv.n:
+            claim, statement = replay_stats.speedup_claim(a, iv)
+            ci[a] = dict(iv.to_dict(), claim=claim, statement=statement)
+    return speedup, ci
+
+
+def _rounds(strategies: list[str], results: dict[str, ArmResult], orders: list[list[str]]) -> list[dict]:
+    """Every round: its arm order, each arm's batch times, median and cold mix, the paired ratios."""
+    out = []
+    for r, order in enumerate(orders):
+        med = {a: round(float(np.median(results[a].round_ns[r])) / 1e6, 4) for a in strategies}
+        rows = {a: results[a].round_rows.get(r, 0) for a in strategies}
+        out.append({
+            "round": r + 1,
+            "order": order,
+            "batch_ms": {a: [round(ns / 1e6, 4) for ns in results[a].round_ns[r]] for a in strategies},
+            "median_ms": med,
+            "cold_frac_observed": {a: round(results[a].round_cold.get(r, 0) / rows[a], 4) if rows[a] else None
+                                   for a in strategies},
+            "speedup": ({a: round(med["pool"] / med[a], 3) if med[a] else None for a in strategies}
+                        if "pool" in med else {}),
+        })
+    return out
+
+
+def _result(trace_path, strategies, cold_frac, rounds, threads, allow_evict, shapes, pops, results, orders,
+            notes) -> dict:
+    arms = {a: results[a].to_dict() for a in strategies}
+    for a in strategies:
+        od = results[a].o_direct()
+        if od is not None:
+            arms[a]["o_direct"] = od
+    speedup, speedup_ci = _speedups(strategies, results)
     shape_rows = [sh.rows for sh in shapes]
     return {
         "trace": str(trace_path),
         "strategies": strategies,
         "cold_frac": cold_frac,
-        "repeat": repeat,
+        "rounds": rounds,
         "threads": threads,
         "batches": len(shapes),
         "rows_per_batch": {"min": min(shape_rows), "max": max(shape_rows), "median": int(np.median(shape_rows))},
@@ -775,6 +902,9 @@ def _result(trace_path, strategies, cold_frac, repeat, threads, allow_evict, sha
                   "cold_now": int((p.frac <= 0).sum())} for p in pops],
         "arms": arms,
         "speedup": speedup,
+        "speedup_ci": speedup_ci,
+        "confidence": replay_stats.CONFIDENCE,
+        "per_round": _rounds(strategies, results, orders),
         "mismatches": sum(r.mismatched_rows for r in results.values()),
         "rows_verified": sum(r.rows for r in results.values()),
         "allow_evict": bool(allow_evict),
