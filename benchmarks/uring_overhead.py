@@ -9,9 +9,12 @@ cost per request shows.  Arms, interleaved round by round in one run (the order 
 round) so the shared machine's noise hits them alike:
 
   untraced   no program attached
-  empty      empty BPF programs on the four tracepoints the probe attaches (the floor)
+  empty      empty BPF programs on every tracepoint the probe attaches (the floor): the four
+             io_uring ones, sys_exit_io_uring_enter, the page-cache insertion and the block ones
   engramprof the io_uring probe (engramprof/bpf/uring.py) for fio's pid, its ring drained every
              50 ms by this process (as a recorder would)
+  other      the same probe for another process (this one): fio is not a target, so this is the
+             cost to an untraced process (to compare with the empty floor)
   bpftrace   a one-liner: submit_req of fio's read opcodes stores nsecs by request pointer,
              complete takes the difference into a hist() and deletes the entry
 
@@ -36,13 +39,19 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-ARMS = ("untraced", "empty", "engramprof", "bpftrace")
+ARMS = ("untraced", "empty", "engramprof", "other", "bpftrace")
 
 EMPTY = """
 TRACEPOINT_PROBE(io_uring, io_uring_submit_req) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_complete) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_file_get) { return 0; }
+TRACEPOINT_PROBE(syscalls, sys_exit_io_uring_enter) { return 0; }
+TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) { return 0; }
+TRACEPOINT_PROBE(block, block_bio_queue) { return 0; }
+TRACEPOINT_PROBE(block, block_bio_backmerge) { return 0; }
+TRACEPOINT_PROBE(block, block_rq_complete) { return 0; }
+TRACEPOINT_PROBE(block, block_bio_complete) { return 0; }
 """
 
 
@@ -79,8 +88,8 @@ def run_arm(arm: str, path: str, ios: int, out: str) -> dict:
     pid, w = fork_fio(argv)
     probe = empty = bt = None
     try:
-        if arm == "engramprof":
-            probe = uring.UringProbe.load(uring.UringProbeConfig(tgid=pid))
+        if arm in ("engramprof", "other"):
+            probe = uring.UringProbe.load(uring.UringProbeConfig(tgid=pid if arm == "engramprof" else os.getpid()))
             probe.arm()
         elif arm == "empty":
             empty = BPF(text=EMPTY)
@@ -108,7 +117,7 @@ def run_arm(arm: str, path: str, ios: int, out: str) -> dict:
             read = json.load(f)["jobs"][0]["read"]
         n = read["total_ios"]
         res = {"cpu_ns": (ru.ru_utime + ru.ru_stime) * 1e9 / n, "lat_ns": read["lat_ns"]["mean"], "ios": n}
-        if probe is not None:
+        if probe is not None and arm == "engramprof":
             t = probe.totals()
             res.update(records=records, lost=t["lost_records"])
         return res
@@ -160,6 +169,10 @@ def main() -> None:
         ratio = f"{e / b:.2f}x" if b > 0 else "n/a"
         print(f"added {what}: engramprof {e:.0f} ns, bpftrace {b:.0f} ns, empty floor {f:.0f} ns; "
               f"engramprof / bpftrace = {ratio}")
+    for key, what in (("cpu_ns", "cpu"), ("lat_ns", "latency")):
+        o = med["other"][key] - med["untraced"][key]
+        f = med["empty"][key] - med["untraced"][key]
+        print(f"untraced process, added {what}: probe for another pid {o:.0f} ns, empty floor {f:.0f} ns")
     lost = sum(r.get("lost", 0) for r in got["engramprof"])
     recs = [r["records"] == r["ios"] for r in got["engramprof"]]
     print(f"engramprof: records = fio's requests in {sum(recs)}/{len(recs)} rounds; lost records {lost}")
