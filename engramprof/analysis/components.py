@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from engramprof.analysis.events import REQUEST_KINDS
 from engramprof.trace import EVIDENCE_COLUMNS
 
 
@@ -153,9 +154,6 @@ class Evidence:
         return cls(nulls=nulls, io_wait=io_wait, uring=uring, direct=direct, **vals)
 
 
-#: read events that are requests submitted to the kernel and completed later (their interval is
-#: submit -> complete, their evidence columns are null): io_uring SQEs and libaio iocbs
-REQUEST_KINDS = ("io_uring", "libaio")
 #: io_uring paths on which a request waited for its data (not read inline in the submit)
 WAITED_URING_PATHS = ("async", "punted")
 
