@@ -91,18 +91,20 @@ def serial_read(cold: bool, per_batch: int = 24):
     return _frame(rows, kind="syscall", syscall="read", direct=False), _markers(marks)
 
 
-def requests(kind: str, dur_us: float, direct, uring_path=None, per_batch: int = 16):
-    """``per_batch`` requests submitted together by the step thread at each batch's start,
-    completing one after another over ``dur_us`` while it sleeps in io_uring_enter /
-    io_getevents; their evidence columns null (their probes do not measure them)."""
+def requests(kind: str, interval_us: float, direct, uring_path=None, per_batch: int = 16):
+    """``per_batch`` requests submitted together by the step thread at each batch's start; the
+    device returns one every ``interval_us`` (request j completes (j + 1) intervals after the
+    submit) while the thread sleeps in io_uring_enter / io_getevents.  Their evidence columns
+    are null (their probes do not measure them)."""
     rows, marks, t = [], [], T0
-    dur = int(dur_us * 1e3)
+    step = int(interval_us * 1e3)
     for _ in range(N_BATCHES):
         at = t + 20_000
         for j in range(per_batch):
-            rows.append((at + j * 1_000, dur - j * (dur // (2 * per_batch)), SUBMITTER) + (np.nan,) * len(EV))
-        marks.append((t, at + dur + 15_000))
-        t = at + dur + 5_000_000
+            rows.append((at + j * 1_000, (j + 1) * step, SUBMITTER) + (np.nan,) * len(EV))
+        end = at + per_batch * step + 15_000
+        marks.append((t, end))
+        t = end + 5_000_000
     return _frame(rows, kind=kind, syscall=kind, direct=direct, uring_path=uring_path), _markers(marks)
 
 
@@ -153,7 +155,7 @@ def test_o_direct_requests_are_io_waits(kind, path):
     """libaio and io_uring requests on an O_DIRECT file, submitted together and waited for in
     io_getevents / io_uring_enter: residency, whatever io_uring's path; no evidence column is
     missing and no share is unexplained."""
-    calls, markers = requests(kind, 2000.0, direct=True, uring_path=path)
+    calls, markers = requests(kind, 100.0, direct=True, uring_path=path)
     table, s = _bt(calls, markers)
     assert s["read_events"] == {kind: len(calls)}
     assert s["verdict"] == "residency", s["share"]
@@ -166,24 +168,34 @@ def test_o_direct_requests_are_io_waits(kind, path):
 def test_buffered_libaio_without_evidence_is_not_a_miss():
     """A buffered AIO read is done inside io_submit: without evidence it is the copy it almost
     always is (a cached row), not a device wait."""
-    calls, markers = requests("libaio", 20.0, direct=False)
+    calls, markers = requests("libaio", 1.0, direct=False)
     _, s = _bt(calls, markers)
     assert s["verdict"] == "healthy" and s["share"]["residency"] == 0.0, s["share"]
 
 
 @pytest.mark.parametrize("kind,path", [("libaio", None), ("io_uring", "async")])
 def test_requests_on_a_slow_device_are_storage(kind, path):
-    """Requests that each take 6-12 ms from submit to complete: slower than any normal device
+    """A device that returns one request every 5 ms (a throttle): slower than any normal device
     service (capped at 1 ms), so storage -- a request path could never be storage before."""
-    calls, markers = requests(kind, 12_000.0, direct=kind == "libaio", uring_path=path)
+    calls, markers = requests(kind, 5000.0, direct=kind == "libaio", uring_path=path)
     _, s = _bt(calls, markers)
     assert s["verdict"] == "storage", s["share"]
+
+
+def test_a_deep_queue_on_a_device_at_normal_speed_is_residency_not_storage():
+    """64 requests submitted at once, returned one per 100 µs: the last waits 64 times longer
+    than the first, but the device served each at its normal interval -- no storage share.  (Each
+    request's own submit -> complete against the median would call half of them slow.)"""
+    calls, markers = requests("io_uring", 100.0, direct=True, uring_path="async", per_batch=64)
+    _, s = _bt(calls, markers)
+    assert s["verdict"] == "residency" and s["share"]["storage"] < 0.02, s["share"]
+    assert s["normal_miss_us"] == pytest.approx(100.0, rel=0.05)
 
 
 # ---------------------------------------------------------------- what the answer shows --
 
 def test_io_uring_batches_show_queue_depth_and_split():
-    calls, markers = requests("io_uring", 2000.0, direct=False, uring_path="async")
+    calls, markers = requests("io_uring", 100.0, direct=False, uring_path="async")
     calls.loc[calls.index % 4 == 0, "uring_path"] = "inline"
     calls.loc[calls.index % 8 == 1, "uring_path"] = "punted"
     table, s = _bt(calls, markers)
@@ -241,7 +253,7 @@ def test_read_path_of_names_libaio():
 def test_compare_read_path_and_residency_per_batch():
     """compare's per-batch read path knows each kind (a stray syscall in a libaio batch does not
     make it mixed), and a batch of O_DIRECT reads is not "resident" because it inserted nothing."""
-    aio, markers = requests("libaio", 2000.0, direct=True)
+    aio, markers = requests("libaio", 100.0, direct=True)
     stray = aio.iloc[:1].assign(kind="syscall", ts_ns=aio["ts_ns"].iloc[0] + 10)
     calls = pd.concat([aio, stray], ignore_index=True).sort_values("ts_ns", kind="stable")
     starts, ends = markers["start_ns"].to_numpy(), markers["end_ns"].to_numpy()

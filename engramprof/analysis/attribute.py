@@ -385,7 +385,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     for c, k in ev.nulls.items():
         acc.totals.nulls[c] += k
     comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch)
-    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch)
+    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u)
     if obs is not None:
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])

@@ -284,7 +284,8 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
                       copy=copy, unexplained=unexplained, missed=missed)
 
 
-def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray, per_batch=None):
+def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray, per_batch=None,
+                          union_share: np.ndarray | None = None):
     """Per event, the observed service time of one miss I/O, as the event experienced it.
 
     An event that queued bios: max(its mean bio queue->complete time, its voluntary miss wait
@@ -292,8 +293,13 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     reach the block layer, queueing ahead of it.  An event that waited without queueing a bio
     (on a page another thread's read or readahead is bringing in): its whole voluntary miss
     wait.  Otherwise the batch's mean bio time.  Without bio columns the same with pages
-    inserted as the I/O count.  Returns (observed, own): ``own`` marks events that did their
-    own I/O, whose observed times define the trace's normal; (None, None) without evidence."""
+    inserted as the I/O count.  A request that waited (io_uring, libaio; its bio columns null)
+    is one I/O of its own, served at the interval its batch's waited requests came back at:
+    their part of the in-flight union (``union_share``, :func:`inflight_weights`) over their
+    number -- not its own submit -> complete, which at queue depth N holds the N - 1 requests
+    ahead of it (a batch submitted at once would make half its requests "slower than normal"
+    on a device at its normal speed).  Returns (observed, own): ``own`` marks events that did
+    their own I/O, whose observed times define the trace's normal; (None, None) without evidence."""
     if ev.bio_count is not None and ev.bio_ns is not None:
         num, den = np.clip(ev.bio_ns, 0, None), ev.bio_count
     elif ev.pages_added is not None:
@@ -307,12 +313,15 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     b_num = per_batch(num)
     batch_mean = np.where(b_den > 0, safe_div(b_num, b_den), np.nan)
     observed = np.where(miss_wait > 0, miss_wait, batch_mean[batch])
-    if ev.io_wait is not None:
-        # a request that waited is one read of its own, its wait submit -> complete (its bio
-        # columns are null): it defines the normal like a call with its own bios
-        den = np.where(ev.io_wait & (den <= 0), 1.0, den)
     own = den > 0
     mine = np.flatnonzero(own)  # the few events with their own I/O
     den_own = np.asarray(den[mine], dtype=np.float64)
     observed[mine] = np.maximum(num[mine] / den_own, miss_wait[mine] / den_own)
+    if ev.io_wait is not None:
+        alone = ev.io_wait & ~own  # requests: no bio of their own measured
+        if alone.any():
+            share = union_share if union_share is not None else miss_wait
+            interval = safe_div(per_batch(np.where(alone, share, 0.0)), per_batch(alone))
+            observed = np.where(alone, interval[batch], observed)
+            own = own | alone
     return observed, own
