@@ -23,46 +23,60 @@ DIRECT_EVIDENCE = "O_DIRECT: the page cache is bypassed; every read waits for th
 URING_PATHS = ("inline", "async", "punted")
 
 
-def _text(calls: pd.DataFrame, name: str) -> np.ndarray:
-    """A text column as object values ("" where missing or absent)."""
+def _codes(calls: pd.DataFrame, name: str) -> tuple[np.ndarray, list[str]]:
+    """A text column as small integer codes (-1: missing or absent) and the code's values, without
+    turning millions of rows into Python strings (a categorical's own codes)."""
     if name not in calls.columns:
-        return np.full(len(calls), "", dtype=object)
+        return np.full(len(calls), -1, dtype=np.int64), []
     s = calls[name]
-    return s.astype(object).where(s.notna(), "").to_numpy(dtype=object)
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        return s.cat.codes.to_numpy().astype(np.int64), [str(c) for c in s.cat.categories]
+    codes, uniques = pd.factorize(s, use_na_sentinel=True)
+    return codes.astype(np.int64), [str(u) for u in uniques]
 
 
 def _direct(calls: pd.DataFrame) -> np.ndarray:
     """Per row: 1 O_DIRECT, 0 buffered, -1 not known (no flag, or a fault)."""
     if "direct" not in calls.columns:
         return np.full(len(calls), -1, dtype=np.int8)
-    d = calls["direct"]
-    known = d.notna().to_numpy()
-    val = d.astype(object).where(d.notna(), False).astype(bool).to_numpy()
-    return np.where(known, val.astype(np.int8), np.int8(-1)).astype(np.int8)
+    d = pd.to_numeric(calls["direct"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    return np.where(np.isnan(d), -1, d > 0).astype(np.int8)
 
 
 def read_paths(calls: pd.DataFrame) -> list[dict]:
     """The read paths seen, most events first: ``{kind, syscall, direct, events, share}``;
     ``syscall`` names a syscall read's call (None for the other kinds), ``direct`` is True
     (O_DIRECT), False (buffered) or None (not known: a fault, or an older trace).  Page faults on
-    the process's own code are not table reads and are not counted."""
+    the process's own code are not table reads and are not counted.  One bincount over the
+    columns' codes: no per-row Python object."""
     if calls.empty:
         return []
     code = code_faults(calls)
     if code is not None and code.any():
         calls = calls[~code]
-    kind = _text(calls, "kind") if "kind" in calls.columns else np.full(len(calls), "syscall", dtype=object)
-    kind = np.where(kind == "", "syscall", kind)
-    sysc = np.where(kind == "syscall", _text(calls, "syscall"), "")
-    frame = pd.DataFrame({"kind": kind, "syscall": sysc, "direct": _direct(calls)})
-    counts = frame.value_counts(sort=True)
-    total = int(len(frame))
-    out = []
-    for (k, sc, d), n in counts.items():
-        out.append({"kind": str(k), "syscall": (str(sc) or None) if k == "syscall" else None,
-                    "direct": None if d < 0 else bool(d), "events": int(n),
-                    "share": float(n / total) if total else 0.0})
-    return out
+    if "kind" in calls.columns:
+        kc, kinds = _codes(calls, "kind")
+    else:
+        kc, kinds = np.zeros(len(calls), dtype=np.int64), ["syscall"]
+    kinds = kinds + ["syscall"]  # a missing kind is a syscall (format 1)
+    kc = np.where(kc < 0, len(kinds) - 1, kc)
+    sc, names = _codes(calls, "syscall")
+    names = names + [""]
+    sc = np.where(sc < 0, len(names) - 1, sc)
+    dc = _direct(calls).astype(np.int64) + 1  # 0 unknown, 1 buffered, 2 O_DIRECT
+    key = (kc * len(names) + sc) * 3 + dc
+    counts = np.bincount(key, minlength=len(kinds) * len(names) * 3)
+    total = int(len(calls))
+    merged: dict[tuple, int] = {}
+    for k in np.flatnonzero(counts):
+        kind = kinds[k // (3 * len(names))]
+        sysname = names[(k // 3) % len(names)] if kind == "syscall" else ""
+        d = int(k % 3) - 1
+        merged[(kind, sysname, d)] = merged.get((kind, sysname, d), 0) + int(counts[k])
+    out = [{"kind": kind, "syscall": (sysname or None) if kind == "syscall" else None,
+            "direct": None if d < 0 else bool(d), "events": n, "share": float(n / total) if total else 0.0}
+           for (kind, sysname, d), n in merged.items()]
+    return sorted(out, key=lambda p: -p["events"])
 
 
 def path_label(p: dict) -> str:
