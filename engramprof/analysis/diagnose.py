@@ -118,6 +118,8 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         waited = ((slow["offcpu_ns"] - slow["runq_ns"]) > 0).to_numpy() | io_wait[slow.index].to_numpy() if len(slow) else None
         wait_slow = float(waited.mean()) if (len(slow) and blocked is not None) else None
         finding = f"{pct(miss_any)} of {many} brought pages into the page cache (misses)"
+        if (missed & ~(calls["pages_added"].fillna(0) > 0)).any():  # bios without a page: O_DIRECT
+            finding = f"{pct(miss_any)} of {many} brought pages into the page cache or queued bios of their own (misses)"
         if io_wait.any() or _direct(calls).any():
             finding = (f"{pct(miss_any)} of {many} missed (brought pages into the page cache, bypassed it with "
                        "O_DIRECT, or were requests served async / punted: they waited for the device)")
