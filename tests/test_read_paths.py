@@ -182,11 +182,16 @@ def test_requests_on_a_slow_device_are_storage(kind, path):
     assert s["verdict"] == "storage", s["share"]
 
 
-def test_a_deep_queue_on_a_device_at_normal_speed_is_residency_not_storage():
+@pytest.mark.parametrize("with_bios", [False, True], ids=["no-evidence", "own-bios"])
+def test_a_deep_queue_on_a_device_at_normal_speed_is_residency_not_storage(with_bios):
     """64 requests submitted at once, returned one per 100 µs: the last waits 64 times longer
     than the first, but the device served each at its normal interval -- no storage share.  (Each
-    request's own submit -> complete against the median would call half of them slow.)"""
-    calls, markers = requests("io_uring", 100.0, direct=True, uring_path="async", per_batch=64)
+    request's own submit -> complete against the median would call half of them slow; so would
+    its bio's queue -> complete, which holds the same queue: the io_uring source's per-request
+    bios.)"""
+    calls, markers = requests("io_uring", 100.0, direct=False, uring_path="async", per_batch=64)
+    if with_bios:  # the request's own page and bio, its bio waiting in the device queue as long
+        calls["pages_added"], calls["bio_count"], calls["bio_ns"] = 1.0, 1.0, calls["dur_ns"] - 5_000
     _, s = _bt(calls, markers)
     assert s["verdict"] == "residency" and s["share"]["storage"] < 0.02, s["share"]
     assert s["normal_miss_us"] == pytest.approx(100.0, rel=0.05)

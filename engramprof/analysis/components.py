@@ -293,12 +293,12 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     reach the block layer, queueing ahead of it.  An event that waited without queueing a bio
     (on a page another thread's read or readahead is bringing in): its whole voluntary miss
     wait.  Otherwise the batch's mean bio time.  Without bio columns the same with pages
-    inserted as the I/O count.  A request that waited (io_uring, libaio; its bio columns null)
-    is one I/O of its own, served at the interval its batch's waited requests came back at:
-    their part of the in-flight union (``union_share``, :func:`inflight_weights`) over their
-    number -- not its own submit -> complete, which at queue depth N holds the N - 1 requests
-    ahead of it (a batch submitted at once would make half its requests "slower than normal"
-    on a device at its normal speed).  Returns (observed, own): ``own`` marks events that did
+    inserted as the I/O count.  A request that waited (io_uring, libaio) is one I/O of its own,
+    served at the interval its batch's waited requests came back at: their part of the in-flight
+    union (``union_share``, :func:`inflight_weights`) over their number -- not its own
+    submit -> complete nor its bios' queue -> complete, which at queue depth N hold the N - 1
+    requests ahead of it (a batch submitted at once would make half its requests "slower than
+    normal" on a device at its normal speed).  Returns (observed, own): ``own`` marks events that did
     their own I/O, whose observed times define the trace's normal; (None, None) without evidence."""
     if ev.bio_count is not None and ev.bio_ns is not None:
         num, den = np.clip(ev.bio_ns, 0, None), ev.bio_count
@@ -317,11 +317,12 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     mine = np.flatnonzero(own)  # the few events with their own I/O
     den_own = np.asarray(den[mine], dtype=np.float64)
     observed[mine] = np.maximum(num[mine] / den_own, miss_wait[mine] / den_own)
-    if ev.io_wait is not None:
-        alone = ev.io_wait & ~own  # requests: no bio of their own measured
-        if alone.any():
-            share = union_share if union_share is not None else miss_wait
-            interval = safe_div(per_batch(np.where(alone, share, 0.0)), per_batch(alone))
-            observed = np.where(alone, interval[batch], observed)
-            own = own | alone
+    if ev.io_wait is not None and ev.io_wait.any():
+        # every request that waited, with bios of its own or not: at queue depth N its bios'
+        # queue -> complete holds the N - 1 ahead of it in the device queue too
+        req = ev.io_wait
+        share = union_share if union_share is not None else miss_wait
+        interval = safe_div(per_batch(np.where(req, share, 0.0)), per_batch(req))
+        observed = np.where(req, interval[batch], observed)
+        own = own | req
     return observed, own
