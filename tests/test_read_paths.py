@@ -194,6 +194,8 @@ def test_a_deep_queue_on_a_device_at_normal_speed_is_residency_not_storage(with_
         calls["pages_added"], calls["bio_count"], calls["bio_ns"] = 1.0, 1.0, calls["dur_ns"] - 5_000
     _, s = _bt(calls, markers)
     assert s["verdict"] == "residency" and s["share"]["storage"] < 0.02, s["share"]
+    dev = s["io_uring"]["device_ms"]  # the requests' own bios where the source credits them
+    assert (dev is None) if not with_bios else (dev["bios"] == len(calls) and dev["method"] == "the requests' own bios")
     assert s["normal_miss_us"] == pytest.approx(100.0, rel=0.05)
 
 
