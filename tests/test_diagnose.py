@@ -84,8 +84,10 @@ def test_each_scenario_diagnosed(name):
     steps = [e["step"] for e in d["evidence"]]
     # with eviction records, the pages missed get their own step right after their residency
     why = "why the pages were missing"
-    assert [s for s in steps if s != why][:5] == [
-        "slow calls", "residency of their pages", "reclaim signals", "device service", "batch time outside the read path"]
+    assert [s for s in steps if s != why][:6] == [
+        "slow calls", "read paths", "residency of their pages", "reclaim signals", "device service",
+        "batch time outside the read path"]
+    assert d["batch_tail"]["read_paths"][0]["kind"] == "syscall"  # the pool reader's buffered preadv2
     if why in steps:
         assert steps.index(why) == steps.index("residency of their pages") + 1
     if name in ("residency", "reclaim"):  # pages were missed: the trace says why

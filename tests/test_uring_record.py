@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from engramprof import trace
+from engramprof.analysis import diagnose
 from engramprof.analysis.diagnose import read_path_of
 from engramprof.lab import table
 from tests.tracing import engramprof, traced_lab
@@ -108,10 +109,27 @@ def test_io_uring_wait_is_io_not_python_scheduling(tbl, tmp_path, cache):
     assert bt["read_events"].get("io_uring") == run.lab["rows"]
     assert read_path_of(bt) == "io_uring"
     share = bt["share"]
+    # the paths it took: buffered io_uring requests; each step's rows submitted together and
+    # waited for (queue depth > 1, at most the step's rows); the split is the trace's own
+    ur = trace.load_bundle(run.trace).calls
+    ur = ur[ur["kind"].astype(str) == "io_uring"]
+    assert [(p["kind"], p["direct"], p["events"]) for p in bt["read_paths"]] == [("io_uring", False, len(ur))]
+    u = bt["io_uring"]
+    assert u["paths"] == {p: int((ur["uring_path"] == p).sum()) for p in ("inline", "async", "punted")}
+    per_step = run.lab["rows"] // STEPS
+    assert 1 < u["queue_depth_max"]["p50"] <= per_step, u["queue_depth_max"]
+    assert u["submit_complete_ms"]["p50"] == pytest.approx(ur["dur_ns"].median() / 1e6)
+    assert bt["missing_evidence"] == [], bt["missing_evidence"]
     if cache == "cold":
         assert bt["verdict"] != "python-scheduling", (bt["verdict"], share)
         assert bt["verdict"] == "residency", (bt["verdict"], share)
         assert share["python-scheduling"] < 0.1, share
+        assert share["unexplained"] < 0.1, share
+        # diagnose on the same bundle: the paths and how io_uring served them, in the evidence
+        d = diagnose.analyse_trace(str(run.trace), str(m), 4.0, run.summary, 5.0)
+        steps = {e["step"]: e["finding"] for e in d["evidence"]}
+        assert d["verdict"] == "residency" and d["read_path"] == "io_uring"
+        assert steps["read paths"].startswith("io_uring (buffered)") and "async" in steps["io_uring"], steps
     else:
         assert bt["verdict"] == "healthy", (bt["verdict"], share)
         # warm: no request inserted a page or queued a bio

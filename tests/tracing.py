@@ -5,6 +5,7 @@ and the trace can be compared call for call with the lab's own count.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,3 +88,41 @@ def traced_lab(tmp: Path, table: Path, *lab_args: str, tracer_args: tuple[str, .
     trc, tout, terr = tracer.finish()
     summary = json.loads(tout) if trc == 0 and tout.strip() else None
     return TracedRun(lab=json.loads(lab_out), trace=out, summary=summary, tracer_rc=trc, tracer_err=terr)
+
+
+@dataclass
+class LabSpec:
+    """One lab reader of a shared recording: its ``lab run`` arguments, and a context manager to
+    hold around its run (an evictor), or None."""
+
+    name: str
+    args: tuple[str, ...]
+    around: object = None
+
+
+def traced_labs(tmp: Path, specs: list[LabSpec], name: str = "trace") -> tuple[dict[str, dict], TracedRun]:
+    """Several lab readers in one recording (one probe compile: most of a traced run's time on a
+    loaded machine): all start and wait, one tracer attaches to every pid, then each reader runs
+    alone in turn (no reader competes with another for the CPUs or the device).  Returns each
+    reader's summary (with its ``pid``) and the recording."""
+    labs = {}
+    for s in specs:
+        labs[s.name] = Proc(engramprof("lab", "run", "--json", "--start-delay", "120", *s.args))
+    for p in labs.values():
+        p.wait_line("lab: ready")
+    out = tmp / name
+    pids = [a for p in labs.values() for a in ("--pid", str(p.pid))]
+    tracer = Proc(engramprof("syscalls", *pids, "--output", out, "--json"))
+    tracer.wait_line("Tracing")
+    results = {}
+    for s in specs:
+        p = labs[s.name]
+        ctx = s.around if s.around is not None else contextlib.nullcontext()
+        with ctx:
+            os.kill(p.pid, signal.SIGUSR1)
+            rc, lab_out, lab_err = p.finish()
+        assert rc == 0, lab_err
+        results[s.name] = {**json.loads(lab_out), "pid": p.pid}
+    trc, tout, terr = tracer.finish()
+    summary = json.loads(tout) if trc == 0 and tout.strip() else None
+    return results, TracedRun(lab={}, trace=out, summary=summary, tracer_rc=trc, tracer_err=terr)

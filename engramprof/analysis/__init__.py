@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis import batches as _batches
-from engramprof.analysis import calibrate, misses
+from engramprof.analysis import calibrate, misses, paths
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, code_faults, prepare_read_events
@@ -188,6 +188,7 @@ def analyse(
                     loop_gap_us=loop_gap_us, getter=getter, meta=meta, notes=notes,
                     markers_bad_lines=markers_bad_lines, top=top, miss_pages=miss_pages)
     why = misses.summary_keys(miss_pages, table_of("evictors") if table_of and miss_pages is not None else None)
+    bio_hist = table_of("bio_latency_log2") if table_of else None
     if len(pids) > 1:
         def one(c, m, **kw):
             kw["notes"] = list(kw["notes"])
@@ -195,9 +196,11 @@ def analyse(
 
         table, summary = analyse_each(one, calls, pids, markers_df, **settings)
         summary.update(why)
+        summary.update(paths.path_figures(calls, table, bio_hist))
         return BatchTailResult(table, summary)
     table, summary = _analyse_process(calls, markers_df, **settings)
     summary.update(why)
+    summary.update(paths.path_figures(calls, table, bio_hist))
     summary["processes"] = [process_row(int(pids[0]), summary, meta)] if len(pids) else []
     summary["slowest_process"] = int(pids[0]) if len(pids) else None
     return BatchTailResult(table, summary)
@@ -221,7 +224,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
                                                       path_codes=_path_codes(events)))
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
-    service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio)
+    service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio, events.requests_only)
     pid = int(pids_of[0]) if len(pids_of := process_ids(calls)) == 1 else None
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from engramprof.units import pct
 
+#: O_DIRECT reads are the story from this share of the read events on (analysis/paths.py)
+DIRECT_MAJORITY = 0.5
+
 ADVICE = {
     "python-scheduling": {
         "hint": "reads are cheap but the batch waits on futures, wake-ups and GIL hand-offs: "
@@ -79,6 +82,34 @@ ADVICE_FAULTS = {
 }
 
 
+#: where every read bypasses the page cache (O_DIRECT): a miss is every read, by design
+ADVICE_DIRECT = {
+    "residency": {
+        "hint": "every read bypasses the page cache (O_DIRECT) and waits for the device: keep more reads in flight "
+                "per batch, or keep the hot rows in memory",
+        "fix": "Every read bypasses the page cache (O_DIRECT), so every row waits for the device, which serves at "
+               "its normal speed: keep more reads in flight per batch ({depth}) so that their device waits overlap "
+               "(submit the batch's rows together through io_uring or libaio, or widen the pool), or keep the hot "
+               "rows in memory (an application-side cache of the hot rows, or buffered reads for the hot tensors "
+               "so that the page cache holds them).",
+        "confirm": "engramprof diagnose --pid PID after the change, same load (queue depth up or residency share "
+                   "down, batch p50 down)",
+    },
+}
+
+
+def queue_depth_words(bt: dict) -> str:
+    """How many reads each batch had in flight, in words (batch-tail's ``queue_depth``)."""
+    qd = ((bt.get("queue_depth") or {}).get("max") or {})
+    if qd.get("p50") is None:
+        return "the queue depth was not measured"
+    return f"now at most {qd['p50']:.0f} at once in a median batch, {qd['p99']:.0f} at p99"
+
+
+def direct_share_of(bt: dict) -> float:
+    return float((bt.get("direct") or {}).get("share") or 0.0)
+
+
 def advice(verdict: str, read_path: str = "syscalls") -> dict:
     """The advice for a verdict, fitted to the read path seen (``syscalls``, ``faults``, ``both``)."""
     if read_path == "faults" and verdict in ADVICE_FAULTS:
@@ -141,8 +172,14 @@ def miss_story(bt: dict) -> str | None:
 
 
 def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
-    """:func:`advice`, with the fix naming the evictor when the eviction records show one."""
+    """:func:`advice`, with the fix naming the evictor when the eviction records show one, and
+    the O_DIRECT fix (queue depth, or the hot rows in memory) when most reads bypassed the page
+    cache (``direct`` of a batch-tail summary, analysis/paths.py)."""
     base = dict(advice(verdict, read_path))
+    if verdict in ADVICE_DIRECT and direct_share_of(bt) >= DIRECT_MAJORITY:
+        base = dict(ADVICE_DIRECT[verdict])
+        base["fix"] = base["fix"].format(depth=queue_depth_words(bt))
+        return base
     by = bt.get("evicted_by") or []
     causes = bt.get("miss_causes") or {}
     if verdict == "residency" and (causes.get("dropped") or 0) >= 0.5:

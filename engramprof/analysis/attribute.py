@@ -96,6 +96,13 @@ def _zeros(n: int) -> np.ndarray:
     return np.zeros(n)
 
 
+#: the per-batch arrays of a BatchAccumulator (length n each)
+PER_BATCH_ARRAYS = ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
+                    "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms", "queue_depth_max")
+#: per batch, its io_uring requests by how each was served (evidence keys, uring_path values)
+URING_PATH_COUNTS = ("uring_inline", "uring_async", "uring_punted")
+
+
 @dataclass
 class BatchAccumulator:
     """Per batch (arrays of length n) and in total, what the pass found."""
@@ -115,6 +122,7 @@ class BatchAccumulator:
     runq_preempt: np.ndarray = field(init=False)
     runq_wake: np.ndarray = field(init=False)
     slowest_ms: np.ndarray = field(init=False)
+    queue_depth_max: np.ndarray = field(init=False)  # most reads in flight at once
     slowest_pos: np.ndarray = field(init=False)
     evidence: dict = field(init=False)  # per-batch evidence sums and the slowest event's
     totals: Totals = field(default_factory=Totals)
@@ -127,14 +135,13 @@ class BatchAccumulator:
     def __post_init__(self):
         n = self.n
         self.cause_ns = {c: _zeros(n) for c in CAUSES}
-        for name in ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
-                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms"):
+        for name in PER_BATCH_ARRAYS:
             setattr(self, name, _zeros(n))
         self.slowest_pos = np.zeros(n, dtype=np.int64)
         self.evidence = {k: _zeros(n) for k in ("misses", "calls_with_misses", "bio_count", "bio_ms",
                                                 "reclaim_in_calls_ms", "offcpu_ms", "runq_ms", "slowest_misses",
                                                 "slowest_bio_ms", "slowest_reclaim_ms", "slowest_offcpu_ms",
-                                                "slowest_runq_ms")}
+                                                "slowest_runq_ms", "direct_calls", *URING_PATH_COUNTS)}
 
     @property
     def no_read(self) -> np.ndarray:
@@ -145,8 +152,7 @@ class BatchAccumulator:
         """This accumulator's batches placed at positions ``rows`` of ``n`` batches (the others,
         batches without a read event, start at zero; their slowest event is -1)."""
         full = BatchAccumulator(n, n_events=self.n_events)
-        for name in ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
-                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms"):
+        for name in PER_BATCH_ARRAYS:
             getattr(full, name)[rows] = getattr(self, name)
         full.slowest_pos[:] = -1
         full.slowest_pos[rows] = self.slowest_pos
@@ -261,8 +267,65 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
                  interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())))
 
 
-def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs, d, ev):
-    """Counts and sums per batch, the slowest event of each, and the totals."""
+def _uring_paths_per_batch(acc: BatchAccumulator, ch: Chunk, events: ReadEvents) -> None:
+    """Per batch, its io_uring requests served inline, async and punted."""
+    cols = events.cols
+    if "uring_path" not in cols.calls.columns or not cols.has("uring_path"):
+        return
+    codes, uniques = cols.codes("uring_path")
+    c = ch.pick(codes[ch.lo:ch.hi] if cols.order is None else codes[cols.order[ch.lo:ch.hi]])
+    vals = [str(u) for u in uniques]
+    for key in URING_PATH_COUNTS:
+        name = key[len("uring_"):]
+        if name in vals:
+            acc.evidence[key][ch.batches] = ch.per_batch(c == vals.index(name))
+
+
+def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Per batch of the chunk, the most read events in flight at once (its queue depth).  The
+    batches are disjoint in time and every event's [s, e] lies in its batch's span, so one time
+    order of the entries and exits is also batch order: the entries (``s``, sorted) and exits
+    (nearly sorted) are merged as one sort of keys time * 2 (+ 1 for an entry: at equal times
+    exits first), the level is their running sum, and each batch's part of it starts at its
+    first entry."""
+    n = len(s)
+    out = np.zeros(ch.n_batches)
+    if n == 0:
+        return out
+    s = s.astype(np.int64)
+    e = e.astype(np.int64)
+    if max(int(np.abs(s).max()), int(np.abs(e).max())) >= (1 << 61):
+        return _queue_depth_max_slow(ch, s, e)
+    key = np.concatenate([s * 2 + 1, np.sort(e, kind="stable") * 2])
+    key.sort(kind="stable")  # two sorted runs: one merge
+    level = np.cumsum(np.where(key & 1, 1, -1))
+    starts = np.searchsorted(key, s[ch.firsts] * 2 + 1, side="left")
+    if len(starts) > 1 and not (np.diff(starts) > 0).all():
+        return _queue_depth_max_slow(ch, s, e)
+    out[ch.batch[ch.firsts]] = np.maximum.reduceat(level, starts)
+    return out
+
+
+def _queue_depth_max_slow(ch: Chunk, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """:func:`queue_depth_max` by a sort on (batch, time, exit first): times beyond +-2**61 ns."""
+    n = len(s)
+    t = np.concatenate([s, e])
+    step = np.r_[np.ones(n, dtype=np.int64), -np.ones(n, dtype=np.int64)]
+    b = np.concatenate([ch.batch, ch.batch])
+    o = np.lexsort((step, t, b))
+    level = np.cumsum(step[o])
+    bo = b[o]
+    first = np.flatnonzero(np.r_[True, bo[1:] != bo[:-1]])
+    out = np.zeros(ch.n_batches)
+    out[bo[first]] = np.maximum.reduceat(level, first)
+    return out
+
+
+def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs, d, ev,
+                       missed=None):
+    """Counts and sums per batch, the slowest event of each, and the totals; ``missed``: per
+    event, it missed (``Components.missed``: pages inserted, bios, O_DIRECT, or a request
+    that waited; None: the trace cannot tell)."""
     cols, sl, t = events.cols, ch.batches, acc.totals
     acc.sum_call[sl] = ch.per_batch(d)
     slow = is_slow(d, inp.slow_ms)
@@ -300,11 +363,15 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
     pages = ev.pages_added
     if pages is not None:
         evb["misses"][sl] = ch.per_batch(pages)
-        evb["calls_with_misses"][sl] = ch.per_batch(pages > 0)
         evb["slowest_misses"][sl] = pages[sp]
-        t.calls_with_misses += int((pages > 0).sum())
         t.pages_inserted += float(pages.sum())
-        t.slow_with_misses += int((pages[slow] > 0).sum())
+    if missed is not None:  # inserted pages, queued bios, O_DIRECT, or a request that waited
+        evb["calls_with_misses"][sl] = ch.per_batch(missed)
+        t.calls_with_misses += int(missed.sum())
+        t.slow_with_misses += int(missed[slow].sum())
+    if ev.direct is not None:
+        evb["direct_calls"][sl] = ch.per_batch(ev.direct)
+    _uring_paths_per_batch(acc, ch, events)
     for key, name, div in _PER_BATCH_EVIDENCE:
         v = getattr(ev, name)
         if v is not None:
@@ -339,7 +406,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     for c, k in ev.nulls.items():
         acc.totals.nulls[c] += k
     comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch)
-    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch)
+    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u)
     if obs is not None:
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
@@ -352,7 +419,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
             long_copy &= ~ev.uring
         acc.totals.slow_copy += int(long_copy.sum())
     _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults)
-    _per_batch_figures(acc, ch, events, inp, d, ev)
+    acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e)
+    _per_batch_figures(acc, ch, events, inp, d, ev, comp.missed)
 
 
 def _attribute_part(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs):

@@ -49,11 +49,16 @@ class MissService:
     waited_ms: dict | None  # p50/p99 of the observed service of every event that waited on a miss
 
 
-def calibrate_miss_service(acc: BatchAccumulator, normal_miss_us: float | None, has_bio: bool) -> MissService:
-    """The normal service of one miss I/O on this trace (or the caller's figure)."""
+def calibrate_miss_service(acc: BatchAccumulator, normal_miss_us: float | None, has_bio: bool,
+                           requests_only: bool = False) -> MissService:
+    """The normal service of one miss I/O on this trace (or the caller's figure).
+    ``requests_only``: every read event is a request (io_uring, libaio), whose wait is its
+    submit -> complete (components.observed_miss_service)."""
     own = np.concatenate(acc.observed_own) if acc.observed_own else np.empty(0)
     trace_normal = percentile(own, 50) if len(own) else None
-    basis = ("median service per miss I/O of the trace (max of bio queue->complete and the wait per bio)"
+    basis = ("median submit -> complete of the read requests that waited for the device (one read each)"
+             if requests_only else
+             "median service per miss I/O of the trace (max of bio queue->complete and the wait per bio)"
              if has_bio else "median miss wait per inserted page of the trace (no bio columns)")
     if normal_miss_us is not None:
         normal_ns, source = float(normal_miss_us) * 1e3, "--normal-miss-us"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from engramprof.analysis.events import REQUEST_KINDS
 from engramprof.trace import EVIDENCE_COLUMNS
 
 
@@ -121,17 +122,21 @@ class Evidence:
     runq_ns: np.ndarray | None
     nulls: dict
 
-    #: per event, an io_uring request that waited for I/O (served async or punted to io-wq, or
-    #: O_DIRECT): its submit -> complete time is an I/O wait of the submitting thread (a miss),
-    #: never on-CPU work nor scheduling; None: no io_uring request in the chunk
+    #: per event, a read request (io_uring or libaio) that waited for I/O (served async or
+    #: punted to io-wq, or O_DIRECT): its submit -> complete time is an I/O wait of the
+    #: submitting thread (a miss), never on-CPU work nor scheduling; None: no request in the chunk
     io_wait: np.ndarray | None = None
-    #: per event, an io_uring request (None: none in the chunk); its copy time includes the
-    #: submission of the requests submitted with it (the CQEs are posted after the batch)
+    #: per event, a read request (None: none in the chunk); the probe that records it does not
+    #: measure the evidence columns on it: their nulls are not "missing".  An io_uring request's
+    #: copy time includes the submission of the requests submitted with it (CQEs come after it)
     uring: np.ndarray | None = None
+    #: per event, the file was open with O_DIRECT: the read bypassed the page cache and waited
+    #: for the device (None: no event says so)
+    direct: np.ndarray | None = None
 
     @classmethod
     def read(cls, cols, chunk) -> "Evidence":
-        uring, io_wait = _uring_requests(cols, chunk)
+        uring, io_wait, direct = _requests(cols, chunk)
         vals, nulls = {}, {}
         for c in EVIDENCE_COLUMNS:
             v = None
@@ -141,32 +146,59 @@ class Evidence:
                 nulls[c] = 0
                 if raw.dtype.kind == "f":  # an integer column has no missing value
                     bad = np.isnan(v)
-                    # an io_uring request's evidence is not measured by its probe: not "missing"
+                    # a request's evidence is not measured by its probe: not "missing"
                     nulls[c] = int(np.count_nonzero(bad if uring is None else bad & ~uring))
                     if bad.any():
                         v[bad] = 0.0
             vals[c] = v
-        return cls(nulls=nulls, io_wait=io_wait, uring=uring, **vals)
+        return cls(nulls=nulls, io_wait=io_wait, uring=uring, direct=direct, **vals)
 
 
-def _uring_requests(cols, chunk) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(io_uring requests, those of them that waited for I/O) among a chunk's kept events; (None,
-    None) when the trace has none.  A request served ``inline`` read the page cache in the
-    submitting thread's io_uring_enter (on its CPU); ``async`` and ``punted`` ones, and every
-    O_DIRECT one, waited for the device (engramprof/bpf/uring.py, docs/model.md)."""
-    if "uring_path" not in cols.calls.columns or not cols.has("uring_path"):
-        return None, None
-    codes, uniques = cols.codes("uring_path")
-    vals = [str(u) for u in uniques]
+#: io_uring paths on which a request waited for its data (not read inline in the submit)
+WAITED_URING_PATHS = ("async", "punted")
+
+
+def _codes_of(cols, name: str, chunk) -> tuple[np.ndarray, list[str]] | None:
+    """Per kept event of the chunk, the code of a text column, and the code's values (None: no
+    such column or no value in it)."""
+    if name not in cols.calls.columns or not cols.has(name):
+        return None
+    codes, uniques = cols.codes(name)
     lo, hi = chunk.lo, chunk.hi
     c = chunk.pick(codes[lo:hi] if cols.order is None else codes[cols.order[lo:hi]]).astype(np.int64)
-    uring = c >= 0
-    if not uring.any():
-        return None, None
-    waited = np.isin(c, [i for i, v in enumerate(vals) if v in ("async", "punted")])
-    if "direct" in cols.calls.columns:
-        waited |= uring & (np.nan_to_num(chunk.pick(cols.raw("direct", lo, hi)).astype(np.float64)) > 0)
-    return uring, waited
+    return c, [str(u) for u in uniques]
+
+
+def _requests(cols, chunk) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """(requests, those that waited for I/O, O_DIRECT events) among a chunk's kept events; None
+    where the chunk has none.  A request is an io_uring SQE (its ``uring_path`` set) or a libaio
+    iocb (``kind``).  An io_uring request served ``inline`` read the page cache in the submitting
+    thread's io_uring_enter (on its CPU); ``async`` and ``punted`` ones, and every O_DIRECT
+    request, waited for the device (engramprof/bpf/uring.py, docs/model.md).  A buffered libaio
+    read is done inside io_submit (Linux AIO is asynchronous only with O_DIRECT): it counts as
+    waited only when its own evidence says it missed (split_components)."""
+    lo, hi = chunk.lo, chunk.hi
+    direct = None
+    if "direct" in cols.calls.columns and cols.has("direct"):
+        d = np.nan_to_num(chunk.pick(cols.raw("direct", lo, hi)).astype(np.float64)) > 0
+        direct = d if d.any() else None
+    n = len(chunk.batch)
+    req = np.zeros(n, dtype=bool)
+    waited = np.zeros(n, dtype=bool)
+    up = _codes_of(cols, "uring_path", chunk)
+    if up is not None:
+        c, vals = up
+        req |= c >= 0
+        waited |= np.isin(c, [i for i, v in enumerate(vals) if v in WAITED_URING_PATHS])
+    kind = _codes_of(cols, "kind", chunk)
+    if kind is not None:
+        c, vals = kind
+        req |= np.isin(c, [i for i, v in enumerate(vals) if v in REQUEST_KINDS])
+    if not req.any():
+        return None, None, direct
+    if direct is not None:
+        waited |= req & direct
+    return req, waited, direct
 
 
 @dataclass
@@ -190,6 +222,21 @@ class Components:
     missed: np.ndarray | None
 
 
+def missed_events(ev: Evidence) -> np.ndarray | None:
+    """Per event, it missed: it inserted pages into the page cache, or queued bios (an O_DIRECT
+    read inserts nothing: its bios are the device read), or read an O_DIRECT file (the page cache
+    was bypassed: the read waited for the device whatever else was measured).  None when the
+    trace cannot tell (no evidence column, no O_DIRECT flag).  A request's own wait (io_wait) is
+    added by :func:`split_components`."""
+    missed = None
+    for v in (ev.pages_added, ev.bio_count):
+        if v is not None:
+            missed = (v > 0) if missed is None else (missed | (v > 0))
+    if ev.direct is not None:
+        missed = ev.direct.copy() if missed is None else (missed | ev.direct)
+    return missed
+
+
 def _bincounter(batch: np.ndarray, n_batches: int):
     return lambda w: np.bincount(batch, weights=w, minlength=n_batches)
 
@@ -204,16 +251,11 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
     n = len(d)
     recl = np.clip(ev.reclaim_ns, 0, d) if ev.reclaim_ns is not None else np.zeros(n)
     runq = np.clip(ev.runq_ns, 0, d - recl) if ev.runq_ns is not None else np.zeros(n)
-    if ev.pages_added is not None:
-        missed = ev.pages_added > 0
-    elif ev.bio_count is not None:
-        missed = ev.bio_count > 0
-    else:
-        missed = None
+    missed = missed_events(ev)
     offcpu = ev.offcpu_ns
     if ev.io_wait is not None and ev.io_wait.any():
-        # an io_uring request that waited for I/O: submit -> complete is a miss's wait (the
-        # thread sleeps in io_uring_enter, or works on while the device serves the read)
+        # a request that waited for I/O: submit -> complete is a miss's wait (the thread sleeps
+        # in io_uring_enter / io_getevents, or works on while the device serves the read)
         w = ev.io_wait
         missed = w.copy() if missed is None else (missed | w)
         base = offcpu if offcpu is not None else np.zeros(n)
@@ -242,7 +284,8 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
                       copy=copy, unexplained=unexplained, missed=missed)
 
 
-def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray, per_batch=None):
+def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray, per_batch=None,
+                          union_share: np.ndarray | None = None):
     """Per event, the observed service time of one miss I/O, as the event experienced it.
 
     An event that queued bios: max(its mean bio queue->complete time, its voluntary miss wait
@@ -250,21 +293,36 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     reach the block layer, queueing ahead of it.  An event that waited without queueing a bio
     (on a page another thread's read or readahead is bringing in): its whole voluntary miss
     wait.  Otherwise the batch's mean bio time.  Without bio columns the same with pages
-    inserted as the I/O count.  Returns (observed, own): ``own`` marks events that did their
-    own I/O, whose observed times define the trace's normal; (None, None) without evidence."""
+    inserted as the I/O count.  A request that waited (io_uring, libaio) is one I/O of its own,
+    served at the interval its batch's waited requests came back at: their part of the in-flight
+    union (``union_share``, :func:`inflight_weights`) over their number -- not its own
+    submit -> complete nor its bios' queue -> complete, which at queue depth N hold the N - 1
+    requests ahead of it (a batch submitted at once would make half its requests "slower than
+    normal" on a device at its normal speed).  Returns (observed, own): ``own`` marks events that did
+    their own I/O, whose observed times define the trace's normal; (None, None) without evidence."""
     if ev.bio_count is not None and ev.bio_ns is not None:
         num, den = np.clip(ev.bio_ns, 0, None), ev.bio_count
     elif ev.pages_added is not None:
         num, den = miss_wait, ev.pages_added
+    elif ev.io_wait is not None:
+        num, den = np.zeros(len(miss_wait)), np.zeros(len(miss_wait))
     else:
         return None, None
     per_batch = per_batch or _bincounter(batch, n_batches)
-    own = den > 0
     b_den = per_batch(den)
     b_num = per_batch(num)
     batch_mean = np.where(b_den > 0, safe_div(b_num, b_den), np.nan)
     observed = np.where(miss_wait > 0, miss_wait, batch_mean[batch])
+    own = den > 0
     mine = np.flatnonzero(own)  # the few events with their own I/O
     den_own = np.asarray(den[mine], dtype=np.float64)
     observed[mine] = np.maximum(num[mine] / den_own, miss_wait[mine] / den_own)
+    if ev.io_wait is not None and ev.io_wait.any():
+        # every request that waited, with bios of its own or not: at queue depth N its bios'
+        # queue -> complete holds the N - 1 ahead of it in the device queue too
+        req = ev.io_wait
+        share = union_share if union_share is not None else miss_wait
+        interval = safe_div(per_batch(np.where(req, share, 0.0)), per_batch(req))
+        observed = np.where(req, interval[batch], observed)
+        own = own | req
     return observed, own

@@ -23,7 +23,9 @@ import pandas as pd
 from engramprof import trace as tracefmt
 from engramprof.analysis import attribution, batches, prefetch, readahead
 from engramprof.analysis.advice import advice, advice_for, miss_story  # noqa: F401  (advice: diagnose.advice)
+from engramprof.analysis.components import REQUEST_KINDS, WAITED_URING_PATHS
 from engramprof.analysis.events import code_faults
+from engramprof.analysis.paths import read_path_of, read_path_steps
 from engramprof.analysis.verdicts import is_slow, rank_causes
 from engramprof.errors import UserError
 from engramprof.host import residency
@@ -97,7 +99,8 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     cm = bt.get("call_ms") or {}
     # what a read event is on this read path: a call, a page fault, or either
     one, many = {"faults": ("page fault", "page faults"), "both": ("read", "reads"),
-                 "io_uring": ("io_uring read", "io_uring reads")}.get(read_path_of(bt),
+                 "io_uring": ("io_uring read", "io_uring reads"),
+                 "libaio": ("libaio read", "libaio reads")}.get(read_path_of(bt),
                                                                                         ("call", "calls"))
     steps.append({
         "step": f"slow {many}",
@@ -115,9 +118,11 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         waited = ((slow["offcpu_ns"] - slow["runq_ns"]) > 0).to_numpy() | io_wait[slow.index].to_numpy() if len(slow) else None
         wait_slow = float(waited.mean()) if (len(slow) and blocked is not None) else None
         finding = f"{pct(miss_any)} of {many} brought pages into the page cache (misses)"
-        if io_wait.any():
-            finding = (f"{pct(miss_any)} of {many} missed (brought pages into the page cache, or io_uring requests "
-                       "served async / punted / O_DIRECT: they waited for the device)")
+        if (missed & ~(calls["pages_added"].fillna(0) > 0)).any():  # bios without a page: O_DIRECT
+            finding = f"{pct(miss_any)} of {many} brought pages into the page cache or queued bios of their own (misses)"
+        if io_wait.any() or _direct(calls).any():
+            finding = (f"{pct(miss_any)} of {many} missed (brought pages into the page cache, bypassed it with "
+                       "O_DIRECT, or were requests served async / punted: they waited for the device)")
         if miss_slow is not None:
             finding += f"; of the slow {many} {pct(miss_slow)} missed and {pct(wait_slow)} waited off-CPU"
         if hot and hot.get("rows"):
@@ -149,7 +154,7 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
     miss = calls[_missed(calls)] if have_miss else calls.iloc[0:0]
     miss_wait = None
     if len(miss) and "offcpu_ns" in calls.columns:
-        # an io_uring request that waited: its whole submit -> complete (its evidence is null)
+        # a request that waited: its whole submit -> complete (its evidence is null)
         waits = (miss["offcpu_ns"] - miss["runq_ns"]).where(~_uring_waited(miss), miss["dur_ns"])
         miss_wait = float(waits.median() / 1e3)
     dev = (f"device service (bio queue->complete) p50 >= {device['p50_us_lower']:.0f} us over {device['bios']:,} bios"
@@ -185,33 +190,33 @@ END_REASONS = {
 
 
 def _uring_waited(calls: pd.DataFrame) -> pd.Series:
-    """Per row (indexed like ``calls``): an io_uring request that waited for the device (served
-    async or punted, or O_DIRECT): a miss although its evidence columns are null."""
+    """Per row (indexed like ``calls``): a read request (an io_uring SQE or a libaio iocb) that
+    waited for the device (io_uring: served async or punted; either: O_DIRECT): a miss although
+    its evidence columns are null (engramprof.analysis.components, the same rule)."""
     out = pd.Series(False, index=calls.index)
+    req = pd.Series(False, index=calls.index)
     if "uring_path" in calls.columns:
-        out |= calls["uring_path"].astype(object).isin(["async", "punted"])
-        if "direct" in calls.columns:
-            out |= calls["uring_path"].notna() & (calls["direct"].astype(object) == True)  # noqa: E712
-    return out
+        out |= calls["uring_path"].astype(object).isin(WAITED_URING_PATHS)
+        req |= calls["uring_path"].notna()
+    if "kind" in calls.columns:
+        req |= calls["kind"].astype(object).isin(REQUEST_KINDS)
+    return out | (req & _direct(calls))
+
+
+def _direct(calls: pd.DataFrame) -> pd.Series:
+    """Per row: the read bypassed the page cache (O_DIRECT)."""
+    if "direct" not in calls.columns:
+        return pd.Series(False, index=calls.index)
+    return calls["direct"].astype(object).eq(True)
 
 
 def _missed(calls: pd.DataFrame) -> pd.Series:
-    """Per row: the read event missed (inserted pages, or an io_uring request that waited)."""
-    return (calls["pages_added"].fillna(0) > 0) | _uring_waited(calls)
-
-
-def read_path_of(bt: dict) -> str:
-    """The read path the trace saw: ``syscalls``, ``faults`` (a memory-mapped reader),
-    ``io_uring`` (read requests of an io_uring), ``both`` (more than one of them), ``none``."""
-    ev = bt.get("read_events") or {}
-    sys_, flt, ur = int(ev.get("syscall", 0)), int(ev.get("fault", 0)), int(ev.get("io_uring", 0))
-    if (sys_ > 0) + (flt > 0) + (ur > 0) > 1:
-        return "both"
-    if ur:
-        return "io_uring"
-    if flt or (not sys_ and (bt.get("batches_without_read_events") or {}).get("batches")):
-        return "faults"
-    return "syscalls" if sys_ else "none"
+    """Per row: the read event missed (inserted pages, queued bios, read an O_DIRECT file, or a
+    request that waited) -- components.missed_events' rule."""
+    out = calls["pages_added"].fillna(0) > 0
+    if "bio_count" in calls.columns:
+        out |= calls["bio_count"].fillna(0) > 0
+    return out | _direct(calls) | _uring_waited(calls)
 
 
 def recorded_window(trace_summary: dict, requested_s: float) -> dict:
@@ -262,6 +267,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     no_reads = bundle.calls.empty or (code is not None and bool(code.all()))
     if no_reads and not (faults_traced and markers_df is not None):
         what = ("preadv2/preadv/pread64 calls" + (", no io_uring read requests" if bundle.meta.get("uring_probe") else "")
+                + (", no libaio reads" if bundle.meta.get("libaio_probe") else "")
                 + (" and no page faults on mapped data files" if faults_traced else ""))
         more = (" (a memory-mapped reader whose rows are all resident makes neither: pass --markers to "
                 "analyse its batches)" if faults_traced else " (is it the reader process? is it serving?)")
@@ -277,6 +283,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     hot = hot_row_residency(bundle.calls)
     ctx = trace_summary.get("context") or {}
     chain = evidence_chain(bt, bundle.calls, ctx, trace_summary.get("device"), hot, trace_summary)
+    chain[1:1] = read_path_steps(bt)  # after the slow reads: the paths they took
     chain += pagecache_steps(bt)
     return {
         "verdict": verdict,

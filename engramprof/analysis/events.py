@@ -18,6 +18,9 @@ import pandas as pd
 from engramprof.errors import UserError
 from engramprof.trace import CONTRACT_COLUMNS, EVIDENCE_COLUMNS
 
+#: read events that are requests submitted to the kernel and completed later (their interval is
+#: submit -> complete, their evidence columns are null): io_uring SQEs and libaio iocbs
+REQUEST_KINDS = ("io_uring", "libaio")
 #: events handled at a time (whole batches per chunk): bounds memory, keeps arrays cache-sized
 CHUNK_CALLS = 1 << 18
 REQUIRED_COLUMNS = ("ts_ns", "dur_ns", "tid")
@@ -119,6 +122,12 @@ class EventColumns:
         return values if self.order is None else values[self.order]
 
 
+def misses_known(cols: EventColumns) -> bool:
+    """Whether the trace can tell a read that missed: pages inserted, bios queued, the O_DIRECT
+    flag, or the path an io_uring request took."""
+    return any(cols.has(c) for c in ("pages_added", "bio_count", "direct", "uring_path"))
+
+
 @dataclass
 class ReadEvents:
     """The usable events in entry-time order: ``ts`` (int64 ns), ``dur`` (signed integer ns:
@@ -140,7 +149,21 @@ class ReadEvents:
 
     @property
     def missing_evidence(self) -> list[str]:
+        """Evidence columns with no value.  A trace of requests alone (io_uring SQEs, libaio
+        iocbs: their probes do not measure these columns, the path they took stands for them)
+        misses none: nothing was lost, nothing could be measured."""
+        if self.requests_only:
+            return []
         return [c for c in EVIDENCE_COLUMNS if not self.cols.has(c)]
+
+    @property
+    def requests_only(self) -> bool:
+        """Every read event is a request (kind io_uring or libaio)."""
+        calls = self.cols.calls
+        if "kind" not in calls.columns or not len(calls):
+            return False
+        kinds = {str(k) for k in pd.unique(calls["kind"].dropna())} if len(calls) else set()
+        return bool(kinds) and kinds <= set(REQUEST_KINDS) and bool(calls["kind"].notna().all())
 
 
 def _exact_int(calls: pd.DataFrame, name: str, as_stored: bool = False) -> tuple[np.ndarray, np.ndarray | None]:

@@ -16,7 +16,7 @@ from engramprof.analysis.calibrate import (
 )
 from engramprof.analysis.components import safe_div
 from engramprof.analysis.context import SampleContext, psi_average
-from engramprof.analysis.events import ReadEvents
+from engramprof.analysis.events import ReadEvents, misses_known
 from engramprof.analysis.threads import SUBMITTER_COVERAGE, ReadingThreads
 from engramprof.analysis.verdicts import CAUSES, VERDICTS, col, verdict_of
 from engramprof.jsonable import jsonable
@@ -79,8 +79,9 @@ def _evidence(acc, events, threads, context, service, ctx, tot_wall, t_first, t_
         evidence["eagain_calls"] = int(t.eagain)
         evidence["error_calls"] = int(t.errors)
     if cols.has("pages_added"):
-        n_in = int(acc.n_events)
         evidence["misses"] = int(t.pages_inserted)
+    if misses_known(cols):  # pages inserted, bios, O_DIRECT, or a request that waited
+        n_in = int(acc.n_events)
         evidence["calls_with_misses_frac"] = t.calls_with_misses / n_in if n_in else None
         evidence["slow_calls_with_misses_frac"] = t.slow_with_misses / t.slow if t.slow else None
     if cols.has("bio_count"):
@@ -133,7 +134,9 @@ def _slowest_batches(table: pd.DataFrame, top: int) -> list[dict]:
     show = ["batch", "start_s", "wall_ms", "inflight_ms", "calls", "slow_calls", "slowest_call_ms", "verdict"]
     show += [c for c in ("misses", "bio_ms", "reclaim_in_calls_ms", "offcpu_ms", "runq_ms", "ctx_switches_est",
                          "slowest_path", "slowest_offset", "slowest_row", "slowest_misses", "slowest_bio_ms",
-                         "slowest_reclaim_ms", "slowest_offcpu_ms", "slowest_runq_ms") if c in table.columns]
+                         "slowest_reclaim_ms", "slowest_offcpu_ms", "slowest_runq_ms", "queue_depth",
+                         "queue_depth_max", "direct_calls", "uring_inline", "uring_async", "uring_punted")
+             if c in table.columns]
     top_df = table.nlargest(min(top, len(table)), "wall_ms")
     out = []
     for rec in top_df[show].to_dict("records"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from engramprof.analysis.attribute import BatchAccumulator
-from engramprof.analysis.events import ReadEvents
+from engramprof.analysis.attribute import URING_PATH_COUNTS, BatchAccumulator
+from engramprof.analysis.events import ReadEvents, misses_known
 from engramprof.analysis.verdicts import CAUSES, VERDICT_CAUSES, col, verdicts_of_rows
 
 _EVIDENCE_COLUMNS_OUT = (("bio_ms", "bio_ns"), ("reclaim_in_calls_ms", "reclaim_ns"), ("offcpu_ms", "offcpu_ns"),
@@ -75,8 +75,15 @@ def batch_table(acc: BatchAccumulator, seg, events: ReadEvents, threads_per_batc
         out["misses"] = evb["misses"].astype(np.int64)
     if cols.has("bio_count"):
         out["bio_count"] = evb["bio_count"].astype(np.int64)
-    if cols.has("pages_added"):
+    if misses_known(cols):
         out["calls_with_misses"] = evb["calls_with_misses"].astype(np.int64)
+    out["queue_depth"] = np.where(acc.inflight > 0, acc.sum_call / np.where(acc.inflight > 0, acc.inflight, 1), 0.0)
+    out["queue_depth_max"] = acc.queue_depth_max.astype(np.int64)
+    if cols.has("direct"):
+        out["direct_calls"] = evb["direct_calls"].astype(np.int64)
+    if cols.has("uring_path"):
+        for key in URING_PATH_COUNTS:
+            out[key] = evb[key].astype(np.int64)
     for key, name in _EVIDENCE_COLUMNS_OUT:
         if cols.has(name):
             out[key] = evb[key]

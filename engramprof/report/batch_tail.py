@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from engramprof.analysis import advice as present
+from engramprof.analysis.paths import path_label, read_path_of
 from engramprof.analysis.verdicts import CAUSES, col
 from engramprof.errors import UserError
 from engramprof.jsonable import to_json as _strict_json
@@ -65,10 +66,14 @@ def _cause_evidence(s: dict) -> dict[str, str]:
     ev = s.get("evidence", {})
     out: dict[str, str] = {c: "" for c in CAUSES}
     miss_bits = []
-    if "misses" in ev:
-        miss_bits.append(f"{ev['misses']:,} pages inserted; {pct(ev.get('calls_with_misses_frac'))} of calls missed")
+    if ev.get("misses"):
+        miss_bits.append(f"{ev['misses']:,} pages inserted")
+    if ev.get("calls_with_misses_frac") is not None:
+        miss_bits.append(f"{pct(ev.get('calls_with_misses_frac'))} of reads missed")
         if ev.get("slow_calls"):
-            miss_bits.append(f"{pct(ev.get('slow_calls_with_misses_frac'))} of slow calls had misses")
+            miss_bits.append(f"{pct(ev.get('slow_calls_with_misses_frac'))} of slow reads had misses")
+    if s.get("direct"):
+        miss_bits.append(f"O_DIRECT {pct(s['direct']['share'])} of reads: every one waits for the device")
     if ev.get("runq_wake_share"):
         miss_bits.append(f"of which waiting for a CPU after the miss {pct(ev['runq_wake_share'])}")
     out["residency"] = "; ".join(miss_bits)
@@ -157,6 +162,29 @@ NOT_A_CAUSE = {"cpu-copy": "copying rows already cached: the read's own work, no
                "unexplained": "time no evidence accounts for, not a cause"}
 
 
+def read_paths_line(s: dict) -> str:
+    """``read paths: pread64 (O_DIRECT) 2,880 (100%); queue depth p50 14, p99 32 (reads in flight
+    at once per batch)`` and, for io_uring requests, their inline / async / punted split; "" for a
+    summary without them."""
+    paths = s.get("read_paths") or []
+    if not paths:
+        return ""
+    line = "read paths: " + "; ".join(f"{path_label(p)} {p['events']:,} ({pct(p['share'])})" for p in paths)
+    qd = (s.get("queue_depth") or {}).get("max") or {}
+    if qd.get("p50") is not None:
+        line += f"; queue depth p50 {qd['p50']:.0f}, p99 {qd['p99']:.0f} (reads in flight at once per batch)"
+    u = s.get("io_uring")
+    if u:
+        sh, sc = u["path_shares"], u["submit_complete_ms"]
+        line += (f"; io_uring inline {pct(sh['inline'])}, async {pct(sh['async'])}, punted {pct(sh['punted'])}, "
+                 f"submit -> complete p50 {duration(sc['p50'])}")
+        dev = u.get("device_ms")
+        line += f" vs device p50 >= {duration(dev['p50'])}" if dev else " (device time not measured)"
+    if s.get("direct"):
+        line += f"; {s['direct']['evidence']}"
+    return line
+
+
 def verdict_line(s: dict) -> Text:
     """``verdict: V — largest share: C N% of batch time[ (what C is)]; tail (...): T``."""
     v = s["verdict"]
@@ -192,7 +220,11 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
         )
     v = s["verdict"]
     say(verdict_line(s))
-    say(Text(present.ADVICE.get(v, {}).get("hint", ""), style="italic"))
+    say(Text(present.advice_for(v, read_path_of(s), s).get("hint", "") if v in present.ADVICE else "",
+             style="italic"))
+    paths = read_paths_line(s)
+    if paths:
+        say(paths)
     process_table(console, s.get("processes"), s.get("slowest_process"))
 
     ev = _cause_evidence(s)

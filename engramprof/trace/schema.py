@@ -356,7 +356,7 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
 #: with only these, compact (load_bundle(columns=EVENT_READ_COLUMNS, compact=True))
 EVENT_READ_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "kind", "path", "offset", "ret", "flags",
                       "pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns", "tensor", "row",
-                      "uring_path", "direct"]
+                      "uring_path", "direct", "syscall"]
 # The sample columns the analysis reads (engramprof.analysis.context); each is in SAMPLE_SCHEMAS.
 SAMPLE_READ_COLUMNS = {
     "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],
