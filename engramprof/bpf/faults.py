@@ -28,6 +28,11 @@ FEATURES = {
     "HAVE_PFU": ["exceptions:page_fault_user"],  # x86 only: entry time + address
     "HAVE_RSEQ": ["rseq:rseq_update"],
     "HAVE_FILEMAP_ADD": ["filemap:mm_filemap_add_to_page_cache"],
+    # the kernel's major-fault rule (docs/model.md "Page faults: one fault, major or minor")
+    "HAVE_MMAP_LOCK": ["mmap_lock:mmap_lock_acquire_returned", "mmap_lock:mmap_lock_released"],
+    "HAVE_RA": ["readahead:page_cache_async_ra", "readahead:page_cache_sync_ra",
+                "readahead:page_cache_ra_order", "readahead:page_cache_ra_unbounded"],
+    "HAVE_PROC_EXIT": ["sched:sched_process_exit"],
     **EVIDENCE_FEATURES,
 }
 FEATURE_COLUMNS = {

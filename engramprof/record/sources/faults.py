@@ -386,6 +386,11 @@ class FaultsSource(Source):
         has_address = self.plan.has_address if self.plan is not None else False
         return {"faults": t.get("faults", 0), "major": t.get("major", 0),
                 "minor": t.get("faults", 0) - t.get("major", 0), "retried": t.get("retried", 0),
+                # the kernel's major rule, its two causes (docs/model.md): page missing, mmap-lock retry
+                "missing": t.get("missing", 0), "lock_retried": t.get("lock_retried", 0),
+                # minor faults' own events: served by fault-around alone, started async readahead
+                "fault_around": t.get("fault_around", 0), "async_ra": t.get("async_ra", 0),
+                "no_state": t.get("no_state", 0),
                 "lost_records": t.get("lost_records", 0), "recorded": self.recorded,
                 "bios_untracked": t.get("bios_untracked", 0),  # in bio_count, not in bio_ns (probes/bios.h)
                 "partial_at_start": self.partial_at_start,
