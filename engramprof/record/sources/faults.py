@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from engramprof.bpf import faults as fault_probe
 from engramprof.bpf import structs as layout
-from engramprof.host.files import dev_t, file_identities
+from engramprof.host.files import CODE_PATH, dev_t, file_identities
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import DrainBatching, ProbeTotals, ReadBatch, WindowStart, syscall_names
 from engramprof.record.enrich import PerPid, TensorEnricher
@@ -64,6 +64,33 @@ class FaultColumns:
     def __len__(self) -> int:
         return len(self.cols["ts_ns"])
 
+
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def executable_files(pid: int) -> set[tuple[int, int]]:
+    """(dev_t, inode) of the files pid maps executable: its program and shared objects' text."""
+    out = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                a = line.split(None, 5)
+                if len(a) >= 5 and "x" in a[1] and a[4] != "0":
+                    major, minor = (int(x, 16) for x in a[3].split(":"))
+                    out.add((dev_t(major, minor), int(a[4])))
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return out
+
+
+def is_elf(path: str) -> bool:
+    """The file is an ELF object (a program or a shared library, mapped in parts, not all executable)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == ELF_MAGIC
+    except OSError:
+        return False
 
 
 def read_maps(pid: int) -> list[tuple[int, int, int, int, int, str]]:
@@ -158,6 +185,11 @@ class MappingPathEnricher:
         #: (dev, ino) -> (starts, ends, file offsets) of that file's mappings, sorted by start
         self._ranges_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.bits = layout.header_defines("FAULT_")
+        #: (dev, ino) of the process's own code: files it maps executable, ELF objects (their
+        #: data segments too), the runtime's files by path (analysis CODE_PATH's rule is the same)
+        self.code: set[tuple[int, int]] = set()
+        self.code_faults = 0  # faults on them: not table reads, counted apart
+        self.code_major = 0
         self.rereads = 0
         self._named: set[str] = set()
         #: identities the maps were read for and did not name -> when (monotonic ns): a fault-heavy
@@ -167,6 +199,7 @@ class MappingPathEnricher:
         self._unnamed: dict[tuple[int, int], int] = {}
         self.unnamed_ttl_ns = self.UNNAMED_TTL_NS
         self._identities: frozenset[tuple[int, int]] = frozenset()
+        self._not_code: set[tuple[int, int]] = set()
         self.refresh()
 
     def refresh(self) -> None:
@@ -193,7 +226,20 @@ class MappingPathEnricher:
                 except OSError:
                     stale = True
             self.files[(dev, ino)] = (path, stale)
+        self._classify_code(maps)
         self._name_real_files()
+
+    def _classify_code(self, maps) -> None:
+        execs = executable_files(self.pid)
+        self.code |= execs
+        for _s, _e, _off, dev, ino, path in maps:
+            key = (dev, ino)
+            if key in self.code or key in self._not_code:
+                continue
+            if path.startswith("/") and (is_elf(path.removesuffix(DELETED)) or CODE_PATH.search(path)):
+                self.code.add(key)
+            else:
+                self._not_code.add(key)
 
     def _name_real_files(self) -> None:
         """overlayfs: a fault carries the layer file's inode (it owns the pages) while
@@ -225,6 +271,11 @@ class MappingPathEnricher:
             stale[i] = st
         batch.cols["path"] = codes[inv]
         batch.cols["path_stale"] = stale[inv]
+        is_code = np.array([p in self.code for p in pairs], dtype=bool)
+        if is_code.any():
+            on_code = is_code[inv]
+            self.code_faults += int(on_code.sum())
+            self.code_major += int((on_code & ((recs["fault_flags"] & self.bits["MAJOR"]) != 0)).sum())
         self._exact_pages(batch, pairs, inv)
 
     def _look_up(self, unknown: list[tuple[int, int]]) -> None:
@@ -391,12 +442,18 @@ class FaultsSource(Source):
                 # minor faults' own events: served by fault-around alone, started async readahead
                 "fault_around": t.get("fault_around", 0), "async_ra": t.get("async_ra", 0),
                 "no_state": t.get("no_state", 0),
+                # of the recorded faults, those on the process's own code and libraries: not table reads
+                "code_faults": sum(e.code_faults for e in self._mapping_enrichers()),
+                "code_major": sum(e.code_major for e in self._mapping_enrichers()),
                 "lost_records": t.get("lost_records", 0), "recorded": self.recorded,
                 "bios_untracked": t.get("bios_untracked", 0),  # in bio_count, not in bio_ns (probes/bios.h)
                 "partial_at_start": self.partial_at_start,
                 "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
                 "other_faults": t.get("other_faults") if has_address else None,
                 "address": has_address, "missing_tracepoints": self.plan.missing if self.plan is not None else []}
+
+    def _mapping_enrichers(self) -> list:
+        return list(self.mappings.by_pid.values()) if self.mappings is not None else []
 
     def close(self) -> None:
         if self.probe is not None and self.probe.bpf is not None:
