@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from engramprof import trace
+from engramprof.host.files import CODE_PATH
 from tests.tracing import PY
 
 LMDB_KEYS, LMDB_VALUE = 8000, 3000  # ~32 MiB
@@ -166,7 +167,7 @@ def _traced(tmp, name, argv):
     # process's counter has them (a thread's counts join it when the thread exits)
     growth["others"] = truth["process"] - start_process - sum(growth.values())
     ev = trace.load(out)
-    return ev[ev["kind"] == "fault"], growth, summary, stderr
+    return ev[ev["kind"] == "fault"], growth, summary, stderr, out
 
 
 def _assert_counts_equal(faults, growth, summary, min_major):
@@ -220,7 +221,7 @@ def faiss_index(tmp_path_factory):
 def test_lmdb_major_faults_equal_the_kernels_per_thread(tmp_path, lmdb_env):
     script = tmp_path / "lmdb_reader.py"
     script.write_text(LMDB_READER)
-    faults, growth, summary, _ = _traced(tmp_path, "lmdb", [PY, str(script), str(lmdb_env), "16", "400",
+    faults, growth, summary, _, _ = _traced(tmp_path, "lmdb", [PY, str(script), str(lmdb_env), "16", "400",
                                                             str(LMDB_KEYS)])
     exited = [tid for tid in growth if tid != "others" and tid > min(t for t in growth if t != "others")]
     assert exited and all(growth[t] > 0 for t in exited), growth  # the thread that exited read cold pages
@@ -238,7 +239,7 @@ def test_lmdb_major_faults_equal_the_kernels_per_thread(tmp_path, lmdb_env):
 def test_faiss_mmap_search_major_faults_equal_the_kernels_per_thread(tmp_path, faiss_index):
     script = tmp_path / "faiss_reader.py"
     script.write_text(FAISS_READER)
-    faults, growth, summary, stderr = _traced(tmp_path, "faiss", [PY, str(script), str(faiss_index), "14", "64", "32"])
+    faults, growth, summary, stderr, _ = _traced(tmp_path, "faiss", [PY, str(script), str(faiss_index), "14", "64", "32"])
     assert "mapped True" in stderr  # IO_FLAG_MMAP really served the lists from the file's mapping
     readers = [tid for tid, n in faults[faults["path"] == str(faiss_index)].groupby("tid").size().items() if n]
     assert len(readers) >= 2, readers  # the OpenMP pool's native thread faulted too
@@ -247,3 +248,42 @@ def test_faiss_mmap_search_major_faults_equal_the_kernels_per_thread(tmp_path, f
     # minor faults that started async readahead (they insert pages, but not their own): counted
     # apart, not major; and retried faults that were not major
     assert flt["async_ra"] > 0 and flt["retried"] > flt["major"] + 2, flt
+
+
+PREAD_READER = COMMON + textwrap.dedent("""
+    path = sys.argv[1]
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    wait_for_window()
+    import decimal, zlib  # a server's lazy import: faults on shared objects' pages, no table read
+    import time
+    time.sleep(0.6)  # a server lives on: the recorder reads its maps while the mappings are there
+    n = 0
+    for step in range(20):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for off in range(0, size, 64 * 4096):
+            n += len(os.pread(fd, 4096, off))
+        zlib.crc32(bytes(decimal.Decimal(step).as_integer_ratio()[0] % 256 for _ in range(8)))
+    report({})
+""")
+
+
+@pytest.mark.bpf
+def test_a_pread_only_reader_is_read_path_syscalls_and_its_code_faults_are_counted_apart(tmp_path):
+    """Faults on the process's own shared objects are not table reads: read_path stays
+    ``syscalls`` and they are named ``code_faults`` (recorder summary, batch-tail, diagnose)."""
+    from engramprof.analysis import analyse
+    from engramprof.analysis.diagnose import read_path_of
+
+    data = tmp_path / "table.bin"
+    data.write_bytes(np.random.default_rng(1).bytes(4 << 20))
+    os.sync()
+    script = tmp_path / "pread_reader.py"
+    script.write_text(PREAD_READER)
+    faults, _, summary, _, out = _traced(tmp_path, "pread", [PY, str(script), str(data)])
+    flt = summary["faults"]
+    assert len(faults) > 0 and flt["code_faults"] == len(faults), (flt, faults["path"].tolist())
+    assert all(CODE_PATH.search(p) for p in faults["path"].astype(str)), faults["path"].tolist()
+    bt = analyse(trace.load_bundle(out)).summary
+    assert set(bt["read_events"]) == {"syscall"} and bt["code_faults"] == len(faults), bt["read_events"]
+    assert read_path_of(bt) == "syscalls"
