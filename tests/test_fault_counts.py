@@ -287,3 +287,31 @@ def test_a_pread_only_reader_is_read_path_syscalls_and_its_code_faults_are_count
     bt = analyse(trace.load_bundle(out)).summary
     assert set(bt["read_events"]) == {"syscall"} and bt["code_faults"] == len(faults), bt["read_events"]
     assert read_path_of(bt) == "syscalls"
+
+
+def test_code_faults_do_not_make_a_syscall_batch_mixed_or_both():
+    """A pread reader whose batches also fault on its own shared objects: compare's per-batch
+    read_path and batch-tail's read_events see syscalls only; the faults are code_faults."""
+    import pandas as pd
+
+    from engramprof.analysis import read_event_counts
+    from engramprof.analysis.diagnose import read_path_of
+    from engramprof.analysis.events import code_faults
+    from engramprof.compare.load import _read_paths
+
+    n_sys, so = 20, "/venv/lib/python3.13/site-packages/numpy/_core/_multiarray_umath.cpython-313-x86_64-linux-gnu.so"
+    kinds = ["syscall"] * n_sys + ["fault"] * 6
+    paths = ["/data/table.bin"] * n_sys + [so, so, "/usr/bin/python3.13", "/usr/lib/locale/locale-archive",
+                                             "/etc/ld.so.cache", "/venv/numpy.libs/libscipy_openblas64_-ff651d7f.so"]
+    calls = pd.DataFrame({"kind": pd.Categorical(kinds), "path": pd.Categorical(paths),
+                          "ts_ns": np.r_[np.arange(n_sys) * 10, np.arange(6) * 30 + 5].astype(np.int64)})
+    calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+    assert int(code_faults(calls).sum()) == 6
+    ev = read_event_counts(calls)
+    assert ev == {"syscall": n_sys}
+    assert read_path_of({"read_events": ev}) == "syscalls"
+    paths_per_batch = _read_paths(calls, np.array([0, 100]), np.array([99, 199]), np.array([10, 10]))
+    assert list(paths_per_batch) == ["syscall", "syscall"]
+    # a mapped table's faults are table reads
+    data = calls.assign(path=pd.Categorical(["/data/table.bin"] * len(calls)))
+    assert read_event_counts(data) == {"syscall": n_sys, "fault": 6}
