@@ -272,6 +272,11 @@ static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 inde
 		 * retried (then the next pass runs with FAULT_FLAG_TRIED). */
 		if (s->flags & FAULT_INDEX_EXACT)
 			s->flags |= FAULT_RETRIED;
+#if !HAVE_FILEMAP_ADD && !HAVE_RA
+		/* no way to see a missing page: the retry is the best sign left (over-counts) */
+		if (s->flags & FAULT_INDEX_EXACT)
+			s->flags |= FAULT_MAJOR;
+#endif
 		if (s->lock_retry_pending)
 			s->flags |= FAULT_LOCK_RETRY | FAULT_RETRIED | FAULT_MAJOR;
 	}

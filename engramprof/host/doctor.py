@@ -346,6 +346,13 @@ FAULT_TRACEPOINTS = {
     "filemap:mm_filemap_map_pages": (False, "fault-around: the pages mapped with a fault (mapped_pages)"),
     "exceptions:page_fault_user": (False, "a fault's entry time and address (x86 only; without it the "
                                           "address is 0 and a fault starts at its first filemap event)"),
+    # the kernel's major-fault rule (docs/model.md "Page faults: one fault, major or minor")
+    "readahead:page_cache_sync_ra": (False, "a fault's page was missing: major faults counted as the kernel does"),
+    "readahead:page_cache_async_ra": (False, "a minor fault that started async readahead, told from a missing page"),
+    "readahead:page_cache_ra_order": (False, "a fault's read-around: its page was missing"),
+    "readahead:page_cache_ra_unbounded": (False, "a fault's read-around (fallback): its page was missing"),
+    "mmap_lock:mmap_lock_acquire_returned": (False, "a fault retried under the mmap lock: major, as the kernel counts it"),
+    "mmap_lock:mmap_lock_released": (False, "which pass of a fault held the mmap lock"),
 }
 READ_PATH_SYSCALLS, READ_PATH_FAULTS = "syscalls", "faults"
 
