@@ -66,9 +66,6 @@ class FaultColumns:
 
 
 
-ELF_MAGIC = b"\x7fELF"
-
-
 def executable_files(pid: int) -> set[tuple[int, int]]:
     """(dev_t, inode) of the files pid maps executable: its program and shared objects' text."""
     out = set()
@@ -82,15 +79,6 @@ def executable_files(pid: int) -> set[tuple[int, int]]:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
     return out
-
-
-def is_elf(path: str) -> bool:
-    """The file is an ELF object (a program or a shared library, mapped in parts, not all executable)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == ELF_MAGIC
-    except OSError:
-        return False
 
 
 def read_maps(pid: int) -> list[tuple[int, int, int, int, int, str]]:
@@ -185,8 +173,9 @@ class MappingPathEnricher:
         #: (dev, ino) -> (starts, ends, file offsets) of that file's mappings, sorted by start
         self._ranges_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.bits = layout.header_defines("FAULT_")
-        #: (dev, ino) of the process's own code: files it maps executable, ELF objects (their
-        #: data segments too), the runtime's files by path (analysis CODE_PATH's rule is the same)
+        #: (dev, ino) of the process's own code: files it maps executable anywhere (a program's or
+        #: shared object's data segments are the same inode as its text), and by path (CODE_PATH:
+        #: the runtime's files, the loader's cache, libc's locale archive).  No file is read.
         self.code: set[tuple[int, int]] = set()
         self.code_faults = 0  # faults on them: not table reads, counted apart
         self.code_major = 0
@@ -230,13 +219,14 @@ class MappingPathEnricher:
         self._name_real_files()
 
     def _classify_code(self, maps) -> None:
+        """Which mapped files are the process's own code (see ``code``)."""
         execs = executable_files(self.pid)
         self.code |= execs
         for _s, _e, _off, dev, ino, path in maps:
             key = (dev, ino)
             if key in self.code or key in self._not_code:
                 continue
-            if path.startswith("/") and (is_elf(path.removesuffix(DELETED)) or CODE_PATH.search(path)):
+            if path.startswith("/") and CODE_PATH.search(path.removesuffix(DELETED)):
                 self.code.add(key)
             else:
                 self._not_code.add(key)
