@@ -41,6 +41,7 @@
  *   TARGET_TGID, TARGET_TID, RING_PAGES, HAVE_MAP_PAGES, HAVE_PFU (x86 exceptions:page_fault_user; 0 forces the
  *   generic path), HAVE_RSEQ, HAVE_FILEMAP_ADD, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
  *   HAVE_MMAP_LOCK (mmap_lock:*), HAVE_RA (readahead:*), HAVE_PROC_EXIT (sched_process_exit),
+ *   HAVE_PFK (exceptions:page_fault_kernel: faults a syscall takes on the target's mappings; with HAVE_PFU),
  *   HAVE_SCHED, TID_WORDS (u64 words of the switched-out-in-a-fault bitmap: tids < 64 * TID_WORDS),
  *   BIO_SLOTS, BIO_STALE_NS (the in-flight bio table: probes/bios.h).
  */
@@ -75,7 +76,8 @@ struct fault_state {
 	u8 fault_locked;  /* the fault's last mm_filemap_fault ran under the mmap lock */
 	u8 async_since_fault; /* page_cache_async_ra since the fault's last mm_filemap_fault */
 	u8 lock_retry_pending; /* generic path: the lock was taken again; a continuation confirms it */
-	u8 __pad0[3];
+	u8 pfu_kernel;    /* the pending hardware fault was taken in kernel mode (page_fault_kernel) */
+	u8 __pad0[2];
 };
 
 BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
@@ -256,7 +258,7 @@ static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 inde
 		if (s->pfu_ts) {
 			start = s->pfu_ts;
 			addr = s->pfu_addr;
-			fl = FAULT_ADDRESS;
+			fl = FAULT_ADDRESS | (s->pfu_kernel ? FAULT_KERNEL_MODE : 0);
 		}
 #endif
 		open_new(s, start, dev, ino);  /* also consumes the pending page_fault_user */
@@ -312,15 +314,22 @@ TRACEPOINT_PROBE(filemap, mm_filemap_map_pages)
 #endif
 
 #if HAVE_PFU
-TRACEPOINT_PROBE(exceptions, page_fault_user)
+/* A hardware page fault of a target thread: user mode (page_fault_user), or kernel mode on a user
+ * address (page_fault_kernel: a syscall copying from or to a mapping, write(fd, mapped rows)):
+ * the kernel counts both in the thread's maj_flt / min_flt. */
+static __always_inline void hardware_fault(u64 address, int kernel_mode)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
-		return 0;
+		return;
 	u32 tid = (u32)pid_tgid;
 	struct fault_totals *t = totals();
-	if (t)
-		t->user_faults++;
+	if (t) {
+		if (kernel_mode)
+			t->kernel_mode_faults++;
+		else
+			t->user_faults++;
+	}
 	struct fault_state *s = state_of(tid);
 	if (!s) {
 		struct fault_state init = {};
@@ -329,16 +338,34 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 		if (!s) {
 			if (t)
 				t->no_state++;
-			return 0;
+			return;
 		}
 	}
 	if (s->ts)
 		close_fault_with(s, pid_tgid, t);
 	drop_pending_pfu_with(s, t);
 	s->pfu_ts = bpf_ktime_get_ns();
-	s->pfu_addr = args->address;
+	s->pfu_addr = address;
+	s->pfu_kernel = kernel_mode;
+}
+
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+	hardware_fault(args->address, 0);
 	return 0;
 }
+
+#if HAVE_PFK
+/* user addresses only (x86-64: below the canonical hole); a fault on kernel memory is not the
+ * target's read */
+#define USER_ADDR_END 0x0000800000000000ULL
+TRACEPOINT_PROBE(exceptions, page_fault_kernel)
+{
+	if (args->address < USER_ADDR_END)
+		hardware_fault(args->address, 1);
+	return 0;
+}
+#endif
 #endif
 
 /* Any syscall entry: the fault (if any) had returned to user space. */

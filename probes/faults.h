@@ -23,6 +23,7 @@
 #define FAULT_ASYNC_RA    128 /* started async readahead (a page with the readahead marker) */
 #define FAULT_LOCK_RETRY  256 /* a pass under the mmap lock reached ->fault() and the fault took the
                                * lock again: that pass returned VM_FAULT_RETRY (the next is TRIED) */
+#define FAULT_KERNEL_MODE 512 /* taken in kernel mode on a user address (a syscall copying a mapping) */
 
 /* One file-backed page fault of a target thread: written when the fault is closed (by the
  * thread's next fault, syscall entry, return to user after a sleep, or a preemption). */
@@ -64,6 +65,7 @@ struct fault_totals {
 	u64 async_ra;      /* faults that started async readahead (FAULT_ASYNC_RA) */
 	u64 fault_around;  /* faults served by fault-around alone (mm_filemap_map_pages, no ->fault()) */
 	u64 no_state;      /* filemap events of a thread the per-thread table had no room for: not counted */
+	u64 kernel_mode_faults; /* exceptions:page_fault_kernel of the target on user addresses */
 };
 
 #endif

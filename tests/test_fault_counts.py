@@ -221,7 +221,7 @@ def faiss_index(tmp_path_factory):
 def test_lmdb_major_faults_equal_the_kernels_per_thread(tmp_path, lmdb_env):
     script = tmp_path / "lmdb_reader.py"
     script.write_text(LMDB_READER)
-    faults, growth, summary, _, _ = _traced(tmp_path, "lmdb", [PY, str(script), str(lmdb_env), "16", "400",
+    faults, growth, summary, _, _ = _traced(tmp_path, "lmdb", [PY, str(script), str(lmdb_env), "12", "400",
                                                             str(LMDB_KEYS)])
     exited = [tid for tid in growth if tid != "others" and tid > min(t for t in growth if t != "others")]
     assert exited and all(growth[t] > 0 for t in exited), growth  # the thread that exited read cold pages
@@ -239,7 +239,7 @@ def test_lmdb_major_faults_equal_the_kernels_per_thread(tmp_path, lmdb_env):
 def test_faiss_mmap_search_major_faults_equal_the_kernels_per_thread(tmp_path, faiss_index):
     script = tmp_path / "faiss_reader.py"
     script.write_text(FAISS_READER)
-    faults, growth, summary, stderr, _ = _traced(tmp_path, "faiss", [PY, str(script), str(faiss_index), "14", "64", "32"])
+    faults, growth, summary, stderr, _ = _traced(tmp_path, "faiss", [PY, str(script), str(faiss_index), "12", "64", "32"])
     assert "mapped True" in stderr  # IO_FLAG_MMAP really served the lists from the file's mapping
     readers = [tid for tid, n in faults[faults["path"] == str(faiss_index)].groupby("tid").size().items() if n]
     assert len(readers) >= 2, readers  # the OpenMP pool's native thread faulted too
@@ -315,3 +315,34 @@ def test_code_faults_do_not_make_a_syscall_batch_mixed_or_both():
     # a mapped table's faults are table reads
     data = calls.assign(path=pd.Categorical(["/data/table.bin"] * len(calls)))
     assert read_event_counts(data) == {"syscall": n_sys, "fault": 6}
+
+
+KERNEL_MODE_WRITER = COMMON + textwrap.dedent("""
+    import mmap
+    path, out_path = sys.argv[1], sys.argv[2]
+    fd = os.open(path, os.O_RDONLY)
+    m = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+    m.madvise(mmap.MADV_RANDOM)  # one fault a page (readahead on is the LMDB and faiss tests')
+    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    mv = memoryview(m)
+    wait_for_window()
+    for step in range(4):
+        evict(path, fd)
+        os.pwrite(out, mv[step << 20:(step << 20) + (128 << 10)], 0)  # the kernel copies from the cold mapping
+    mv.release()
+    report({})
+""")
+
+
+@pytest.mark.bpf
+def test_faults_a_syscall_takes_on_a_mapping_are_each_counted(tmp_path):
+    """Rows served zero-copy from a mapping (``write(fd, mapped rows)``) fault in kernel mode,
+    one fault a page inside one syscall: each counted, as the kernel counts them."""
+    data = tmp_path / "rows.bin"
+    data.write_bytes(np.random.default_rng(4).bytes(8 << 20))
+    os.sync()
+    script = tmp_path / "writer.py"
+    script.write_text(KERNEL_MODE_WRITER)
+    faults, growth, summary, _, _ = _traced(tmp_path, "kmode", [PY, str(script), str(data), str(tmp_path / "out")])
+    assert summary["faults"]["kernel_mode_faults"] >= 4 * 32  # 128 KiB a step, one fault a page at least
+    _assert_counts_equal(faults, growth, summary, min_major=100)

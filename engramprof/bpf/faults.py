@@ -33,6 +33,8 @@ FEATURES = {
     "HAVE_RA": ["readahead:page_cache_async_ra", "readahead:page_cache_sync_ra",
                 "readahead:page_cache_ra_order", "readahead:page_cache_ra_unbounded"],
     "HAVE_PROC_EXIT": ["sched:sched_process_exit"],
+    # a syscall's faults on the target's mappings (x86, with HAVE_PFU): the kernel counts them too
+    "HAVE_PFK": ["exceptions:page_fault_kernel"],
     **EVIDENCE_FEATURES,
 }
 FEATURE_COLUMNS = {
@@ -96,6 +98,7 @@ def plan(config: FaultProbeConfig, tracefs_root=None) -> FaultProbePlan:
         feats[feat] = ok
     if not config.use_pfu:
         feats["HAVE_PFU"] = False  # forced off: not "missing"
+        feats["HAVE_PFK"] = False
     return FaultProbePlan(config=config, features=feats, missing=missing)
 
 

@@ -353,6 +353,7 @@ FAULT_TRACEPOINTS = {
     "readahead:page_cache_ra_unbounded": (False, "a fault's read-around (fallback): its page was missing"),
     "mmap_lock:mmap_lock_acquire_returned": (False, "a fault retried under the mmap lock: major, as the kernel counts it"),
     "mmap_lock:mmap_lock_released": (False, "which pass of a fault held the mmap lock"),
+    "exceptions:page_fault_kernel": (False, "faults a syscall takes on the target's mappings (x86 only)"),
 }
 READ_PATH_SYSCALLS, READ_PATH_FAULTS = "syscalls", "faults"
 
@@ -377,8 +378,8 @@ def check_faults(root: Path | None, tracepoints: Mapping[str, tuple[bool, str]] 
     if not opt:
         return [Check(name, PASS, f"all {len(tracepoints)} present ({have}): faults with their address")]
     lst = "; ".join(f"{n} ({tracepoints[n][1]})" for n in opt)
-    # exceptions:page_fault_user is x86-only: its absence (arm64) is expected, not a problem
-    status = INFO if opt == ["exceptions:page_fault_user"] else WARN
+    # the exceptions: tracepoints are x86-only: their absence (arm64) is expected, not a problem
+    status = INFO if set(opt) <= {"exceptions:page_fault_user", "exceptions:page_fault_kernel"} else WARN
     return [Check(name, status, f"faults traced without {lst}",
                   "" if status == INFO else "use a kernel with these tracepoints")]
 

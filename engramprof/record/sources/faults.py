@@ -432,6 +432,8 @@ class FaultsSource(Source):
                 # minor faults' own events: served by fault-around alone, started async readahead
                 "fault_around": t.get("fault_around", 0), "async_ra": t.get("async_ra", 0),
                 "no_state": t.get("no_state", 0),
+                # faults a syscall took on the target's mappings (exceptions:page_fault_kernel)
+                "kernel_mode_faults": t.get("kernel_mode_faults", 0),
                 # of the recorded faults, those on the process's own code and libraries: not table reads
                 "code_faults": sum(e.code_faults for e in self._mapping_enrichers()),
                 "code_major": sum(e.code_major for e in self._mapping_enrichers()),
