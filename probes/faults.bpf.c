@@ -24,9 +24,24 @@
  * page (the retry pass, which follows every cold fault here, slept or not); after a sleep, a
  * filemap_fault for the same page.
  *
+ * Major or minor: the kernel's own rule (mm/memory.c mm_account_fault, on the pass that does not
+ * return VM_FAULT_RETRY: major = VM_FAULT_MAJOR or FAULT_FLAG_TRIED).  A fault is one exception
+ * however many passes it takes.  VM_FAULT_MAJOR comes from filemap_fault() finding the page missing
+ * from the page cache: seen as sync readahead / read-around (readahead:page_cache_sync_ra,
+ * page_cache_ra_order, page_cache_ra_unbounded not preceded by page_cache_async_ra) after the
+ * fault's mm_filemap_fault, or the insertion of the faulting page itself (no readahead:
+ * MADV_RANDOM, read_ahead_kb 0, mmap_miss).  FAULT_FLAG_TRIED is set after a pass under the
+ * mmap lock returned VM_FAULT_RETRY (seen: the thread takes the mmap lock again after a
+ * mm_filemap_fault that ran under it: mmap_lock:mmap_lock_acquire_returned).  The first pass
+ * under the per-VMA lock (no mmap_lock event) that retries without VM_FAULT_MAJOR -- it waited
+ * for a page another read was bringing in, or started async readahead -- leaves the fault minor,
+ * as the kernel does.  Measured on 6.18 against getrusage(RUSAGE_THREAD) per access.
+ *
  * Constants filled in before load (-D):
  *   TARGET_TGID, TARGET_TID, RING_PAGES, HAVE_MAP_PAGES, HAVE_PFU (x86 exceptions:page_fault_user; 0 forces the
  *   generic path), HAVE_RSEQ, HAVE_FILEMAP_ADD, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
+ *   HAVE_MMAP_LOCK (mmap_lock:*), HAVE_RA (readahead:*), HAVE_PROC_EXIT (sched_process_exit),
+ *   HAVE_PFK (exceptions:page_fault_kernel: faults a syscall takes on the target's mappings; with HAVE_PFU),
  *   HAVE_SCHED, TID_WORDS (u64 words of the switched-out-in-a-fault bitmap: tids < 64 * TID_WORDS),
  *   BIO_SLOTS, BIO_STALE_NS (the in-flight bio table: probes/bios.h).
  */
@@ -57,7 +72,12 @@ struct fault_state {
 	u8 slept_since_filemap;
 	u8 last_was_map;  /* the fault's last filemap event was map_pages */
 	u8 have_map;      /* map_first / map_last are set */
-	u8 __pad0[7];
+	u8 lock_held;     /* the thread holds the mmap lock (per thread: kept across faults) */
+	u8 fault_locked;  /* the fault's last mm_filemap_fault ran under the mmap lock */
+	u8 async_since_fault; /* page_cache_async_ra since the fault's last mm_filemap_fault */
+	u8 lock_retry_pending; /* generic path: the lock was taken again; a continuation confirms it */
+	u8 pfu_kernel;    /* the pending hardware fault was taken in kernel mode (page_fault_kernel) */
+	u8 __pad0[2];
 };
 
 BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
@@ -112,6 +132,14 @@ static __always_inline void close_fault_with(struct fault_state *s, u64 pid_tgid
 			t->major++;
 		if (s->flags & FAULT_RETRIED)
 			t->retried++;
+		if (s->flags & FAULT_MISSING)
+			t->missing++;
+		if (s->flags & FAULT_LOCK_RETRY)
+			t->lock_retried++;
+		if (s->flags & FAULT_ASYNC_RA)
+			t->async_ra++;
+		if (s->have_map && !(s->flags & FAULT_INDEX_EXACT))
+			t->fault_around++;
 		t->sum_ns += dur;
 		if (dur > t->max_ns)
 			t->max_ns = dur;
@@ -168,11 +196,19 @@ static __always_inline void drop_pending_pfu(struct fault_state *s)
 
 static __always_inline void open_new(struct fault_state *s, u64 now, u32 dev, u64 ino)
 {
+	u8 held = s->lock_held;  /* the thread's, not the fault's */
 	__builtin_memset(s, 0, sizeof(*s));
+	s->lock_held = held;
 	s->ts = now;
 	s->end = now;
 	s->dev = dev;
 	s->ino = ino;
+}
+
+/* The fault's last filemap event was its mm_filemap_fault on this file: inside ->fault(). */
+static __always_inline int in_filemap_fault(struct fault_state *s, u32 dev, u64 ino)
+{
+	return (s->flags & FAULT_INDEX_EXACT) && !s->last_was_map && s->dev == dev && s->ino == ino;
 }
 
 /* A filemap event (is_map: mm_filemap_map_pages [index, last]; else mm_filemap_fault index). */
@@ -188,8 +224,12 @@ static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 inde
 		struct fault_state init = {};
 		fault_by_tid.update(&tid, &init);
 		s = state_of(tid);
-		if (!s)
+		if (!s) {
+			struct fault_totals *t = totals();
+			if (t)
+				t->no_state++;
 			return;
+		}
 	}
 	int cont = 0;
 	if (s->ts && s->ino == ino && s->dev == dev) {
@@ -218,7 +258,7 @@ static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 inde
 		if (s->pfu_ts) {
 			start = s->pfu_ts;
 			addr = s->pfu_addr;
-			fl = FAULT_ADDRESS;
+			fl = FAULT_ADDRESS | (s->pfu_kernel ? FAULT_KERNEL_MODE : 0);
 		}
 #endif
 		open_new(s, start, dev, ino);  /* also consumes the pending page_fault_user */
@@ -227,11 +267,22 @@ static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 inde
 		s->flags = fl;
 	} else {
 		s->end = now;
-		/* a filemap event after ->fault() ran: the retried pass (FAULT_FLAG_TRIED counts as
-		 * a major fault in the kernel's own accounting) */
+		/* a filemap event after ->fault() ran: another pass (VM_FAULT_RETRY).  Not by itself
+		 * major: a first pass under the per-VMA lock that waited for a page in flight or
+		 * started async readahead retries without VM_FAULT_MAJOR, and the kernel counts the
+		 * fault minor.  Major only when the page was missing or a pass under the mmap lock
+		 * retried (then the next pass runs with FAULT_FLAG_TRIED). */
 		if (s->flags & FAULT_INDEX_EXACT)
-			s->flags |= FAULT_RETRIED | FAULT_MAJOR;
+			s->flags |= FAULT_RETRIED;
+#if !HAVE_FILEMAP_ADD && !HAVE_RA
+		/* no way to see a missing page: the retry is the best sign left (over-counts) */
+		if (s->flags & FAULT_INDEX_EXACT)
+			s->flags |= FAULT_MAJOR;
+#endif
+		if (s->lock_retry_pending)
+			s->flags |= FAULT_LOCK_RETRY | FAULT_RETRIED | FAULT_MAJOR;
 	}
+	s->lock_retry_pending = 0;
 	s->slept_since_filemap = 0;
 	s->last_was_map = is_map;
 	if (is_map) {
@@ -243,6 +294,8 @@ static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 inde
 	} else {
 		s->index = index;
 		s->flags |= FAULT_INDEX_EXACT;
+		s->fault_locked = s->lock_held;
+		s->async_since_fault = 0;
 	}
 }
 
@@ -261,30 +314,58 @@ TRACEPOINT_PROBE(filemap, mm_filemap_map_pages)
 #endif
 
 #if HAVE_PFU
-TRACEPOINT_PROBE(exceptions, page_fault_user)
+/* A hardware page fault of a target thread: user mode (page_fault_user), or kernel mode on a user
+ * address (page_fault_kernel: a syscall copying from or to a mapping, write(fd, mapped rows)):
+ * the kernel counts both in the thread's maj_flt / min_flt. */
+static __always_inline void hardware_fault(u64 address, int kernel_mode)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
-		return 0;
+		return;
 	u32 tid = (u32)pid_tgid;
 	struct fault_totals *t = totals();
-	if (t)
-		t->user_faults++;
+	if (t) {
+		if (kernel_mode)
+			t->kernel_mode_faults++;
+		else
+			t->user_faults++;
+	}
 	struct fault_state *s = state_of(tid);
 	if (!s) {
 		struct fault_state init = {};
 		fault_by_tid.update(&tid, &init);
 		s = state_of(tid);
-		if (!s)
-			return 0;
+		if (!s) {
+			if (t)
+				t->no_state++;
+			return;
+		}
 	}
 	if (s->ts)
 		close_fault_with(s, pid_tgid, t);
 	drop_pending_pfu_with(s, t);
 	s->pfu_ts = bpf_ktime_get_ns();
-	s->pfu_addr = args->address;
+	s->pfu_addr = address;
+	s->pfu_kernel = kernel_mode;
+}
+
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+	hardware_fault(args->address, 0);
 	return 0;
 }
+
+#if HAVE_PFK
+/* user addresses only (x86-64: below the canonical hole); a fault on kernel memory is not the
+ * target's read */
+#define USER_ADDR_END 0x0000800000000000ULL
+TRACEPOINT_PROBE(exceptions, page_fault_kernel)
+{
+	if (args->address < USER_ADDR_END)
+		hardware_fault(args->address, 1);
+	return 0;
+}
+#endif
 #endif
 
 /* Any syscall entry: the fault (if any) had returned to user space. */
@@ -329,9 +410,13 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 		return 0;
 	struct fault_state *s = open_fault((u32)pid_tgid);
 	if (s) {
-		s->pages_added += 1 << args->order;
-		s->flags |= FAULT_MAJOR;
+		u64 n = 1ULL << args->order;
+		s->pages_added += n;
 		s->end = bpf_ktime_get_ns();
+		/* the faulting page itself inserted inside ->fault(): it was missing (VM_FAULT_MAJOR).
+		 * Async readahead inserts pages past a cached one: not this page, not major. */
+		if (in_filemap_fault(s, args->s_dev, args->i_ino) && args->index <= s->index && s->index < args->index + n)
+			s->flags |= FAULT_MISSING | FAULT_MAJOR;
 	}
 	return 0;
 }
@@ -395,6 +480,105 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 TRACEPOINT_PROBE(block, block_bio_complete)
 {
 	bio_done(args->dev, args->sector);
+	return 0;
+}
+#endif
+
+#if HAVE_RA
+/* Readahead run by ->fault() of an open fault of this thread on that file. */
+static __always_inline struct fault_state *fault_readahead(u32 dev, u64 ino)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = open_fault((u32)pid_tgid);
+	if (!s || !in_filemap_fault(s, dev, ino))
+		return 0;
+	s->end = bpf_ktime_get_ns();
+	return s;
+}
+
+/* the page was there with the readahead marker: more readahead, the fault itself is not major */
+TRACEPOINT_PROBE(readahead, page_cache_async_ra)
+{
+	struct fault_state *s = fault_readahead(args->s_dev, args->i_ino);
+	if (s) {
+		s->async_since_fault = 1;
+		s->flags |= FAULT_ASYNC_RA;
+	}
+	return 0;
+}
+
+/* sync readahead / read-around: do_sync_mmap_readahead runs only when the page was missing
+ * (page_cache_ra_order and _unbounded also run under page_cache_async_ra: after it, not missing) */
+static __always_inline void sync_readahead(u32 dev, u64 ino)
+{
+	struct fault_state *s = fault_readahead(dev, ino);
+	if (s && !s->async_since_fault)
+		s->flags |= FAULT_MISSING | FAULT_MAJOR;
+}
+
+TRACEPOINT_PROBE(readahead, page_cache_sync_ra) { sync_readahead(args->s_dev, args->i_ino); return 0; }
+TRACEPOINT_PROBE(readahead, page_cache_ra_order) { sync_readahead(args->s_dev, args->i_ino); return 0; }
+TRACEPOINT_PROBE(readahead, page_cache_ra_unbounded) { sync_readahead(args->s_dev, args->i_ino); return 0; }
+#endif
+
+#if HAVE_MMAP_LOCK
+/* The mmap lock taken: after a mm_filemap_fault that ran under it (a pass of the fallback path:
+ * the per-VMA lock was not had), the fault takes it again only when that pass returned
+ * VM_FAULT_RETRY; the next pass runs with FAULT_FLAG_TRIED and the kernel counts the fault major.
+ * The first pass under the per-VMA lock takes no mmap lock. */
+TRACEPOINT_PROBE(mmap_lock, mmap_lock_acquire_returned)
+{
+	if (!args->success)
+		return 0;
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = state_of((u32)pid_tgid);
+	if (!s)
+		return 0;
+	s->lock_held = 1;
+	if (s->ts && s->fault_locked) {
+		s->fault_locked = 0;
+		s->end = bpf_ktime_get_ns();
+#if HAVE_PFU
+		/* still the same exception: the next page_fault_user or syscall closes it */
+		s->flags |= FAULT_LOCK_RETRY | FAULT_RETRIED | FAULT_MAJOR;
+#else
+		/* or the next fault, on the fallback path: a continuation filemap event confirms it */
+		s->lock_retry_pending = 1;
+#endif
+	}
+	return 0;
+}
+
+TRACEPOINT_PROBE(mmap_lock, mmap_lock_released)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct fault_state *s = state_of((u32)pid_tgid);
+	if (s)
+		s->lock_held = 0;
+	return 0;
+}
+#endif
+
+#if HAVE_PROC_EXIT
+/* A target thread exits: its fault (if any) is written, its slot freed for new threads. */
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	u32 tid = (u32)pid_tgid;
+	struct fault_state *s = state_of(tid);
+	if (!s)
+		return 0;
+	if (s->ts)
+		close_fault(s, pid_tgid);
+	fault_by_tid.delete(&tid);
 	return 0;
 }
 #endif

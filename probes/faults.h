@@ -9,13 +9,21 @@
 
 #include "common.h"
 
-#define FAULT_MAJOR       1   /* inserted pages into the page cache, or was retried (FAULT_FLAG_TRIED) */
+#define FAULT_MAJOR       1   /* the kernel's major fault (mm_account_fault): a pass found the page missing
+                               * (FAULT_MISSING: VM_FAULT_MAJOR) or a pass under the mmap lock was
+                               * retried (FAULT_LOCK_RETRY: FAULT_FLAG_TRIED); docs/model.md */
 #define FAULT_INDEX_EXACT 2   /* index is the faulting page (mm_filemap_fault); else the first page of
                                * the fault-around window (a fault served by mm_filemap_map_pages alone) */
-#define FAULT_RETRIED     4   /* a filemap event after sleeping: the VM_FAULT_RETRY second pass */
+#define FAULT_RETRIED     4   /* took more than one pass (VM_FAULT_RETRY): not by itself major */
 #define FAULT_ADDRESS     8   /* address is the faulting user address (exceptions:page_fault_user) */
 #define FAULT_SLEPT       16  /* switched out (voluntarily) inside the fault */
 #define FAULT_END_RSEQ    32  /* ended at rseq_update: the return to user space itself */
+#define FAULT_MISSING     64  /* ->fault() found the page missing from the page cache (VM_FAULT_MAJOR):
+                               * sync readahead / read-around ran, or the faulting page was inserted */
+#define FAULT_ASYNC_RA    128 /* started async readahead (a page with the readahead marker) */
+#define FAULT_LOCK_RETRY  256 /* a pass under the mmap lock reached ->fault() and the fault took the
+                               * lock again: that pass returned VM_FAULT_RETRY (the next is TRIED) */
+#define FAULT_KERNEL_MODE 512 /* taken in kernel mode on a user address (a syscall copying a mapping) */
 
 /* One file-backed page fault of a target thread: written when the fault is closed (by the
  * thread's next fault, syscall entry, return to user after a sleep, or a preemption). */
@@ -52,6 +60,12 @@ struct fault_totals {
 	u64 other_faults;  /* of those, no filemap event: anonymous, COW of a mapped page, spurious */
 	u64 bios_untracked; /* bios queued in a fault whose bio-table slot another bio held (probes/bios.h):
 	                     * in bio_count, never in bio_ns */
+	u64 missing;       /* faults that found their page missing (FAULT_MISSING) */
+	u64 lock_retried;  /* faults with a retried pass under the mmap lock (FAULT_LOCK_RETRY) */
+	u64 async_ra;      /* faults that started async readahead (FAULT_ASYNC_RA) */
+	u64 fault_around;  /* faults served by fault-around alone (mm_filemap_map_pages, no ->fault()) */
+	u64 no_state;      /* filemap events of a thread the per-thread table had no room for: not counted */
+	u64 kernel_mode_faults; /* exceptions:page_fault_kernel of the target on user addresses */
 };
 
 #endif

@@ -15,7 +15,8 @@ from engramprof.lab import table
 from tests.tracing import traced_lab
 
 FAULT_KEYS = {"faults", "major", "minor", "retried", "lost_records", "recorded", "partial_at_start", "sum_ms",
-              "other_faults", "address", "missing_tracepoints", "bios_untracked"}
+              "other_faults", "address", "missing_tracepoints", "bios_untracked", "missing", "lock_retried",
+              "fault_around", "async_ra", "no_state", "code_faults", "code_major", "kernel_mode_faults"}
 LAB = ("--reader", "mmap", "--cold", "--steps", "4", "--tokens", "8", "--heads", "4", "--seed", "5")
 
 

@@ -128,12 +128,14 @@ def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
     return int(events.ts[0]), int(events.end.max())
 
 
-def read_event_counts(calls: pd.DataFrame) -> dict:
+def read_event_counts(calls: pd.DataFrame, code: np.ndarray | None = None) -> dict:
     """Read events per kind (syscall, fault, io_uring); page faults on the process's own code
-    (left out of the analysis: not table reads) are not counted."""
+    (left out of the analysis: not table reads; counted apart as ``code_faults``) are not
+    counted.  ``code``: :func:`code_faults` of ``calls`` when the caller has it."""
     if "kind" not in calls.columns:
         return {"syscall": int(len(calls))}
-    code = code_faults(calls)
+    if code is None:
+        code = code_faults(calls)
     if code is not None and code.any():
         calls = calls[~code]
     kind = calls["kind"]
@@ -260,6 +262,9 @@ def _report(calls, events, seg, acc, threads, threads_per_batch, context, servic
                         None if ctx is None else ctx[:2])
     summary = summarize(acc, seg, events, threads, context, service, table, denom, settings, ctx, notes)
     summary["lost_records"] = lost
-    summary["read_events"] = read_event_counts(calls)
+    code = code_faults(calls)
+    summary["read_events"] = read_event_counts(calls, code)
+    # page faults on the process's own code and libraries: not table reads, counted apart
+    summary["code_faults"] = int(code.sum()) if code is not None else 0
     summary["batches_without_read_events"] = unread
     return BatchTailResult(table, summary)

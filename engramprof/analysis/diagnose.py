@@ -295,6 +295,8 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "limits": limits(bt, trace_summary, duration, markers is not None),
         "window": {k: v for k, v in recorded_window(trace_summary, duration).items() if k != "text"},
         "read_path": read_path_of(bt),
+        # page faults on the process's own code and libraries: not table reads, not in read_path
+        "code_faults": int(code.sum()) if code is not None else 0,
         "recommendation": readahead_fix(verdict, {k: advice_for(verdict, read_path_of(bt), bt)[k]
                                                   for k in ("fix", "confirm")}, bt),
         "readahead": bt.get("readahead"),

@@ -8,7 +8,6 @@ time through the entry-time order.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.errors import UserError
+from engramprof.host import files as host_files
 from engramprof.trace import CONTRACT_COLUMNS, EVIDENCE_COLUMNS
 
 #: read events that are requests submitted to the kernel and completed later (their interval is
@@ -179,9 +179,8 @@ def _exact_int(calls: pd.DataFrame, name: str, as_stored: bool = False) -> tuple
     return np.where(bad, 0, f).astype(np.int64), bad
 
 
-#: a page fault on such a path is the process's own code (an executable or a shared library),
-#: not a table read: tables are data files the reader maps, never .so files or programs
-CODE_PATH = re.compile(r"(\.so(\.[0-9]+)*$)|(^/(usr/(local/)?)?s?bin/)|(^/(usr/)?lib(64|exec)?/.*\.so)")
+#: the process's own code and the runtime's files, by path (engramprof/host/files.py)
+CODE_PATH = host_files.CODE_PATH
 
 
 def code_faults(calls: pd.DataFrame) -> np.ndarray | None:

@@ -28,6 +28,13 @@ FEATURES = {
     "HAVE_PFU": ["exceptions:page_fault_user"],  # x86 only: entry time + address
     "HAVE_RSEQ": ["rseq:rseq_update"],
     "HAVE_FILEMAP_ADD": ["filemap:mm_filemap_add_to_page_cache"],
+    # the kernel's major-fault rule (docs/model.md "Page faults: one fault, major or minor")
+    "HAVE_MMAP_LOCK": ["mmap_lock:mmap_lock_acquire_returned", "mmap_lock:mmap_lock_released"],
+    "HAVE_RA": ["readahead:page_cache_async_ra", "readahead:page_cache_sync_ra",
+                "readahead:page_cache_ra_order", "readahead:page_cache_ra_unbounded"],
+    "HAVE_PROC_EXIT": ["sched:sched_process_exit"],
+    # a syscall's faults on the target's mappings (x86, with HAVE_PFU): the kernel counts them too
+    "HAVE_PFK": ["exceptions:page_fault_kernel"],
     **EVIDENCE_FEATURES,
 }
 FEATURE_COLUMNS = {
@@ -91,6 +98,7 @@ def plan(config: FaultProbeConfig, tracefs_root=None) -> FaultProbePlan:
         feats[feat] = ok
     if not config.use_pfu:
         feats["HAVE_PFU"] = False  # forced off: not "missing"
+        feats["HAVE_PFK"] = False
     return FaultProbePlan(config=config, features=feats, missing=missing)
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from engramprof.analysis import analyse
 from engramprof.analysis import batches as _batches
+from engramprof.analysis.events import code_faults
 from engramprof.analysis.processes import _process_facts, markers_of, process_ids
 from engramprof.compare.ranks import MS_COLS
 from engramprof.errors import UserError
@@ -108,6 +109,9 @@ def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_eve
     out = np.full(len(starts), "none", dtype=object)
     if not len(starts):
         return out
+    code = code_faults(calls)  # faults on the process's own code are not table reads
+    if code is not None and code.any():
+        calls = calls[~code]
     kinds = calls["kind"].astype(str).to_numpy() if len(calls) else np.array([], dtype=object)
     present = sorted(set(kinds.tolist()))
     has = n_events > 0

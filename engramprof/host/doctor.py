@@ -346,6 +346,14 @@ FAULT_TRACEPOINTS = {
     "filemap:mm_filemap_map_pages": (False, "fault-around: the pages mapped with a fault (mapped_pages)"),
     "exceptions:page_fault_user": (False, "a fault's entry time and address (x86 only; without it the "
                                           "address is 0 and a fault starts at its first filemap event)"),
+    # the kernel's major-fault rule (docs/model.md "Page faults: one fault, major or minor")
+    "readahead:page_cache_sync_ra": (False, "a fault's page was missing: major faults counted as the kernel does"),
+    "readahead:page_cache_async_ra": (False, "a minor fault that started async readahead, told from a missing page"),
+    "readahead:page_cache_ra_order": (False, "a fault's read-around: its page was missing"),
+    "readahead:page_cache_ra_unbounded": (False, "a fault's read-around (fallback): its page was missing"),
+    "mmap_lock:mmap_lock_acquire_returned": (False, "a fault retried under the mmap lock: major, as the kernel counts it"),
+    "mmap_lock:mmap_lock_released": (False, "which pass of a fault held the mmap lock"),
+    "exceptions:page_fault_kernel": (False, "faults a syscall takes on the target's mappings (x86 only)"),
 }
 READ_PATH_SYSCALLS, READ_PATH_FAULTS = "syscalls", "faults"
 
@@ -370,8 +378,8 @@ def check_faults(root: Path | None, tracepoints: Mapping[str, tuple[bool, str]] 
     if not opt:
         return [Check(name, PASS, f"all {len(tracepoints)} present ({have}): faults with their address")]
     lst = "; ".join(f"{n} ({tracepoints[n][1]})" for n in opt)
-    # exceptions:page_fault_user is x86-only: its absence (arm64) is expected, not a problem
-    status = INFO if opt == ["exceptions:page_fault_user"] else WARN
+    # the exceptions: tracepoints are x86-only: their absence (arm64) is expected, not a problem
+    status = INFO if set(opt) <= {"exceptions:page_fault_user", "exceptions:page_fault_kernel"} else WARN
     return [Check(name, status, f"faults traced without {lst}",
                   "" if status == INFO else "use a kernel with these tracepoints")]
 

@@ -249,3 +249,10 @@ def real_file(path: str) -> str | None:
     except OSError:
         return None
     return next((i.real_path for i in ids if i.real_path), None)
+
+
+#: a page fault on such a path is the process's own code (an executable or a shared library)
+#: or a file the runtime maps for it (the loader's cache, libc's locale archive and gconv
+#: modules), not a table read: tables are data files the reader maps, never these
+CODE_PATH = re.compile(r"(\.so(\.[0-9]+)*$)|(^/(usr/(local/)?)?s?bin/)|(^/(usr/)?lib(64|exec)?/.*\.so)"
+                       r"|(^/etc/ld\.so\.cache$)|(^/usr/lib/locale/)|(/gconv/gconv-modules)")

@@ -106,6 +106,11 @@ def fault_summary_line(f: dict) -> str:
     """The page-fault read path in one line (the summary's "page faults" row)."""
     line = (f"{f.get('faults', 0):,} file-backed ({f.get('major', 0):,} major, {f.get('minor', 0):,} minor"
             + (f", {f['retried']:,} retried" if f.get("retried") else "") + f"), {f.get('sum_ms', 0):,.1f} ms in faults")
+    if f.get("async_ra") or f.get("fault_around"):
+        line += (f"; minor: {f.get('fault_around', 0):,} served by fault-around, "
+                 f"{f.get('async_ra', 0):,} started async readahead")
+    if f.get("code_faults"):
+        line += f"; {f['code_faults']:,} on the process's own code and libraries (not table reads)"
     if f.get("other_faults") is not None:
         line += f"; {f['other_faults']:,} anonymous/other"
     if f.get("lost_records"):

@@ -71,7 +71,7 @@ KIND_FIELD = pa.field("kind", pa.string())  # READ_KINDS
 # Columns only a page fault fills (format 3).  A syscall row has major = false,
 # mapped_pages = 0, address = null; a producer that leaves them out gets those values.
 FAULT_FIELDS = [
-    pa.field("major", pa.bool_()),  # the fault inserted pages / did I/O, or was retried (VM_FAULT_RETRY)
+    pa.field("major", pa.bool_()),  # a major fault by the kernel's rule (docs/model.md: page missing, mmap-lock retry)
     pa.field("mapped_pages", pa.int32()),  # pages of its fault-around window (mm_filemap_map_pages)
     pa.field("address", pa.int64()),  # faulting user address; null where the kernel cannot tell
 ]

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from engramprof.bpf import faults as fault_probe
 from engramprof.bpf import structs as layout
-from engramprof.host.files import dev_t, file_identities
+from engramprof.host.files import CODE_PATH, dev_t, file_identities
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import DrainBatching, ProbeTotals, ReadBatch, WindowStart, syscall_names
 from engramprof.record.enrich import PerPid, TensorEnricher
@@ -64,6 +64,21 @@ class FaultColumns:
     def __len__(self) -> int:
         return len(self.cols["ts_ns"])
 
+
+
+def executable_files(pid: int) -> set[tuple[int, int]]:
+    """(dev_t, inode) of the files pid maps executable: its program and shared objects' text."""
+    out = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                a = line.split(None, 5)
+                if len(a) >= 5 and "x" in a[1] and a[4] != "0":
+                    major, minor = (int(x, 16) for x in a[3].split(":"))
+                    out.add((dev_t(major, minor), int(a[4])))
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return out
 
 
 def read_maps(pid: int) -> list[tuple[int, int, int, int, int, str]]:
@@ -158,6 +173,12 @@ class MappingPathEnricher:
         #: (dev, ino) -> (starts, ends, file offsets) of that file's mappings, sorted by start
         self._ranges_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.bits = layout.header_defines("FAULT_")
+        #: (dev, ino) of the process's own code: files it maps executable anywhere (a program's or
+        #: shared object's data segments are the same inode as its text), and by path (CODE_PATH:
+        #: the runtime's files, the loader's cache, libc's locale archive).  No file is read.
+        self.code: set[tuple[int, int]] = set()
+        self.code_faults = 0  # faults on them: not table reads, counted apart
+        self.code_major = 0
         self.rereads = 0
         self._named: set[str] = set()
         #: identities the maps were read for and did not name -> when (monotonic ns): a fault-heavy
@@ -167,6 +188,7 @@ class MappingPathEnricher:
         self._unnamed: dict[tuple[int, int], int] = {}
         self.unnamed_ttl_ns = self.UNNAMED_TTL_NS
         self._identities: frozenset[tuple[int, int]] = frozenset()
+        self._not_code: set[tuple[int, int]] = set()
         self.refresh()
 
     def refresh(self) -> None:
@@ -193,7 +215,21 @@ class MappingPathEnricher:
                 except OSError:
                     stale = True
             self.files[(dev, ino)] = (path, stale)
+        self._classify_code(maps)
         self._name_real_files()
+
+    def _classify_code(self, maps) -> None:
+        """Which mapped files are the process's own code (see ``code``)."""
+        execs = executable_files(self.pid)
+        self.code |= execs
+        for _s, _e, _off, dev, ino, path in maps:
+            key = (dev, ino)
+            if key in self.code or key in self._not_code:
+                continue
+            if path.startswith("/") and CODE_PATH.search(path.removesuffix(DELETED)):
+                self.code.add(key)
+            else:
+                self._not_code.add(key)
 
     def _name_real_files(self) -> None:
         """overlayfs: a fault carries the layer file's inode (it owns the pages) while
@@ -225,6 +261,11 @@ class MappingPathEnricher:
             stale[i] = st
         batch.cols["path"] = codes[inv]
         batch.cols["path_stale"] = stale[inv]
+        is_code = np.array([p in self.code for p in pairs], dtype=bool)
+        if is_code.any():
+            on_code = is_code[inv]
+            self.code_faults += int(on_code.sum())
+            self.code_major += int((on_code & ((recs["fault_flags"] & self.bits["MAJOR"]) != 0)).sum())
         self._exact_pages(batch, pairs, inv)
 
     def _look_up(self, unknown: list[tuple[int, int]]) -> None:
@@ -386,12 +427,25 @@ class FaultsSource(Source):
         has_address = self.plan.has_address if self.plan is not None else False
         return {"faults": t.get("faults", 0), "major": t.get("major", 0),
                 "minor": t.get("faults", 0) - t.get("major", 0), "retried": t.get("retried", 0),
+                # the kernel's major rule, its two causes (docs/model.md): page missing, mmap-lock retry
+                "missing": t.get("missing", 0), "lock_retried": t.get("lock_retried", 0),
+                # minor faults' own events: served by fault-around alone, started async readahead
+                "fault_around": t.get("fault_around", 0), "async_ra": t.get("async_ra", 0),
+                "no_state": t.get("no_state", 0),
+                # faults a syscall took on the target's mappings (exceptions:page_fault_kernel)
+                "kernel_mode_faults": t.get("kernel_mode_faults", 0),
+                # of the recorded faults, those on the process's own code and libraries: not table reads
+                "code_faults": sum(e.code_faults for e in self._mapping_enrichers()),
+                "code_major": sum(e.code_major for e in self._mapping_enrichers()),
                 "lost_records": t.get("lost_records", 0), "recorded": self.recorded,
                 "bios_untracked": t.get("bios_untracked", 0),  # in bio_count, not in bio_ns (probes/bios.h)
                 "partial_at_start": self.partial_at_start,
                 "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
                 "other_faults": t.get("other_faults") if has_address else None,
                 "address": has_address, "missing_tracepoints": self.plan.missing if self.plan is not None else []}
+
+    def _mapping_enrichers(self) -> list:
+        return list(self.mappings.by_pid.values()) if self.mappings is not None else []
 
     def close(self) -> None:
         if self.probe is not None and self.probe.bpf is not None:
