@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis import batches as _batches
+from engramprof.analysis import baseline as _baseline
 from engramprof.analysis import calibrate, misses
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
@@ -118,6 +119,14 @@ def _process_tids(calls: pd.DataFrame, threads: pd.DataFrame | None) -> np.ndarr
     if not len(pid) or (pid == pid[0]).all():
         return None
     return np.unique(calls["tid"].to_numpy())
+
+
+def _disk_samples(getter: Callable) -> pd.DataFrame | None:
+    """samples/disks (the devices' own read counters), or None (an older bundle, unreadable)."""
+    try:
+        return getter("disks")
+    except (UserError, KeyError):
+        return None
 
 
 def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
@@ -221,7 +230,8 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
                                                       path_codes=_path_codes(events)))
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
-    service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio)
+    device = _baseline.device_baseline(calls, _disk_samples(getter), _window(events, meta))
+    service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio, device)
     pid = int(pids_of[0]) if len(pids_of := process_ids(calls)) == 1 else None
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)
@@ -256,6 +266,7 @@ def _report(calls, events, seg, acc, threads, threads_per_batch, context, servic
     table = batch_table(acc, seg, events, threads_per_batch, shares, settings.meaningful_share,
                         None if ctx is None else ctx[:2])
     summary = summarize(acc, seg, events, threads, context, service, table, denom, settings, ctx, notes)
+    summary["device_baseline"] = service.baseline.as_json() if service.baseline is not None else None
     summary["lost_records"] = lost
     summary["read_events"] = read_event_counts(calls)
     summary["batches_without_read_events"] = unread

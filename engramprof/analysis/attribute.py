@@ -22,6 +22,7 @@ from engramprof.analysis.components import (
     Evidence,
     distinct_per_batch,
     inflight_weights,
+    miss_io_bytes,
     observed_miss_service,
     safe_div,
     split_components,
@@ -82,6 +83,7 @@ class MissParts:
     observed: list = field(default_factory=list)
     interval: list = field(default_factory=list)
     pages: list = field(default_factory=list)
+    io_bytes: list = field(default_factory=list)  # the size of the I/O ``observed`` is the service of
 
     def add(self, **parts: np.ndarray) -> None:
         for k, v in parts.items():
@@ -89,7 +91,7 @@ class MissParts:
 
     def arrays(self) -> dict:
         return {k: np.concatenate(getattr(self, k)) if getattr(self, k) else np.empty(0)
-                for k in ("batch", "wait", "other", "observed", "interval", "pages")}
+                for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes")}
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -229,7 +231,7 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     acc.after_last_read[sl] = np.where(own_post, 0.0, post)
 
 
-def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults) -> None:
+def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults, io_bytes=None) -> None:
     """Each event's share of the union (u) split in the proportions of its components; the
     miss parts whose split waits for stage 6 go to ``acc.miss``."""
     sl = ch.batches
@@ -258,7 +260,8 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     scale_sel = scale[sel]
     acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=comp.miss_wait[sel] * scale_sel,
                  other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
-                 interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())))
+                 interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())),
+                 io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan))
 
 
 def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs, d, ev):
@@ -340,7 +343,10 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         acc.totals.nulls[c] += k
     comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch)
     obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch)
+    io_bytes = None
     if obs is not None:
+        ret = ch.pick(events.cols.raw("ret", ch.lo, ch.hi)) if events.cols.has("ret") else None
+        io_bytes = miss_io_bytes(ch.batch, ch.n_batches, ev, own, ret)
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
     if ev.bio_count is not None and ev.bio_ns is not None:
@@ -351,7 +357,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         if ev.uring is not None:  # an io_uring request's on-CPU time is its whole submission's
             long_copy &= ~ev.uring
         acc.totals.slow_copy += int(long_copy.sum())
-    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults)
+    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes)
     _per_batch_figures(acc, ch, events, inp, d, ev)
 
 
