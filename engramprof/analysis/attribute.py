@@ -98,6 +98,10 @@ def _zeros(n: int) -> np.ndarray:
     return np.zeros(n)
 
 
+_PER_BATCH_ARRAYS = ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
+                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms", "native_wait")
+
+
 @dataclass
 class BatchAccumulator:
     """Per batch (arrays of length n) and in total, what the pass found."""
@@ -117,6 +121,7 @@ class BatchAccumulator:
     runq_preempt: np.ndarray = field(init=False)
     runq_wake: np.ndarray = field(init=False)
     slowest_ms: np.ndarray = field(init=False)
+    native_wait: np.ndarray = field(init=False)  # of cpu-copy: native threads' own waits (thread_kinds.py)
     slowest_pos: np.ndarray = field(init=False)
     evidence: dict = field(init=False)  # per-batch evidence sums and the slowest event's
     totals: Totals = field(default_factory=Totals)
@@ -129,8 +134,7 @@ class BatchAccumulator:
     def __post_init__(self):
         n = self.n
         self.cause_ns = {c: _zeros(n) for c in CAUSES}
-        for name in ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
-                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms"):
+        for name in _PER_BATCH_ARRAYS:
             setattr(self, name, _zeros(n))
         self.slowest_pos = np.zeros(n, dtype=np.int64)
         self.evidence = {k: _zeros(n) for k in ("misses", "calls_with_misses", "bio_count", "bio_ms",
@@ -147,8 +151,7 @@ class BatchAccumulator:
         """This accumulator's batches placed at positions ``rows`` of ``n`` batches (the others,
         batches without a read event, start at zero; their slowest event is -1)."""
         full = BatchAccumulator(n, n_events=self.n_events)
-        for name in ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
-                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms"):
+        for name in _PER_BATCH_ARRAYS:
             getattr(full, name)[rows] = getattr(self, name)
         full.slowest_pos[:] = -1
         full.slowest_pos[rows] = self.slowest_pos
@@ -201,7 +204,8 @@ class AttributionInputs:
     path_codes: np.ndarray | None  # entry-order codes + 1 (0: missing), None: no path column
 
 
-def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns) -> None:
+def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns,
+                  native: np.ndarray | None = None) -> None:
     """Time with no read in flight: a gap on one thread is the submitting thread's own work,
     or a pool worker's loop (``loop_gap_ns`` of it) plus executor machinery / GIL waits (the
     rest); before the first read / after the last (markers) is the submitter's own work when
@@ -219,19 +223,33 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     st = submit[sl]
     on_submitter = tcode == st[b]
     loop = np.where(same_thread, np.where(on_submitter, gap, np.minimum(gap, loop_gap_ns)), 0.0)
-    acc.loop_gap[sl] = ch.per_batch(loop)
-    acc.handoff_gap[sl] = ch.per_batch(gap - loop)
     pre = np.clip(s[firsts] - bstart[sl], 0, None).astype(np.float64)
     post = np.clip(bend[sl] - np.maximum.reduceat(e, firsts), 0, None).astype(np.float64)
     last = holder[np.r_[firsts[1:], n] - 1]  # the event holding the batch's latest exit
     own_pre = (st >= 0) & (tcode[firsts] == st)
     own_post = (st >= 0) & (tcode[last] == st)
+    if native is not None:
+        # a gap a native thread ends or holds is that pool's own work and waits (its own
+        # hand-offs, not the interpreter's): all of it with the batch's work, named apart
+        nat = native[tcode]
+        nat_gap = np.zeros(n, dtype=bool)
+        nat_gap[1:] = nat[1:] | nat[holder[:-1]]
+        nat_gap[firsts] = False
+        moved = np.where(nat_gap, gap - loop, 0.0)
+        loop = loop + moved
+        nat_pre = ~own_pre & nat[firsts]
+        nat_post = ~own_post & nat[last]
+        acc.native_wait[sl] = ch.per_batch(moved) + np.where(nat_pre, pre, 0.0) + np.where(nat_post, post, 0.0)
+        own_pre, own_post = own_pre | nat_pre, own_post | nat_post
+    acc.loop_gap[sl] = ch.per_batch(loop)
+    acc.handoff_gap[sl] = ch.per_batch(gap - loop)
     acc.loop_gap[sl] += np.where(own_pre, pre, 0.0) + np.where(own_post, post, 0.0)
     acc.before_first_read[sl] = np.where(own_pre, 0.0, pre)
     acc.after_last_read[sl] = np.where(own_post, 0.0, post)
 
 
-def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults, io_bytes=None) -> None:
+def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults, io_bytes=None,
+            native_ev: np.ndarray | None = None) -> None:
     """Each event's share of the union (u) split in the proportions of its components; the
     miss parts whose split waits for stage 6 go to ``acc.miss``."""
     sl = ch.batches
@@ -239,9 +257,12 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     t = acc.totals
     acc.runq_preempt[sl] = ch.per_batch(comp.preempt * scale)
     acc.runq_wake[sl] = ch.per_batch(comp.wake * scale)
+    # a native thread waiting for a CPU is its pool's wait, not the interpreter's
+    nat_preempt = ch.per_batch(comp.preempt * scale * native_ev) if native_ev is not None else 0.0
+    acc.native_wait[sl] += nat_preempt
     acc.cause_ns["python-scheduling"][sl] = (acc.before_first_read[sl] + acc.after_last_read[sl]
-                                             + acc.handoff_gap[sl] + acc.runq_preempt[sl])
-    acc.cause_ns["cpu-copy"][sl] = acc.loop_gap[sl] + ch.per_batch(comp.copy * scale)
+                                             + acc.handoff_gap[sl] + acc.runq_preempt[sl] - nat_preempt)
+    acc.cause_ns["cpu-copy"][sl] = acc.loop_gap[sl] + ch.per_batch(comp.copy * scale) + nat_preempt
     acc.cause_ns["unexplained"][sl] = ch.per_batch(comp.unexplained * scale)
     acc.cause_ns["reclaim"][sl] = ch.per_batch(comp.reclaim * scale)  # + refault-driven misses (stage 6)
     t.miss_wait_ns += float(comp.miss_wait.sum())
@@ -337,7 +358,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     tcode = ch.pick(inp.threads.code[ch.lo:ch.hi])
     u = inflight_weights(s, e)
     acc.inflight[ch.batches] = ch.per_batch(u)
-    _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3)
+    _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
+                  inp.threads.native)
     ev = Evidence.read(events.cols, ch)
     for c, k in ev.nulls.items():
         acc.totals.nulls[c] += k
@@ -357,7 +379,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         if ev.uring is not None:  # an io_uring request's on-CPU time is its whole submission's
             long_copy &= ~ev.uring
         acc.totals.slow_copy += int(long_copy.sum())
-    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes)
+    native_ev = inp.threads.native[tcode] if inp.threads.native is not None else None
+    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes, native_ev)
     _per_batch_figures(acc, ch, events, inp, d, ev)
 
 
