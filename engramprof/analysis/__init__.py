@@ -254,7 +254,9 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     read = ~seg.empty
     seg_read = seg if read.all() else seg.subset(read)
     threads = find_reading_threads(events, seg_read)
-    kinds = thread_kinds.thread_kinds(threads.tids, markers_df, _thread_names(getter), _kinds_table(table_of))
+    seen_tids = np.union1d(threads.tids[pd.notna(threads.tids)].astype(np.int64),
+                           context.offcpu["tid"].to_numpy(np.int64) if context.offcpu is not None else [])
+    kinds = thread_kinds.thread_kinds(seen_tids, markers_df, _thread_names(getter), _kinds_table(table_of))
     threads.native = thread_kinds.native_mask(kinds, threads.tids)
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
@@ -276,7 +278,8 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     res = _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes,
                   Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
                            loop_gap_us=loop_gap_us, top=top), lost, unread)
-    res.summary["thread_kinds"] = thread_kinds.summary(kinds)
+    submitters = seg.submit_tid[seg.submit_tid >= 0] if seg.submit_tid is not None else []
+    res.summary["thread_kinds"] = thread_kinds.summary(kinds, set(threads.in_batches.tolist()) | set(np.unique(submitters).tolist()))
     res.summary["native_pool_wait"] = native_pool_wait(acc, seg)
     return res
 

@@ -110,10 +110,12 @@ def native_mask(kinds: pd.DataFrame | None, tids: np.ndarray) -> np.ndarray | No
     return np.array([pd.notna(t) and int(t) in native for t in tids], dtype=bool)
 
 
-def summary(kinds: pd.DataFrame | None) -> dict | None:
-    """The summary's ``thread_kinds``: counts per kind, and each thread."""
+def summary(kinds: pd.DataFrame | None, reading=None) -> dict | None:
+    """The summary's ``thread_kinds``: counts per kind over every sampled thread, and each
+    thread that read or submitted (``reading``: their tids; at most 64 listed)."""
     if kinds is None or not len(kinds):
         return None
+    shown = kinds if reading is None else kinds[kinds["tid"].isin([int(t) for t in reading if pd.notna(t)])]
     return {"counts": {k: int((kinds["kind"] == k).sum()) for k in (PYTHON, NATIVE, UNKNOWN)},
             "threads": [{"tid": int(r.tid), "name": r.name, "kind": r.kind, "source": r.source}
-                        for r in kinds.itertuples(index=False)][:64]}
+                        for r in shown.itertuples(index=False)][:64]}

@@ -55,15 +55,36 @@ def offcpu_overlap(spans: pd.DataFrame, tid: int, start: np.ndarray, end: np.nda
     return np.clip(cumulative(end.astype(np.int64)) - cumulative(start.astype(np.int64)), 0, None)
 
 
-def _woken_by_native(offcpu: pd.DataFrame, kinds: pd.DataFrame | None) -> np.ndarray | None:
-    """Per off-CPU span: a native thread woke it (None: no native thread known)."""
+def _span_groups(offcpu: pd.DataFrame, kinds: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per off-CPU span: (a native thread woke it, a thread of the process that is not native
+    woke it); None: no native thread known."""
     if kinds is None or "waker_tid" not in offcpu.columns:
         return None
     native = kinds.loc[kinds["kind"] == "native", "tid"].to_numpy(np.int64)
     if not len(native):
         return None
-    mask = np.isin(offcpu["waker_tid"].to_numpy(np.int64), native)
-    return mask if mask.any() else None
+    waker = offcpu["waker_tid"].to_numpy(np.int64)
+    by_native = np.isin(waker, native)
+    by_own = np.isin(waker, kinds["tid"].to_numpy(np.int64)) & ~by_native
+    return by_native, by_own
+
+
+def native_pool_batches(offcpu: pd.DataFrame, kinds: pd.DataFrame, submitters: np.ndarray, start: np.ndarray,
+                        end: np.ndarray) -> np.ndarray:
+    """Per batch [start, end]: a native thread ran in it (came back on a CPU) and no thread of
+    the process but the submitter that is not native did -- the batch's work ran on a native
+    pool, so the submitter's waits for a CPU were that pool's."""
+    native = set(kinds.loc[kinds["kind"] == "native", "tid"].tolist())
+    tid = offcpu["tid"].to_numpy(np.int64)
+    t_in = offcpu["end_ns"].to_numpy(np.int64)
+    others = ~np.isin(tid, submitters)
+    is_nat = np.fromiter((t in native for t in tid.tolist()), dtype=bool, count=len(tid))
+
+    def ran(mask: np.ndarray) -> np.ndarray:
+        t = np.sort(t_in[mask])
+        return np.searchsorted(t, end, side="right") - np.searchsorted(t, start, side="left")
+
+    return (ran(others & is_nat) > 0) & (ran(others & ~is_nat) == 0)
 
 
 def attribute_unread_batches(acc: BatchAccumulator, seg, empty: np.ndarray, offcpu: pd.DataFrame | None,
@@ -83,12 +104,19 @@ def attribute_unread_batches(acc: BatchAccumulator, seg, empty: np.ndarray, offc
     nat = np.zeros(len(idx))
     known = np.zeros(len(idx), dtype=bool)
     if offcpu is not None and len(offcpu):
-        by_native = _woken_by_native(offcpu, kinds)
+        groups = _span_groups(offcpu, kinds)
+        pool = (native_pool_batches(offcpu, kinds, np.unique(tids), start, end) if groups is not None
+                else np.zeros(len(idx), dtype=bool))
         for tid in np.unique(tids[tids >= 0]):
             sel = tids == tid
             off[sel] = offcpu_overlap(offcpu, int(tid), start[sel], end[sel])
-            if by_native is not None:
-                nat[sel] = offcpu_overlap(offcpu[by_native], int(tid), start[sel], end[sel])
+            if groups is not None:
+                # woken by a native thread: waited for it; woken by none of the process's threads
+                # (a CPU it waited for, a timer): the pool's when the batch ran on a native pool
+                by_native, by_own = groups
+                woke = offcpu_overlap(offcpu[by_native], int(tid), start[sel], end[sel])
+                other = offcpu_overlap(offcpu[~by_native & ~by_own], int(tid), start[sel], end[sel])
+                nat[sel] = woke + np.where(pool[sel], other, 0.0)
             known[sel] = True
     off = np.minimum(off, wall)
     nat = np.minimum(nat, off)
