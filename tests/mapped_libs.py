@@ -5,7 +5,7 @@ of a mapped B-tree), each marking its steps with engramprof.markers.
     python -m tests.mapped_libs faiss|lmdb DIR MARKERS --seconds S [--evict] [--build-only]
 
 Builds the index / database in DIR once (kept for the next run), prints ``ready PID`` on
-stdout, waits for SIGUSR1 (so the tracer is attached first), then runs steps for S seconds.
+stderr, waits for SIGUSR1 (so the tracer is attached first), then runs steps for S seconds.
 ``--evict``: before each step the file is dropped from the page cache (POSIX_FADV_DONTNEED,
 never a read), so every step faults its pages in from the device.  Readahead is left as the
 library leaves it.  On exit prints one JSON line: steps, and the process's own ``majflt``
@@ -25,6 +25,7 @@ import numpy as np
 from engramprof import markers
 
 DIM = 64
+QUERIES = 16  # per step: the search itself stays small beside its faults
 FAISS_VECTORS = 250_000  # 250k x 64 floats: ~64 MiB of inverted lists
 LMDB_VALUES = 16_000  # 16k x 4 KiB values (each on its own overflow page): ~64 MiB
 LMDB_VALUE = 4096
@@ -78,7 +79,7 @@ def faiss_reader(d: str):
     rng = np.random.default_rng(2)
 
     def step():
-        index.search(rng.random((64, DIM), dtype=np.float32), 10)
+        index.search(rng.random((QUERIES, DIM), dtype=np.float32), 10)
 
     return path, step
 
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     go = [False]
     signal.signal(signal.SIGUSR1, lambda *_: go.__setitem__(0, True))
     w = markers.MarkerWriter(a.markers)
-    print(f"ready {os.getpid()}", flush=True)
+    print(f"ready {os.getpid()}", file=sys.stderr, flush=True)
     while not go[0]:
         time.sleep(0.01)
     m0, steps, end = majflt(), 0, time.monotonic() + a.seconds
