@@ -28,7 +28,7 @@ DIM = 64
 QUERIES = 16  # per step: the search itself stays small beside its faults
 FAISS_VECTORS = 250_000  # 250k x 64 floats: ~64 MiB of inverted lists
 LMDB_VALUES = 16_000  # 16k x 4 KiB values (each on its own overflow page): ~64 MiB
-LMDB_VALUE = 4096
+LMDB_VALUE = 4000  # one overflow page each (a 4096-byte value takes two)
 
 
 def majflt() -> int:
