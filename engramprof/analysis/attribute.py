@@ -368,7 +368,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     io_bytes = None
     if obs is not None:
         ret = ch.pick(events.cols.raw("ret", ch.lo, ch.hi)) if events.cols.has("ret") else None
-        io_bytes = miss_io_bytes(ch.batch, ch.n_batches, ev, own, ret)
+        io_bytes = miss_io_bytes(ch.batch, ch.n_batches, ev, own, ret, lambda w: np.maximum.reduceat(w, ch.firsts))
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
     if ev.bio_count is not None and ev.bio_ns is not None:

@@ -74,11 +74,11 @@ def native_pool_batches(offcpu: pd.DataFrame, kinds: pd.DataFrame, submitters: n
     """Per batch [start, end]: a native thread ran in it (came back on a CPU) and no thread of
     the process but the submitter that is not native did -- the batch's work ran on a native
     pool, so the submitter's waits for a CPU were that pool's."""
-    native = set(kinds.loc[kinds["kind"] == "native", "tid"].tolist())
+    native = kinds.loc[kinds["kind"] == "native", "tid"].to_numpy(np.int64)
     tid = offcpu["tid"].to_numpy(np.int64)
     t_in = offcpu["end_ns"].to_numpy(np.int64)
     others = ~np.isin(tid, submitters)
-    is_nat = np.fromiter((t in native for t in tid.tolist()), dtype=bool, count=len(tid))
+    is_nat = np.isin(tid, native)
 
     def ran(mask: np.ndarray) -> np.ndarray:
         t = np.sort(t_in[mask])

@@ -24,7 +24,10 @@ Format versions:
    kind that can bypass the page cache (syscall, io_uring, libaio) and null for faults.
    Older bundles have ``dev`` / ``ino`` null.  samples/ gains ``disks``: each block device's
    read counters from /proc/diskstats (the device's own service, the baseline of storage time,
-   engramprof/analysis/baseline.py); older bundles have none.
+   engramprof/analysis/baseline.py); older bundles have none.  tables/ may hold ``thread_kinds``
+   (tid, kind python | native, source): written by a sampler that reads the interpreter's own
+   thread states (a py-spy stack sampler); the analysis prefers it to the markers' python_tids
+   and to thread names (engramprof/analysis/thread_kinds.py).
 """
 from __future__ import annotations
 
@@ -442,6 +445,10 @@ TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("fd_path", pa.string()),  # the file its fadvise / write / truncate named ("" if none)
         ("first_seen_ns", pa.int64()),
     ],
+    # which threads are Python threads (they have an interpreter thread state) and which are
+    # native (OpenMP, a library's pool, io-wq), as a sampler that reads the interpreter saw them:
+    # kind python | native; source: how it knew (e.g. "py-spy: a Python thread state")
+    "thread_kinds": [("pid", pa.int32()), ("tid", pa.int32()), ("kind", pa.string()), ("source", pa.string())],
     # the files the eviction probe watched, and since when (CLOCK_MONOTONIC)
     "eviction_files": [("path", pa.string()), ("dev", pa.int64()), ("ino", pa.int64()), ("watched_ns", pa.int64())],
 }
