@@ -95,14 +95,15 @@ def test_evicted_every_step_is_residency_not_storage(runs):
     assert max(c["bytes"] for c in base["classes"]) >= 128 << 10, base
     dev = next(e for e in d["evidence"] if e["step"] == "device service")
     assert "no bios of the target were matched" not in dev["finding"]
-    # tables/bio_latency_log2 holds the faults' bios (the fault probe's histogram): every timed
-    # bio the fault rows counted, and no more than they queued
+    # tables/bio_latency_log2 holds the faults' bios (the fault probe's histogram): the timed
+    # ones, never more than the fault rows queued (a back-merged bio -- most of a readahead
+    # window's -- is counted in bio_count but has no completion of its own to time)
     from engramprof import trace
 
     tr = trace.load_bundle(d["output"])
     hist = int(tr.table("bio_latency_log2")["count"].sum())
     queued = int(tr.calls["bio_count"].fillna(0).sum())
-    assert 0.5 * queued <= hist <= queued + 64, (hist, queued)
+    assert 0 < hist <= queued + 64, (hist, queued)
     assert d["trace"]["device"]["bios"] == hist
     ra = next((e for e in d["evidence"] if e["step"] == "readahead"), None)
     assert ra is not None and ra["unrequested_read_share"] > 0, d["evidence"]
