@@ -11,7 +11,10 @@ Stdlib only, so a server can vendor this one file.  Usage::
 
 Each batch becomes one JSON line ``{"start_ns", "end_ns", "tid", ...extra}`` with
 CLOCK_MONOTONIC nanoseconds (``time.monotonic_ns()``, the clock of ``bpf_ktime_get_ns``),
-``tid`` the submitting thread's kernel id.  Lines are buffered and flushed at most every
+``tid`` the submitting thread's kernel id.  A line also carries ``python_tids`` (the kernel ids
+of the interpreter's threads, ``threading.enumerate()``) whenever that set changed since the
+previous line: the analysis tells Python threads from native ones (OpenMP, a library's own
+pool) by it (engramprof/analysis/thread_kinds.py).  Lines are buffered and flushed at most every
 ``flush_s`` seconds, on :meth:`MarkerWriter.flush`, on close and at interpreter exit.
 ``markers.batch(path)`` also accepts a path (one shared writer per path).
 
@@ -27,7 +30,13 @@ import stat
 import threading
 import time
 
-RESERVED = frozenset(("start_ns", "end_ns", "tid"))
+RESERVED = frozenset(("start_ns", "end_ns", "tid", "python_tids"))
+
+
+def python_tids() -> frozenset:
+    """The kernel thread ids of the interpreter's threads (those ``threading`` knows: threads it
+    started, the main thread, and foreign threads that asked for ``current_thread()``)."""
+    return frozenset(t.native_id for t in threading.enumerate() if t.native_id is not None)
 
 
 class MarkerFileError(OSError):
@@ -63,16 +72,21 @@ class MarkerWriter:
         self._flush_s = flush_s
         self._next_flush = time.monotonic() + flush_s
         self.count = 0
+        self._python_tids: frozenset = frozenset()
         atexit.register(self.close)
 
     def write(self, start_ns: int, end_ns: int, **extra) -> None:
         rec = {"start_ns": start_ns, "end_ns": end_ns, "tid": threading.get_native_id()}
         if extra:
             rec.update(extra)
-        line = json.dumps(rec, separators=(",", ":"), default=str) + "\n"
+        tids = python_tids()
         with self._lock:
             if self._f is None:
                 raise ValueError("MarkerWriter is closed")
+            if tids != self._python_tids:  # written when it changes: a few lines per run
+                rec["python_tids"] = sorted(tids)
+                self._python_tids = tids
+            line = json.dumps(rec, separators=(",", ":"), default=str) + "\n"
             self._f.write(line)
             self.count += 1
             if time.monotonic() >= self._next_flush:

@@ -451,8 +451,12 @@ TRACEPOINT_PROBE(block, block_bio_backmerge)
 	return 0;
 }
 
-/* A bio the fault probe saw queued has completed: credit the fault that queued it if it is still
- * open.  Interrupt (or the device's own) context: no tgid to test, so the count of taken slots
+/* queue -> complete of every bio a target's fault queued, log2(ns) slots: with the calls' (probes/
+ * inflight.h) tables/bio_latency_log2, the device's service as the target saw it */
+BPF_ARRAY(bio_latency_log2, u64, LAT_SLOTS);
+
+/* A bio the fault probe saw queued has completed: count it, and credit the fault that queued it if
+ * it is still open.  Interrupt (or the device's own) context: no tgid to test, so the count of taken slots
  * comes first and every other completion of the machine stops there (probes/bios.h). */
 static __always_inline void bio_done(u32 dev, u64 sector)
 {
@@ -460,6 +464,12 @@ static __always_inline void bio_done(u32 dev, u64 sector)
 	if (!bio_completed(dev, sector, &b))
 		return;
 	u64 delta = bpf_ktime_get_ns() - b.ts;
+	u32 slot = bpf_log2l(delta);
+	if (slot >= LAT_SLOTS)
+		slot = LAT_SLOTS - 1;
+	u64 *h = bio_latency_log2.lookup(&slot);
+	if (h)
+		__sync_fetch_and_add(h, 1);
 	struct fault_state *s = open_fault(b.tid);
 	if (s && s->ts == b.owner_ts)
 		__sync_fetch_and_add(&s->bio_ns, delta);

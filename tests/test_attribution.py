@@ -242,10 +242,12 @@ def test_storage_beyond_normal_and_override():
     b2, s2 = analyse(calls, normal_miss_us=9500)
     assert shares_of(b2)["storage"] == pytest.approx(0)
     assert s2["verdict"] == "residency"
-    # from the trace alone: the median (9.5 ms) is capped at the 1000 µs ceiling
+    # from the trace alone: the device baseline of a 4 KiB bio (9 ms measured) is capped at
+    # the ceiling for its size (1000 µs + 4 KiB at 100 MB/s)
     _, s3 = analyse(calls)
-    assert s3["normal_miss_us"] == pytest.approx(1000)
-    assert "capped" in s3["normal_miss_source"]
+    assert s3["normal_miss_us"] == pytest.approx(1000 + 4096 / 100e6 * 1e6)
+    assert "device baseline" in s3["normal_miss_source"]
+    assert s3["device_baseline"]["classes"][0]["bytes"] == 4096
 
 
 def test_throttled_io_shows_in_the_wait_not_in_bio_time():

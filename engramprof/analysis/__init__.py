@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis import batches as _batches
-from engramprof.analysis import calibrate, misses, paths
+from engramprof.analysis import baseline as _baseline
+from engramprof.analysis import calibrate, misses, paths, thread_kinds
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, code_faults, prepare_read_events
@@ -120,6 +121,41 @@ def _process_tids(calls: pd.DataFrame, threads: pd.DataFrame | None) -> np.ndarr
     return np.unique(calls["tid"].to_numpy())
 
 
+def _thread_names(getter: Callable) -> pd.DataFrame | None:
+    """samples/threads with names (the analysis' context reads only its numeric columns)."""
+    try:
+        return getter("threads")
+    except (UserError, KeyError):
+        return None
+
+
+def _kinds_table(table_of) -> pd.DataFrame | None:
+    """tables/thread_kinds (filled by a sampler that reads the interpreter), or None."""
+    try:
+        return table_of("thread_kinds") if table_of else None
+    except (UserError, KeyError):
+        return None
+
+
+def native_pool_wait(acc, seg) -> dict | None:
+    """Time native threads (a library's own pool) spent off their reads in batches: counted
+    with the batch's work (cpu-copy), never as python-scheduling."""
+    total = float(acc.native_wait.sum())
+    if total <= 0:
+        return None
+    wall = float((seg.end_ns - seg.start_ns).astype(np.float64).sum())
+    return {"ms": total / 1e6, "share": total / wall if wall > 0 else 0.0,
+            "batches": int((acc.native_wait > 0).sum())}
+
+
+def _disk_samples(getter: Callable) -> pd.DataFrame | None:
+    """samples/disks (the devices' own read counters), or None (an older bundle, unreadable)."""
+    try:
+        return getter("disks")
+    except (UserError, KeyError):
+        return None
+
+
 def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
     """The recording window: the recorder's start/end when it wrote them, else the events' span."""
     win = _batches.recording_window(meta)
@@ -188,7 +224,7 @@ def analyse(
     miss_pages = misses.from_trace(calls, getter, table_of, meta)
     settings = dict(slow_ms=slow_ms, gap_ms=gap_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
                     loop_gap_us=loop_gap_us, getter=getter, meta=meta, notes=notes,
-                    markers_bad_lines=markers_bad_lines, top=top, miss_pages=miss_pages)
+                    markers_bad_lines=markers_bad_lines, top=top, miss_pages=miss_pages, table_of=table_of)
     why = misses.summary_keys(miss_pages, table_of("evictors") if table_of and miss_pages is not None else None)
     bio_hist = table_of("bio_latency_log2") if table_of else None
     if len(pids) > 1:
@@ -209,7 +245,8 @@ def analyse(
 
 
 def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal_miss_us, meaningful_share,
-                     loop_gap_us, getter, meta, notes, markers_bad_lines, top, miss_pages=None) -> BatchTailResult:
+                     loop_gap_us, getter, meta, notes, markers_bad_lines, top, miss_pages=None,
+                     table_of=None) -> BatchTailResult:
     """Stages 1-8 on the events of one process."""
     # a memory-mapped reader's marked batch may hold no read event (its rows mapped, resident)
     keep_unread = markers_df is not None and fault_read_path(calls, meta)
@@ -222,11 +259,16 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     read = ~seg.empty
     seg_read = seg if read.all() else seg.subset(read)
     threads = find_reading_threads(events, seg_read)
+    seen_tids = np.union1d(threads.tids[pd.notna(threads.tids)].astype(np.int64),
+                           context.offcpu["tid"].to_numpy(np.int64) if context.offcpu is not None else [])
+    kinds = thread_kinds.thread_kinds(seen_tids, markers_df, _thread_names(getter), _kinds_table(table_of))
+    threads.native = thread_kinds.native_mask(kinds, threads.tids)
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
                                                       path_codes=_path_codes(events)))
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
-    service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio, events.requests_only)
+    device = _baseline.device_baseline(calls, _disk_samples(getter), _window(events, meta))
+    service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio, events.requests_only, device)
     pid = int(pids_of[0]) if len(pids_of := process_ids(calls)) == 1 else None
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)
@@ -237,10 +279,14 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
         acc = acc.expanded(np.flatnonzero(read), seg.n)
         threads_per_batch = np.zeros(seg.n, dtype=np.int64)
         threads_per_batch[read] = threads.per_batch
-        unread = attribute_unread_batches(acc, seg, ~read, context.offcpu, notes)
-    return _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes,
-                   Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
-                            loop_gap_us=loop_gap_us, top=top), lost, unread)
+        unread = attribute_unread_batches(acc, seg, ~read, context.offcpu, notes, kinds)
+    res = _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes,
+                  Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
+                           loop_gap_us=loop_gap_us, top=top), lost, unread)
+    submitters = seg.submit_tid[seg.submit_tid >= 0] if seg.submit_tid is not None else []
+    res.summary["thread_kinds"] = thread_kinds.summary(kinds, set(threads.in_batches.tolist()) | set(np.unique(submitters).tolist()))
+    res.summary["native_pool_wait"] = native_pool_wait(acc, seg)
+    return res
 
 
 def _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes, settings,
@@ -261,6 +307,7 @@ def _report(calls, events, seg, acc, threads, threads_per_batch, context, servic
     table = batch_table(acc, seg, events, threads_per_batch, shares, settings.meaningful_share,
                         None if ctx is None else ctx[:2])
     summary = summarize(acc, seg, events, threads, context, service, table, denom, settings, ctx, notes)
+    summary["device_baseline"] = service.baseline.as_json() if service.baseline is not None else None
     summary["lost_records"] = lost
     code = code_faults(calls)
     summary["read_events"] = read_event_counts(calls, code)

@@ -22,6 +22,7 @@ from engramprof.analysis.components import (
     Evidence,
     distinct_per_batch,
     inflight_weights,
+    miss_io_bytes,
     observed_miss_service,
     safe_div,
     split_components,
@@ -82,6 +83,7 @@ class MissParts:
     observed: list = field(default_factory=list)
     interval: list = field(default_factory=list)
     pages: list = field(default_factory=list)
+    io_bytes: list = field(default_factory=list)  # the size of the I/O ``observed`` is the service of
 
     def add(self, **parts: np.ndarray) -> None:
         for k, v in parts.items():
@@ -89,7 +91,7 @@ class MissParts:
 
     def arrays(self) -> dict:
         return {k: np.concatenate(getattr(self, k)) if getattr(self, k) else np.empty(0)
-                for k in ("batch", "wait", "other", "observed", "interval", "pages")}
+                for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes")}
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -98,7 +100,8 @@ def _zeros(n: int) -> np.ndarray:
 
 #: the per-batch arrays of a BatchAccumulator (length n each)
 PER_BATCH_ARRAYS = ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
-                    "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms", "queue_depth_max")
+                    "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms", "queue_depth_max",
+                    "native_wait")
 #: per batch, its io_uring requests by how each was served (evidence keys, uring_path values)
 URING_PATH_COUNTS = ("uring_inline", "uring_async", "uring_punted")
 
@@ -123,6 +126,7 @@ class BatchAccumulator:
     runq_wake: np.ndarray = field(init=False)
     slowest_ms: np.ndarray = field(init=False)
     queue_depth_max: np.ndarray = field(init=False)  # most reads in flight at once
+    native_wait: np.ndarray = field(init=False)  # of cpu-copy: native threads' own waits (thread_kinds.py)
     slowest_pos: np.ndarray = field(init=False)
     evidence: dict = field(init=False)  # per-batch evidence sums and the slowest event's
     totals: Totals = field(default_factory=Totals)
@@ -205,7 +209,8 @@ class AttributionInputs:
     path_codes: np.ndarray | None  # entry-order codes + 1 (0: missing), None: no path column
 
 
-def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns) -> None:
+def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns,
+                  native: np.ndarray | None = None) -> None:
     """Time with no read in flight: a gap on one thread is the submitting thread's own work,
     or a pool worker's loop (``loop_gap_ns`` of it) plus executor machinery / GIL waits (the
     rest); before the first read / after the last (markers) is the submitter's own work when
@@ -223,19 +228,33 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     st = submit[sl]
     on_submitter = tcode == st[b]
     loop = np.where(same_thread, np.where(on_submitter, gap, np.minimum(gap, loop_gap_ns)), 0.0)
-    acc.loop_gap[sl] = ch.per_batch(loop)
-    acc.handoff_gap[sl] = ch.per_batch(gap - loop)
     pre = np.clip(s[firsts] - bstart[sl], 0, None).astype(np.float64)
     post = np.clip(bend[sl] - np.maximum.reduceat(e, firsts), 0, None).astype(np.float64)
     last = holder[np.r_[firsts[1:], n] - 1]  # the event holding the batch's latest exit
     own_pre = (st >= 0) & (tcode[firsts] == st)
     own_post = (st >= 0) & (tcode[last] == st)
+    if native is not None:
+        # a gap a native thread ends or holds is that pool's own work and waits (its own
+        # hand-offs, not the interpreter's): all of it with the batch's work, named apart
+        nat = native[tcode]
+        nat_gap = np.zeros(n, dtype=bool)
+        nat_gap[1:] = nat[1:] | nat[holder[:-1]]
+        nat_gap[firsts] = False
+        moved = np.where(nat_gap, gap - loop, 0.0)
+        loop = loop + moved
+        nat_pre = ~own_pre & nat[firsts]
+        nat_post = ~own_post & nat[last]
+        acc.native_wait[sl] = ch.per_batch(moved) + np.where(nat_pre, pre, 0.0) + np.where(nat_post, post, 0.0)
+        own_pre, own_post = own_pre | nat_pre, own_post | nat_post
+    acc.loop_gap[sl] = ch.per_batch(loop)
+    acc.handoff_gap[sl] = ch.per_batch(gap - loop)
     acc.loop_gap[sl] += np.where(own_pre, pre, 0.0) + np.where(own_post, post, 0.0)
     acc.before_first_read[sl] = np.where(own_pre, 0.0, pre)
     acc.after_last_read[sl] = np.where(own_post, 0.0, post)
 
 
-def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults) -> None:
+def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults, io_bytes=None,
+            native_ev: np.ndarray | None = None) -> None:
     """Each event's share of the union (u) split in the proportions of its components; the
     miss parts whose split waits for stage 6 go to ``acc.miss``."""
     sl = ch.batches
@@ -243,9 +262,12 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     t = acc.totals
     acc.runq_preempt[sl] = ch.per_batch(comp.preempt * scale)
     acc.runq_wake[sl] = ch.per_batch(comp.wake * scale)
+    # a native thread waiting for a CPU is its pool's wait, not the interpreter's
+    nat_preempt = ch.per_batch(comp.preempt * scale * native_ev) if native_ev is not None else 0.0
+    acc.native_wait[sl] += nat_preempt
     acc.cause_ns["python-scheduling"][sl] = (acc.before_first_read[sl] + acc.after_last_read[sl]
-                                             + acc.handoff_gap[sl] + acc.runq_preempt[sl])
-    acc.cause_ns["cpu-copy"][sl] = acc.loop_gap[sl] + ch.per_batch(comp.copy * scale)
+                                             + acc.handoff_gap[sl] + acc.runq_preempt[sl] - nat_preempt)
+    acc.cause_ns["cpu-copy"][sl] = acc.loop_gap[sl] + ch.per_batch(comp.copy * scale) + nat_preempt
     acc.cause_ns["unexplained"][sl] = ch.per_batch(comp.unexplained * scale)
     acc.cause_ns["reclaim"][sl] = ch.per_batch(comp.reclaim * scale)  # + refault-driven misses (stage 6)
     t.miss_wait_ns += float(comp.miss_wait.sum())
@@ -264,7 +286,8 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     scale_sel = scale[sel]
     acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=comp.miss_wait[sel] * scale_sel,
                  other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
-                 interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())))
+                 interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())),
+                 io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan))
 
 
 def _uring_paths_per_batch(acc: BatchAccumulator, ch: Chunk, events: ReadEvents) -> None:
@@ -401,13 +424,17 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     tcode = ch.pick(inp.threads.code[ch.lo:ch.hi])
     u = inflight_weights(s, e)
     acc.inflight[ch.batches] = ch.per_batch(u)
-    _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3)
+    _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
+                  inp.threads.native)
     ev = Evidence.read(events.cols, ch)
     for c, k in ev.nulls.items():
         acc.totals.nulls[c] += k
     comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch)
     obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u)
+    io_bytes = None
     if obs is not None:
+        ret = ch.pick(events.cols.raw("ret", ch.lo, ch.hi)) if events.cols.has("ret") else None
+        io_bytes = miss_io_bytes(ch.batch, ch.n_batches, ev, own, ret, lambda w: np.maximum.reduceat(w, ch.firsts))
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
     if ev.bio_count is not None and ev.bio_ns is not None:
@@ -418,7 +445,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         if ev.uring is not None:  # an io_uring request's on-CPU time is its whole submission's
             long_copy &= ~ev.uring
         acc.totals.slow_copy += int(long_copy.sum())
-    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults)
+    native_ev = inp.threads.native[tcode] if inp.threads.native is not None else None
+    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes, native_ev)
     acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e)
     _per_batch_figures(acc, ch, events, inp, d, ev, comp.missed)
 

@@ -140,7 +140,8 @@ def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
     :func:`engramprof.markers.read_markers_df`, the writer's own reader).  ``tid`` (the
     submitting thread, written by engramprof.markers) is kept, -1 when absent; ``pid`` and
     ``rank`` (which process the batch belongs to) are kept when present (NaN where a line lacks
-    them); other keys are ignored.
+    them); ``python_tids`` (the interpreter's threads, when they changed) is kept as written;
+    other keys are ignored.
     """
     df, bad, _complete = read_markers_and_ending(path)
     return df, bad
@@ -172,6 +173,8 @@ def _marker_frame(raw: pd.DataFrame) -> pd.DataFrame:
     for key in ("pid", "rank"):  # whose batch it is (several processes: analysis/processes.py)
         if key in raw.columns:
             df[key] = pd.to_numeric(raw[key], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if "python_tids" in raw.columns:  # the interpreter's threads (analysis/thread_kinds.py)
+        df["python_tids"] = raw["python_tids"].reset_index(drop=True)
     return df
 
 

@@ -1,8 +1,10 @@
 """Stage 6: what normal miss service is, how many misses were refaults, and the split of each
 miss's time into residency, storage and reclaim (docs/model.md, "Misses").
 
-* normal: ``--normal-miss-us`` or the median observed service per miss I/O of the events that
-  did their own I/O, capped at NORMAL_MISS_CEILING_US;
+* normal: ``--normal-miss-us``; else the device baseline for the size of each miss's I/O
+  (engramprof.analysis.baseline: the trace's own bios per size class, else the device's own
+  counters); else the median observed service per miss I/O of the events that did their own
+  I/O, capped at NORMAL_MISS_CEILING_US;
 * storage fraction of a miss wait = max(0, 1 - normal / observed);
 * refault fraction of a sample interval = the target's (or the system's) refaults in it per
   page the target inserted in it, capped at 1: that share of the miss time is reclaim.
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engramprof.analysis.attribute import BatchAccumulator
+from engramprof.analysis.baseline import DeviceBaseline
 from engramprof.analysis.components import safe_div
 from engramprof.analysis.context import RefaultSeries
 
@@ -47,21 +50,34 @@ class MissService:
     source: str | None
     per_bio: np.ndarray | None  # bio queue->complete per bio, ns
     waited_ms: dict | None  # p50/p99 of the observed service of every event that waited on a miss
+    baseline: DeviceBaseline | None = None  # normal per I/O size (used when it is known)
 
 
 def calibrate_miss_service(acc: BatchAccumulator, normal_miss_us: float | None, has_bio: bool,
-                           requests_only: bool = False) -> MissService:
+                           requests_only: bool = False, baseline: DeviceBaseline | None = None) -> MissService:
     """The normal service of one miss I/O on this trace (or the caller's figure).
     ``requests_only``: every read event is a request (io_uring, libaio), whose wait is its
-    submit -> complete (components.observed_miss_service)."""
+    submit -> complete (components.observed_miss_service).  With a known device ``baseline``
+    the normal is per I/O size (``normal_ns`` then holds the normal of the median miss I/O, for
+    display)."""
     own = np.concatenate(acc.observed_own) if acc.observed_own else np.empty(0)
     trace_normal = percentile(own, 50) if len(own) else None
     basis = ("median submit -> complete of the read requests that waited for the device (one read each)"
              if requests_only else
              "median service per miss I/O of the trace (max of bio queue->complete and the wait per bio)"
              if has_bio else "median miss wait per inserted page of the trace (no bio columns)")
+    # requests alone (io_uring, libaio): their service is measured as each batch's completion
+    # interval, which a deep queue does not inflate; a bio's queue -> complete does (it holds the
+    # queue), so the device baseline is for calls and faults
+    use_baseline = normal_miss_us is None and baseline is not None and baseline.known and not requests_only
     if normal_miss_us is not None:
         normal_ns, source = float(normal_miss_us) * 1e3, "--normal-miss-us"
+    elif use_baseline:
+        sizes = np.concatenate(acc.miss.io_bytes) if acc.miss.io_bytes else np.empty(0)
+        sizes = sizes[np.isfinite(sizes)]
+        typical = float(np.median(sizes)) if len(sizes) else 4096.0
+        normal_ns = float(baseline.normal_ns_for(typical))
+        source = f"device baseline per I/O size, from {baseline.source} ({typical / 1024:,.0f} KiB: the median miss I/O)"
     elif trace_normal is not None:
         normal_ns, source = float(trace_normal), basis
         if normal_ns > NORMAL_MISS_CEILING_US * 1e3:
@@ -72,7 +88,8 @@ def calibrate_miss_service(acc: BatchAccumulator, normal_miss_us: float | None, 
     waited = np.concatenate(acc.observed_waited) if acc.observed_waited else np.empty(0)
     per_bio = np.concatenate(acc.per_bio) if acc.per_bio else None
     return MissService(normal_ns=normal_ns, source=source, per_bio=per_bio,
-                       waited_ms=ms_pair(waited) if len(waited) else None)
+                       waited_ms=ms_pair(waited) if len(waited) else None,
+                       baseline=baseline if use_baseline else None)
 
 
 def refault_fractions(acc: BatchAccumulator, refaults: RefaultSeries | None) -> np.ndarray | None:
@@ -95,8 +112,12 @@ def split_miss_time(acc: BatchAccumulator, service: MissService, fractions: np.n
     b = parts["batch"].astype(np.int64)
     obs = parts["observed"]
     if service.normal_ns is not None:
+        normal = np.full(len(obs), service.normal_ns)
+        if service.baseline is not None and len(obs):
+            sized = service.baseline.normal_ns_for(np.nan_to_num(parts["io_bytes"], nan=4096.0))
+            normal = np.where(np.isfinite(sized), sized, normal)
         ok = np.isfinite(obs) & (obs > 0)
-        f_storage = np.where(ok, np.clip(1.0 - service.normal_ns / np.where(ok, obs, 1.0), 0, 1), 0.0)
+        f_storage = np.where(ok, np.clip(1.0 - normal / np.where(ok, obs, 1.0), 0, 1), 0.0)
     else:
         f_storage = np.zeros(len(b))
     if fractions is not None:

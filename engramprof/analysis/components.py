@@ -11,6 +11,8 @@ import pandas as pd
 from engramprof.analysis.events import REQUEST_KINDS
 from engramprof.trace import EVIDENCE_COLUMNS
 
+PAGE_BYTES = 4096  # the page cache's page (pages_added counts these)
+
 
 def safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num / den where den > 0, else 0 (float64)."""
@@ -326,3 +328,28 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
         observed = np.where(req, interval[batch], observed)
         own = own | req
     return observed, own
+
+
+def miss_io_bytes(batch: np.ndarray, n_batches: int, ev: Evidence, own: np.ndarray, ret: np.ndarray | None,
+                  max_per_batch=None) -> np.ndarray:
+    """Per event, the size of the I/O its observed miss service (:func:`observed_miss_service`)
+    is one of, for the device baseline of that size (engramprof.analysis.baseline): an event
+    that did its own I/O, the bytes per bio it queued (pages inserted, or the bytes returned
+    when the page cache was bypassed); without bio columns one page; an event that waited on
+    another's read, the largest read any event of its batch started (it waited for one of them:
+    a readahead window is a large read)."""
+    from_pages = np.nan_to_num(ev.pages_added) * PAGE_BYTES if ev.pages_added is not None else np.zeros(len(batch))
+    if ret is not None:
+        whole = np.where(from_pages > 0, from_pages, np.maximum(np.nan_to_num(ret.astype(np.float64)), 0.0))
+    else:
+        whole = from_pages
+    if ev.bio_count is not None and ev.bio_ns is not None:
+        per_io = whole / np.maximum(ev.bio_count, 1.0)
+    else:
+        per_io = np.full(len(batch), float(PAGE_BYTES))
+    if max_per_batch is None:
+        biggest = np.zeros(n_batches)
+        np.maximum.at(biggest, batch, whole)
+    else:
+        biggest = max_per_batch(whole)
+    return np.where(own, per_io, np.maximum(biggest[batch], PAGE_BYTES))

@@ -157,13 +157,20 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         # a request that waited: its whole submit -> complete (its evidence is null)
         waits = (miss["offcpu_ns"] - miss["runq_ns"]).where(~_uring_waited(miss), miss["dur_ns"])
         miss_wait = float(waits.median() / 1e3)
-    dev = (f"device service (bio queue->complete) p50 >= {device['p50_us_lower']:.0f} us over {device['bios']:,} bios"
-           if device else "no bios of the target were matched (all hits, or I/O submitted by another thread, e.g. a throttle)")
+    base = bt.get("device_baseline")
+    if device and device.get("bios"):
+        dev = f"device service (bio queue->complete) p50 >= {device['p50_us_lower']:.0f} us over {device['bios']:,} bios"
+    elif base:
+        dev = f"device service per read size from {base['source']}: {baseline_line(base)}"
+    else:
+        dev = "no bios of the target were matched (all hits, or I/O submitted by another thread, e.g. a throttle)"
+    if base and device and device.get("bios"):
+        dev += f"; normal per read size ({base['source']}): {baseline_line(base)}"
     dev += (f"; a missing read waited p50 {miss_wait:,.0f} us off-CPU" if miss_wait is not None else "")
     dev += f"; normal miss service taken as {normal:,.0f} us ({bt.get('normal_miss_source')})" if normal else ""
     steps.append({"step": "device service", "finding": dev,
                   "value": {"bio_p50_us_lower": device["p50_us_lower"] if device else None, "miss_wait_p50_us": miss_wait,
-                            "normal_miss_us": normal}})
+                            "normal_miss_us": normal, "baseline": base}})
     bm, im = bt.get("batch_ms") or {}, bt.get("inflight_ms") or {}
     outside = bt.get("outside_read_path_frac")
     steps.append({
@@ -179,6 +186,17 @@ def evidence_chain(bt: dict, calls: pd.DataFrame, ctx: dict, device: dict | None
         "value": share,
     })
     return steps
+
+
+def baseline_line(base: dict, most: int = 4) -> str:
+    """The device baseline's best-measured size classes, one phrase: "32 KiB 149 us, 1 MiB 10.2 ms"."""
+    rows = sorted(base.get("classes") or [], key=lambda r: -r["ios"])[:most]
+    return ", ".join(f"{_size(r['bytes'])} {duration(r['normal_us'] / 1e3)} ({r['ios']:,} reads)"
+                     for r in sorted(rows, key=lambda r: r["bytes"])) or "none measured"
+
+
+def _size(b: int) -> str:
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1024 else f"{b} B"
 
 
 END_REASONS = {
@@ -321,8 +339,13 @@ def pagecache_steps(bt: dict) -> list[dict]:
     steps = []
     line = readahead.finding(bt.get("readahead") or [])
     if line:
+        cost = readahead_cost(bt)
+        if cost is not None:
+            line += (f"; about {pct(cost)} of batch time went to reading pages nobody asked for (the miss time "
+                     "times the share of read-ahead pages never read)")
         steps.append({"step": "readahead", "finding": line,
-                      "value": {e["path"]: e["amplification"] for e in bt["readahead"] if e.get("flagged")}})
+                      "value": {e["path"]: e["amplification"] for e in bt["readahead"] if e.get("flagged")},
+                      "unrequested_read_share": cost})
     pf = bt.get("prefetch") or {}
     if pf.get("hints"):
         rate = pf.get("hit_rate")
@@ -331,6 +354,18 @@ def pagecache_steps(bt: dict) -> list[dict]:
             f"read since, {pct(rate)} were ready (hit rate) and {pf['late_pages']:,} were not resident or still "
             "in flight when read (late)"), "value": rate})
     return steps
+
+
+def readahead_cost(bt: dict) -> float | None:
+    """Share of batch time spent reading pages nobody asked for: the miss time (residency +
+    storage shares) times the share of the flagged files' inserted pages never read."""
+    bad = [e for e in bt.get("readahead") or [] if e.get("flagged") and e.get("inserted_pages")]
+    if not bad:
+        return None
+    inserted = sum(e["inserted_pages"] for e in bad)
+    unused = sum(max(0, e["inserted_pages"] - max(e.get("used_pages") or 0, e.get("touched_pages") or 0)) for e in bad)
+    share = bt.get("share") or {}
+    return round((share.get("residency", 0.0) + share.get("storage", 0.0)) * unused / inserted, 3)
 
 
 def readahead_fix(verdict: str, rec: dict, bt: dict) -> dict:

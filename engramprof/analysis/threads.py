@@ -34,6 +34,7 @@ class ReadingThreads:
     submitter: np.ndarray  # per batch, the submitting thread's code (NO_THREAD: none)
     submitter_info: dict
     processes: int  # distinct pids among the events in batches (0: no pid column)
+    native: np.ndarray | None = None  # per code: a native thread (engramprof.analysis.thread_kinds); None: none
 
     def code_of(self, tid: int) -> int:
         hit = np.flatnonzero(self.tids == tid)

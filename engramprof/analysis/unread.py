@@ -55,10 +55,45 @@ def offcpu_overlap(spans: pd.DataFrame, tid: int, start: np.ndarray, end: np.nda
     return np.clip(cumulative(end.astype(np.int64)) - cumulative(start.astype(np.int64)), 0, None)
 
 
+def _span_groups(offcpu: pd.DataFrame, kinds: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per off-CPU span: (a native thread woke it, a thread of the process that is not native
+    woke it); None: no native thread known."""
+    if kinds is None or "waker_tid" not in offcpu.columns:
+        return None
+    native = kinds.loc[kinds["kind"] == "native", "tid"].to_numpy(np.int64)
+    if not len(native):
+        return None
+    waker = offcpu["waker_tid"].to_numpy(np.int64)
+    by_native = np.isin(waker, native)
+    by_own = np.isin(waker, kinds["tid"].to_numpy(np.int64)) & ~by_native
+    return by_native, by_own
+
+
+def native_pool_batches(offcpu: pd.DataFrame, kinds: pd.DataFrame, submitters: np.ndarray, start: np.ndarray,
+                        end: np.ndarray) -> np.ndarray:
+    """Per batch [start, end]: a native thread ran in it (came back on a CPU) and no thread of
+    the process but the submitter that is not native did -- the batch's work ran on a native
+    pool, so the submitter's waits for a CPU were that pool's."""
+    native = kinds.loc[kinds["kind"] == "native", "tid"].to_numpy(np.int64)
+    tid = offcpu["tid"].to_numpy(np.int64)
+    t_in = offcpu["end_ns"].to_numpy(np.int64)
+    others = ~np.isin(tid, submitters)
+    is_nat = np.isin(tid, native)
+
+    def ran(mask: np.ndarray) -> np.ndarray:
+        t = np.sort(t_in[mask])
+        return np.searchsorted(t, end, side="right") - np.searchsorted(t, start, side="left")
+
+    return (ran(others & is_nat) > 0) & (ran(others & ~is_nat) == 0)
+
+
 def attribute_unread_batches(acc: BatchAccumulator, seg, empty: np.ndarray, offcpu: pd.DataFrame | None,
-                             notes: list[str]) -> dict:
+                             notes: list[str], kinds: pd.DataFrame | None = None) -> dict:
     """Split the wall time of the batches in ``empty`` into python-scheduling (the submitting
-    thread off-CPU) and cpu-copy (on a CPU: the gather).  Returns the summary's figures."""
+    thread off-CPU) and cpu-copy (on a CPU: the gather).  An off-CPU span that a native thread
+    ended (its waker: an OpenMP worker, a library's pool, thread_kinds.py) was a wait for that
+    pool's work: a native pool wait, counted with the work (cpu-copy), not python-scheduling.
+    Returns the summary's figures."""
     idx = np.flatnonzero(empty)
     if not len(idx):
         return {"batches": 0, "source": None}
@@ -66,13 +101,27 @@ def attribute_unread_batches(acc: BatchAccumulator, seg, empty: np.ndarray, offc
     wall = (end - start).astype(np.float64)
     tids = seg.submit_tid[idx] if seg.submit_tid is not None else np.full(len(idx), -1)
     off = np.zeros(len(idx))
+    nat = np.zeros(len(idx))
     known = np.zeros(len(idx), dtype=bool)
     if offcpu is not None and len(offcpu):
+        groups = _span_groups(offcpu, kinds)
+        pool = (native_pool_batches(offcpu, kinds, np.unique(tids), start, end) if groups is not None
+                else np.zeros(len(idx), dtype=bool))
         for tid in np.unique(tids[tids >= 0]):
             sel = tids == tid
             off[sel] = offcpu_overlap(offcpu, int(tid), start[sel], end[sel])
+            if groups is not None:
+                # woken by a native thread: waited for it; woken by none of the process's threads
+                # (a CPU it waited for, a timer): the pool's when the batch ran on a native pool
+                by_native, by_own = groups
+                woke = offcpu_overlap(offcpu[by_native], int(tid), start[sel], end[sel])
+                other = offcpu_overlap(offcpu[~by_native & ~by_own], int(tid), start[sel], end[sel])
+                nat[sel] = woke + np.where(pool[sel], other, 0.0)
             known[sel] = True
     off = np.minimum(off, wall)
+    nat = np.minimum(nat, off)
+    off = off - nat
+    acc.native_wait[idx] += nat
     acc.cause_ns["python-scheduling"][idx] += off
     acc.cause_ns["cpu-copy"][idx] += wall - off
     acc.before_first_read[idx] += off  # no read in flight at all: all of it is time without a read
@@ -85,7 +134,8 @@ def attribute_unread_batches(acc: BatchAccumulator, seg, empty: np.ndarray, offc
                  "(python-scheduling)" + ("" if known.all() else
                                           ": without off-CPU spans of that thread (samples/offcpu, the marker's tid) "
                                           "the waits cannot be seen and all of it is counted as the gather"))
-    return {"batches": int(n), "source": source, "offcpu_share": float(off.sum() / wall.sum()) if wall.sum() > 0 else 0.0}
+    return {"batches": int(n), "source": source, "offcpu_share": float(off.sum() / wall.sum()) if wall.sum() > 0 else 0.0,
+            "native_pool_wait_share": float(nat.sum() / wall.sum()) if wall.sum() > 0 else 0.0}
 
 
 def _kind_is_fault(events, lo: int, hi: int) -> np.ndarray | None:
@@ -133,7 +183,9 @@ def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.D
         same_thread[1:] = tcode[1:] == tcode[holder[:-1]]
         on_submitter = tcode == submit[ch.batches][ch.batch]
         old_loop = np.where(same_thread, np.where(on_submitter, gap, np.minimum(gap, loop_gap_ns)), 0.0)
-        sel = np.flatnonzero(fault & (gap > 0) & ~on_submitter)
+        native = threads.native[tcode] if threads.native is not None else np.zeros(n, dtype=bool)
+        # a native thread's gaps were counted as its pool's work in stage 5 (thread_kinds.py)
+        sel = np.flatnonzero(fault & (gap > 0) & ~on_submitter & ~native)
         if not len(sel):
             continue
         off = np.zeros(len(sel))

@@ -6,9 +6,12 @@ BPF object: it can be loaded beside the preadv probe or alone.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from engramprof.bpf import bios, targets
 from engramprof.bpf import structs as layout
@@ -135,6 +138,15 @@ class LoadedFaultProbe(LoadedBpf):
         self.ring = RingBufferReader(self.bpf["fault_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
         if arm:
             self.arm()
+
+    def bio_histogram(self) -> np.ndarray | None:
+        """log2(ns) counts of queue -> complete of the bios the target's faults queued (None:
+        compiled without the block tracepoints)."""
+        if not self.plan.features.get("HAVE_BIO"):
+            return None
+        table = self.bpf["bio_latency_log2"]
+        slots = layout.header_define("LAT_SLOTS")
+        return np.array([table[ctypes.c_int(i)].value for i in range(slots)], dtype=np.int64)
 
     def arm(self) -> int:
         """Attach the programs (compiled already: ``arm=False``); returns when they were attached."""

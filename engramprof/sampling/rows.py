@@ -106,6 +106,7 @@ class RowRecorder:
         self._psi(ts, s["psi"])
         self._vmstat(ts, s["vmstat"])
         self._kswapd(ts, s["kswapd"])
+        self._disks(ts, s.get("disks"))
         self._cgroup(ts, s["cgroup"], first)
         if self.pid is not None and not self.target_exited.is_set():
             self._target(ts, s["process"], s["threads"], first)
@@ -146,6 +147,22 @@ class RowRecorder:
             key = f"kswapd:{pid}"
             self.series["kswapd"].rows.append((ts, pid, name, state, max(0.0, cpu - self.prev.get(key, cpu)), cpu))
             self.prev[key] = cpu
+
+    def _disks(self, ts: int, disks: dict | None) -> None:
+        """A device's first round is its baseline (zeros); afterwards a row only when it
+        completed reads in the interval (most devices are idle: no rows for them)."""
+        if disks is None:
+            return
+        prev: dict = self.prev.setdefault("disks", {})
+        rows = self.series["disks"].rows
+        for dev, (name, reads, merged, sectors, ticks, inflight) in disks.items():
+            p = prev.get(dev)
+            if p is None:
+                rows.append((ts, dev, name, 0, 0, 0, 0, inflight))
+            elif reads != p[1]:
+                rows.append((ts, dev, name, delta(reads, p[1]), delta(merged, p[2]), delta(sectors, p[3]),
+                             delta(ticks, p[4]), inflight))
+            prev[dev] = (name, reads, merged, sectors, ticks, inflight)
 
     def _cgroup(self, ts: int, cg: dict | None, first: bool) -> None:
         if cg is None:

@@ -6,6 +6,8 @@ A :class:`Sampler` reads, at ``hz`` (10 by default) in a background thread:
   ``total=`` field (µs), so short stalls are not smoothed away as in ``avg10``;
 * ``/proc/vmstat``: refault, reclaim-scan/steal, allocstall, major fault and pgpgin counters;
 * every node's ``kswapdN`` kernel thread: its CPU time;
+* ``/proc/diskstats``: each block device's completed reads, sectors and time reading (the
+  device's own service per request, the storage baseline of engramprof/analysis/baseline.py);
 * the target's memory cgroup (v1 memory controller and/or cgroup v2, found from
   ``/proc/PID/cgroup``): refaults, reclaim counters, usage, limit, limit hits, and the v2
   ``memory.pressure`` / ``io.pressure`` of the group (on a v1/v2 hybrid the v2 pressure files
@@ -23,7 +25,7 @@ process CPU times and context switches are stored both cumulative and as deltas.
 
 Series (their columns: ``engramprof.trace.SAMPLE_SCHEMAS``) are flushed to a
 :class:`engramprof.trace.TraceWriter` with ``append_samples(name, table)`` about once a second,
-in batches: ``psi``, ``vmstat``, ``kswapd``, ``cgroup``, ``process``, ``threads``.
+in batches: ``psi``, ``vmstat``, ``kswapd``, ``cgroup``, ``process``, ``threads``, ``disks``.
 
 :func:`summarize` is the pure function from those recorded frames to the JSON summary that
 ``engramprof sample --json`` prints; :meth:`Sampler.summary` applies it to the live window and
@@ -158,6 +160,7 @@ class Sampler:
         snap["psi"] = self.system.read_psi()
         snap["vmstat"] = self.system.read_vmstat()
         snap["kswapd"] = self.system.read_kswapd()
+        snap["disks"] = self.system.read_disks()
         snap["cgroup"] = self.cgroups.read(ts)
         if self.target is not None and not self.target_exited.is_set():
             snap["process"], snap["threads"] = self.target.read()

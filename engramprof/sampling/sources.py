@@ -140,6 +140,16 @@ class SystemSources:
             return None
         return {c: vm.get(k) for c, k in self.vmstat_keys.items()}
 
+    def read_disks(self) -> dict[int, tuple] | None:
+        """Each block device's cumulative read counters: {dev_t: (name, reads, reads_merged,
+        read_sectors, read_ticks_ms, in_flight)} from /proc/diskstats; None: unreadable."""
+        try:
+            text = self.fdc.read(f"{self.proc_root}/diskstats")
+        except OSError:
+            self.notes.add("diskstats", f"{self.proc_root}/diskstats unreadable: no device service baseline")
+            return None
+        return parse_diskstats(text)
+
     def read_kswapd(self) -> list[tuple[int, str, str, float]]:
         out = []
         for pid, name in self.kswapd.items():
@@ -149,6 +159,22 @@ class SystemSources:
             except (OSError, IndexError, ValueError):
                 self.notes.add(f"kswapd-{pid}", f"kswapd thread {pid} ({name}) vanished")
         return out
+
+
+def parse_diskstats(text: bytes) -> dict[int, tuple]:
+    """/proc/diskstats: major minor name, then reads completed, reads merged, sectors read, ms
+    reading, ... in flight (Documentation/admin-guide/iostats.rst); malformed lines are skipped."""
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 12:
+            continue
+        try:
+            dev = os.makedev(int(f[0]), int(f[1]))
+            out[dev] = (f[2].decode(errors="replace"), int(f[3]), int(f[4]), int(f[5]), int(f[6]), int(f[11]))
+        except ValueError:
+            continue
+    return out
 
 
 def _num(b: bytes | None) -> int | None:

@@ -22,7 +22,12 @@ Format versions:
    for an identity and never a guess from an fd number.  ``READ_KINDS`` gains ``libaio``; the
    ``syscall`` column gains ``read`` and ``readv``; ``direct`` (format 4) is filled for every
    kind that can bypass the page cache (syscall, io_uring, libaio) and null for faults.
-   Older bundles have ``dev`` / ``ino`` null.
+   Older bundles have ``dev`` / ``ino`` null.  samples/ gains ``disks``: each block device's
+   read counters from /proc/diskstats (the device's own service, the baseline of storage time,
+   engramprof/analysis/baseline.py); older bundles have none.  tables/ may hold ``thread_kinds``
+   (tid, kind python | native, source): written by a sampler that reads the interpreter's own
+   thread states (a py-spy stack sampler); the analysis prefers it to the markers' python_tids
+   and to thread names (engramprof/analysis/thread_kinds.py).
 """
 from __future__ import annotations
 
@@ -151,7 +156,7 @@ def kind_categorical(kind: str, n: int) -> pd.Categorical:
 
 # ----------------------------------------------------------------------- samples/<name>/
 
-SAMPLE_NAMES = ("psi", "vmstat", "kswapd", "cgroup", "process", "threads")
+SAMPLE_NAMES = ("psi", "vmstat", "kswapd", "cgroup", "process", "threads", "disks")
 PSI_RESOURCES = ("cpu", "memory", "io")
 
 # /proc/vmstat counters recorded as per-interval deltas (pages, except pgpgin: KiB).
@@ -260,6 +265,21 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("runq_ns", pa.int64()),
         ("timeslices", pa.int64()),
     ],
+    # each block device's reads as the device counts them (/proc/diskstats, the counters of
+    # /sys/block/<dev>/stat and of every partition), deltas over the interval; a device appears
+    # in its first round (baseline, zeros) and then only in rounds where it completed a read.
+    # dev: userspace dev_t (os.makedev, as st_dev); read_ticks_ms: the sum over the completed
+    # reads of their time issue -> complete (ms, the kernel's own); in_flight: a gauge
+    "disks": [
+        ("ts_ns", pa.int64()),
+        ("dev", pa.int64()),
+        ("name", pa.string()),
+        ("reads", pa.int64()),
+        ("reads_merged", pa.int64()),
+        ("read_sectors", pa.int64()),
+        ("read_ticks_ms", pa.int64()),
+        ("in_flight", pa.int64()),
+    ],
     # kswapd wake / sleep, from the probe's vm_events ring (system-wide, rare)
     "kswapd_events": [
         ("ts_ns", pa.int64()),
@@ -356,7 +376,7 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
 #: with only these, compact (load_bundle(columns=EVENT_READ_COLUMNS, compact=True))
 EVENT_READ_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "kind", "path", "offset", "ret", "flags",
                       "pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns", "tensor", "row",
-                      "uring_path", "direct", "syscall"]
+                      "uring_path", "direct", "syscall", "dev"]
 # The sample columns the analysis reads (engramprof.analysis.context); each is in SAMPLE_SCHEMAS.
 SAMPLE_READ_COLUMNS = {
     "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],
@@ -365,6 +385,7 @@ SAMPLE_READ_COLUMNS = {
     "cgroup": ["ts_ns", "refault_file"],
     "lost_records": ["start_ns", "end_ns", "lost"],
     "offcpu": ["tid", "start_ns", "end_ns", "preempted", "waker_tid"],
+    "disks": ["ts_ns", "dev", "name", "reads", "read_sectors", "read_ticks_ms"],
 }
 
 
@@ -424,6 +445,10 @@ TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("fd_path", pa.string()),  # the file its fadvise / write / truncate named ("" if none)
         ("first_seen_ns", pa.int64()),
     ],
+    # which threads are Python threads (they have an interpreter thread state) and which are
+    # native (OpenMP, a library's pool, io-wq), as a sampler that reads the interpreter saw them:
+    # kind python | native; source: how it knew (e.g. "py-spy: a Python thread state")
+    "thread_kinds": [("pid", pa.int32()), ("tid", pa.int32()), ("kind", pa.string()), ("source", pa.string())],
     # the files the eviction probe watched, and since when (CLOCK_MONOTONIC)
     "eviction_files": [("path", pa.string()), ("dev", pa.int64()), ("ino", pa.int64()), ("watched_ns", pa.int64())],
 }

@@ -80,6 +80,9 @@ class Recording:
         #: the processes traced now (the recorder's: every source's); for the samplers
         self.traced_tgids: Callable[[], set[int]] = lambda: set(self.selection.pids)
         self._file_watchers: list = []
+        #: more log2(ns) bio histograms of the target (the fault probe's), summed with the
+        #: syscall probe's into tables/bio_latency_log2; each a callable, None when unknown
+        self.bio_histograms: list[Callable] = []
 
     @classmethod
     def of(cls, target, **options) -> "Recording":

@@ -362,6 +362,7 @@ class FaultsSource(Source):
         self.plan = fault_probe.plan(fault_probe.FaultProbeConfig(tgid=rec.pid, tid=rec.tid, use_pfu=use_pfu,
                                                                   selection=s))
         self.probe = fault_probe.LoadedFaultProbe(self.plan, arm=False)
+        rec.bio_histograms.append(self.probe.bio_histogram)  # the faults' bios: tables/bio_latency_log2
         self.decoder = FaultDecoder(self.probe.record_dtype, self.probe.armed_ns, self.plan.has_address)
         # one process's mappings per traced process (several with --pid repeated, --children, ...)
         paths, tensors = rec.paths, rec.tensors

@@ -123,6 +123,13 @@ class SyscallsSource(Source):
     def _kernel_state(self) -> tuple[dict, dict, object]:
         p = self.probe
         bio = p.bio_histogram() if self.plan.features.get("HAVE_BIO") else None
+        for more in self.rec.bio_histograms:  # the fault probe's bios (a mapped reader queues them in faults)
+            try:
+                h = more()
+            except Exception:  # that probe was dropped or closed: its bios are not counted
+                continue
+            if h is not None:
+                bio = h.copy() if bio is None else bio + h[:len(bio)]
         return p.totals(), p.histograms(self.fd_paths.fds_seen), bio
 
     def _put_kernel_tables(self, sink, hists: dict, bio_hist) -> None:

@@ -1,0 +1,198 @@
+"""The device's normal service per I/O size: the baseline that storage time is measured against
+(docs/model.md, "The device baseline").
+
+A miss waits for the device.  How long a healthy device takes depends on how much it reads: a
+4 KiB read is served in tens of µs on an SSD, a 1 MiB readahead bio in a few ms.  So the normal
+service is kept per size class (log2 of the bytes one I/O reads), and a miss is compared with
+the normal service of its own size:
+
+1. **the trace's own bios**, of every kind of read event (calls, page faults, io_uring,
+   libaio): per event, queue -> complete per bio (``bio_ns / bio_count``) and bytes per bio
+   (pages inserted x page size, or the bytes returned when the read bypassed the page cache);
+   per class, the median weighted by bios;
+2. else **the device's own counters** over the window (``samples/disks``, /proc/diskstats):
+   the time the device spent per completed read and the bytes per read, of the devices the
+   trace's files live on (every device that read, when the files' device is not a block
+   device);
+3. else nothing: the caller falls back to its own rule.
+
+A class without data takes the nearest measured class below it scaled by size (reads bigger
+than any measured are bandwidth-bound), or the nearest one above it unscaled (smaller reads
+are not faster than the latency floor).  Every normal is capped at :func:`ceiling_ns` of its
+size: a device slower than ``LATENCY_CEILING_NS`` plus ``THROUGHPUT_FLOOR`` per byte is slow
+whatever its own history says (a trace made entirely on a slow device has no healthy history).
+
+``normal_ns_for(bytes)`` is the one function other analyses call (e.g. for O_DIRECT reads,
+whose whole time is the device's).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: a miss I/O slower than this (plus its size at THROUGHPUT_FLOOR) is never normal service
+LATENCY_CEILING_NS = 1_000_000.0
+#: bytes per second below which a device is slow for a large read (a healthy SATA disk streams
+#: more; NVMe, virtio and network block devices far more)
+THROUGHPUT_FLOOR = 100e6
+#: the smallest and largest size classes (log2 bytes): 512 B .. 64 MiB
+MIN_CLASS, MAX_CLASS = 9, 26
+SECTOR = 512
+
+
+def ceiling_ns(nbytes) -> np.ndarray:
+    """The slowest service still taken as normal for a read of ``nbytes``."""
+    return LATENCY_CEILING_NS + np.maximum(np.asarray(nbytes, dtype=np.float64), 0.0) / THROUGHPUT_FLOOR * 1e9
+
+
+def size_class(nbytes) -> np.ndarray:
+    """log2 size class of a read of ``nbytes`` (rounded up: 4 KiB -> 12, 5 KiB -> 13)."""
+    b = np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0)
+    return np.clip(np.ceil(np.log2(b)), MIN_CLASS, MAX_CLASS).astype(np.int64)
+
+
+@dataclass
+class DeviceBaseline:
+    """Normal service per size class: ``normal_ns[c - MIN_CLASS]`` (NaN: not measured)."""
+
+    measured_ns: np.ndarray  # per class, the measured median service (NaN: none)
+    ios: np.ndarray  # per class, the I/Os it rests on
+    source: str | None  # what it was measured from (None: nothing)
+    devices: list = field(default_factory=list)  # the devices whose counters were used
+
+    @property
+    def known(self) -> bool:
+        return bool(np.isfinite(self.measured_ns).any())
+
+    def normal_ns_for(self, nbytes) -> np.ndarray:
+        """The normal service of one read of ``nbytes`` (vectorised; NaN where nothing is known)."""
+        b = np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0)
+        c = size_class(b)
+        if not self.known:
+            return np.full(c.shape, np.nan)
+        per_class = self._filled()
+        return np.minimum(per_class[c - MIN_CLASS], ceiling_ns(b))
+
+    def _filled(self) -> np.ndarray:
+        """Every class: measured, else scaled from the nearest measured class below (by size),
+        else the nearest one above (unscaled)."""
+        m = self.measured_ns
+        have = np.flatnonzero(np.isfinite(m))
+        out = m.copy()
+        for i in np.flatnonzero(~np.isfinite(m)):
+            below = have[have < i]
+            if len(below):
+                j = below[-1]
+                out[i] = m[j] * 2.0 ** (i - j)
+            else:
+                out[i] = m[have[0]]
+        return out
+
+    def as_json(self) -> dict:
+        rows = [{"bytes": 1 << (i + MIN_CLASS), "normal_us": round(float(v) / 1e3, 1), "ios": int(n),
+                 "ceiling_us": round(float(ceiling_ns(1 << (i + MIN_CLASS))) / 1e3, 1)}
+                for i, (v, n) in enumerate(zip(self.measured_ns, self.ios)) if np.isfinite(v)]
+        return {"source": self.source, "classes": rows, "devices": self.devices,
+                "latency_ceiling_us": LATENCY_CEILING_NS / 1e3, "throughput_floor_mb_s": THROUGHPUT_FLOOR / 1e6}
+
+
+def _empty() -> DeviceBaseline:
+    n = MAX_CLASS - MIN_CLASS + 1
+    return DeviceBaseline(np.full(n, np.nan), np.zeros(n, dtype=np.int64), None)
+
+
+def weighted_median_by_class(cls: np.ndarray, value: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per class (MIN_CLASS..MAX_CLASS), the ``weight``-weighted median of ``value`` and the
+    total weight."""
+    n = MAX_CLASS - MIN_CLASS + 1
+    med, tot = np.full(n, np.nan), np.zeros(n, dtype=np.int64)
+    for c in np.unique(cls):
+        sel = cls == c
+        v, w = value[sel], weight[sel]
+        o = np.argsort(v, kind="stable")
+        cw = np.cumsum(w[o])
+        k = int(np.searchsorted(cw, cw[-1] / 2.0))
+        med[c - MIN_CLASS] = float(v[o][min(k, len(o) - 1)])
+        tot[c - MIN_CLASS] = int(cw[-1])
+    return med, tot
+
+
+def bytes_per_bio(pages_added: np.ndarray, bio_count: np.ndarray, ret: np.ndarray | None) -> np.ndarray:
+    """Bytes one bio of an event read: the pages it inserted, or (nothing inserted: the page
+    cache was bypassed) the bytes it returned, over its bios."""
+    pages = np.nan_to_num(np.asarray(pages_added, dtype=np.float64))
+    nbytes = pages * PAGE_SIZE
+    if ret is not None:
+        r = np.nan_to_num(np.asarray(ret, dtype=np.float64))
+        nbytes = np.where(pages > 0, nbytes, np.maximum(r, 0.0))
+    n = np.maximum(np.nan_to_num(np.asarray(bio_count, dtype=np.float64)), 1.0)
+    return nbytes / n
+
+
+def from_events(calls: pd.DataFrame) -> DeviceBaseline:
+    """The baseline from the trace's own bios (every read event that queued a timed bio)."""
+    out = _empty()
+    if not {"bio_count", "bio_ns", "pages_added"} <= set(calls.columns) or calls.empty:
+        return out
+    n = np.nan_to_num(calls["bio_count"].to_numpy(dtype=np.float64, na_value=np.nan))
+    t = np.nan_to_num(calls["bio_ns"].to_numpy(dtype=np.float64, na_value=np.nan))
+    ok = (n > 0) & (t > 0)
+    if not ok.any():
+        return out
+    ret = calls["ret"].to_numpy(dtype=np.float64, na_value=np.nan)[ok] if "ret" in calls.columns else None
+    per_bio_bytes = bytes_per_bio(calls["pages_added"].to_numpy(dtype=np.float64, na_value=np.nan)[ok], n[ok], ret)
+    keep = per_bio_bytes > 0
+    if not keep.any():
+        return out
+    med, tot = weighted_median_by_class(size_class(per_bio_bytes[keep]), (t[ok] / n[ok])[keep],
+                                        n[ok][keep].astype(np.int64))
+    return DeviceBaseline(med, tot, "the trace's own bios (queue -> complete per bio, median per size)")
+
+
+def from_disk_counters(disks: pd.DataFrame | None, devs=None, window: tuple[int, int] | None = None) -> DeviceBaseline:
+    """The baseline from the devices' own counters (samples/disks): time per completed read at
+    the mean read size, over ``window`` (CLOCK_MONOTONIC ns), of the devices ``devs``
+    (userspace dev_t; every device that read when none of them is in the samples)."""
+    out = _empty()
+    if disks is None or disks.empty or not {"dev", "reads", "read_sectors", "read_ticks_ms"} <= set(disks.columns):
+        return out
+    d = disks
+    if window is not None and "ts_ns" in d.columns:
+        # a row holds the interval ending at ts_ns: the rounds inside the window, plus the one after it
+        ts = d["ts_ns"].to_numpy(np.int64)
+        later = ts[ts > window[1]]
+        end = later.min() if len(later) else window[1]
+        d = d[(ts > window[0]) & (ts <= end)]
+    want = {int(x) for x in (devs if devs is not None else []) if x is not None and not pd.isna(x)}
+    mine = d[d["dev"].isin(want)] if want else d.iloc[0:0]
+    if mine["reads"].fillna(0).sum() <= 0:
+        mine = d
+    g = mine.groupby("dev").agg(reads=("reads", "sum"), sectors=("read_sectors", "sum"), ticks=("read_ticks_ms", "sum"),
+                                name=("name", "last") if "name" in mine.columns else ("dev", "last"))
+    g = g[(g["reads"] > 0) & (g["ticks"] > 0)]
+    if g.empty:
+        return out
+    reads = g["reads"].to_numpy(np.float64)
+    size = g["sectors"].to_numpy(np.float64) * SECTOR / reads
+    service = g["ticks"].to_numpy(np.float64) * 1e6 / reads
+    med, tot = weighted_median_by_class(size_class(size), service, reads.astype(np.int64))
+    names = [{"dev": f"{os.major(int(k))}:{os.minor(int(k))}", "name": str(r["name"]), "reads": int(r["reads"]),
+              "bytes_per_read": int(r["sectors"] * SECTOR / r["reads"]),
+              "service_us_per_read": round(float(r["ticks"]) * 1e3 / float(r["reads"]), 1)} for k, r in g.iterrows()]
+    return DeviceBaseline(med, tot, "the device's own counters (/proc/diskstats: time per completed read at "
+                                    "its mean size)", names)
+
+
+def device_baseline(calls: pd.DataFrame, disks: pd.DataFrame | None = None,
+                    window: tuple[int, int] | None = None) -> DeviceBaseline:
+    """The device's normal service per size class: the trace's own bios, else the devices'
+    counters, else nothing (``known`` false)."""
+    own = from_events(calls)
+    if own.known:
+        return own
+    devs = calls["dev"].dropna().unique() if "dev" in calls.columns else None
+    return from_disk_counters(disks, devs, window)

@@ -1,0 +1,189 @@
+"""The device baseline (analysis/baseline.py) and thread kinds (analysis/thread_kinds.py) on
+hand-built traces: the rules, each with a case that the old rule gets wrong.  No root."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engramprof.analysis import baseline, thread_kinds
+from engramprof.analysis.attribution import analyse
+from engramprof.markers import MarkerWriter
+from engramprof.sampling.rows import RowRecorder
+from engramprof.sampling.sources import Notes, parse_diskstats
+
+MS = 1_000_000
+PAGES_PER_WINDOW = 2048  # an 8 MiB readahead window
+
+
+def fault_rows(n: int, *, pages: int, bios: int, bio_ns: int, wait_ns: int, tid: int = 1, gap_ns: int = 50 * MS,
+               kind: str = "fault") -> pd.DataFrame:
+    """``n`` reads, one per marked batch, each bringing in ``pages`` pages in ``bios`` bios whose
+    queue -> complete times sum to ``bio_ns``, waiting ``wait_ns`` off-CPU."""
+    ts = np.arange(n, dtype=np.int64) * gap_ns + MS
+    df = pd.DataFrame({"ts_ns": ts, "dur_ns": wait_ns + 100_000, "pid": 1, "tid": tid, "path": "/t.idx",
+                       "offset": np.arange(n) * (pages * 4096), "size": 4096, "ret": np.nan, "flags": 0,
+                       "pages_added": pages, "bio_count": bios, "bio_ns": bio_ns, "reclaim_ns": 0,
+                       "offcpu_ns": wait_ns, "runq_ns": 0})
+    df["kind"] = pd.Categorical([kind] * n, categories=["syscall", "fault"])
+    return df
+
+
+def marks(calls: pd.DataFrame, tid: int = 1, before_ns: int = 0, after_ns: int = 0) -> pd.DataFrame:
+    return pd.DataFrame({"start_ns": calls["ts_ns"] - before_ns,
+                         "end_ns": calls["ts_ns"] + calls["dur_ns"] + after_ns, "tid": tid})
+
+
+# ------------------------------------------------------------------------------ baseline --
+
+def test_readahead_sized_fault_on_a_healthy_device_is_residency():
+    # each fault waits 20 ms for an 8 MiB readahead window: 8 bios of 1 MiB, 10 ms each
+    # queue -> complete (they queue behind one another): the device's normal for 1 MiB reads.
+    # Under the old rule (normal capped at 1000 us whatever the size) this was 90% storage.
+    calls = fault_rows(20, pages=PAGES_PER_WINDOW, bios=8, bio_ns=8 * 10 * MS, wait_ns=20 * MS)
+    _, s = analyse(calls, marks(calls))
+    assert s["verdict"] == "residency", s["share"]
+    assert s["share"]["storage"] < 0.05
+    base = s["device_baseline"]
+    assert base["classes"] == [{"bytes": 1 << 20, "normal_us": 10_000.0, "ios": 160,
+                                "ceiling_us": pytest.approx(1000 + (1 << 20) / 100e6 * 1e6, abs=0.1)}]
+    assert "device baseline" in s["normal_miss_source"]
+
+
+def test_a_slow_device_is_storage_at_every_size():
+    # 1 MiB bios taking 80 ms each (12.5 MB/s): beyond the ceiling for their size
+    calls = fault_rows(20, pages=PAGES_PER_WINDOW, bios=8, bio_ns=8 * 80 * MS, wait_ns=160 * MS)
+    _, s = analyse(calls, marks(calls))
+    assert s["verdict"] == "storage", s["share"]
+    ceiling = float(baseline.ceiling_ns(1 << 20))
+    assert s["share"]["storage"] == pytest.approx((1 - ceiling / (80 * MS)) * 160 / 160.1, rel=0.02)
+
+
+def test_small_reads_keep_the_latency_ceiling():
+    # 4 KiB reads that each take 9 ms: storage (the 1000 us cap of old still holds for them)
+    calls = fault_rows(20, pages=1, bios=1, bio_ns=9 * MS, wait_ns=9 * MS)
+    _, s = analyse(calls, marks(calls))
+    assert s["verdict"] == "storage"
+
+
+def test_normal_for_unmeasured_sizes_scales_from_the_nearest_measured_class():
+    m = np.full(baseline.MAX_CLASS - baseline.MIN_CLASS + 1, np.nan)
+    m[15 - baseline.MIN_CLASS] = 200_000.0  # 32 KiB reads: 200 us
+    b = baseline.DeviceBaseline(m, np.zeros(len(m), dtype=np.int64), "test")
+    got = b.normal_ns_for([4096, 32 << 10, 128 << 10, 8 << 20])
+    assert got[0] == 200_000.0  # smaller: no faster than the measured latency
+    assert got[1] == 200_000.0
+    assert got[2] == 800_000.0  # bigger: bandwidth-bound, by size
+    assert got[3] == 200_000.0 * 256  # 51.2 ms: under the 8 MiB ceiling (84.9 ms)
+    slow = baseline.DeviceBaseline(m * 10, np.zeros(len(m), dtype=np.int64), "test")
+    assert slow.normal_ns_for([8 << 20])[0] == pytest.approx(float(baseline.ceiling_ns(8 << 20)))  # capped
+
+
+def test_direct_reads_are_sized_by_the_bytes_returned():
+    # O_DIRECT: no page inserted, the bytes returned are what the bio read
+    per = baseline.bytes_per_bio(np.array([0, 32]), np.array([2, 4]), np.array([1 << 20, 4096]))
+    assert per.tolist() == [512 << 10, 32 * 4096 / 4]
+
+
+def test_device_counters_are_the_baseline_when_the_trace_has_no_bios():
+    # a throttled device: the bios are queued by the throttle's worker, not by the reader, so
+    # no read event has a bio; the device itself served each 128 KiB read in 400 us
+    calls = fault_rows(10, pages=32, bios=0, bio_ns=0, wait_ns=5 * MS)
+    calls["dev"] = os.makedev(7, 3)
+    t0, t1 = int(calls["ts_ns"].min()), int((calls["ts_ns"] + calls["dur_ns"]).max())
+    disks = pd.DataFrame({"ts_ns": [t0 - 1, t1 // 2, t1 + 1, t1 + 10 * MS], "dev": [os.makedev(7, 3)] * 3 + [1],
+                          "name": ["loop3"] * 3 + ["vda"], "reads": [0, 5, 5, 1000],
+                          "read_sectors": [0, 1280, 1280, 8000], "read_ticks_ms": [0, 2, 2, 9000]})
+    b = baseline.from_disk_counters(disks, [os.makedev(7, 3)], (t0, t1))
+    assert b.source.startswith("the device's own counters")
+    assert b.devices == [{"dev": "7:3", "name": "loop3", "reads": 10, "bytes_per_read": 131072,
+                          "service_us_per_read": 400.0}]
+    _, s = analyse(calls, marks(calls), samples={"disks": disks}, meta={})
+    assert s["device_baseline"]["source"].startswith("the device's own counters")
+    assert s["verdict"] == "storage" and s["share"]["storage"] > 0.9, s["share"]
+    # the old rule had nothing to compare with: all of it residency
+    _, s_old = analyse(calls, marks(calls))
+    assert s_old["verdict"] == "residency"
+
+
+def test_diskstats_rows_are_deltas_of_devices_that_read():
+    notes = Notes()
+    rows = RowRecorder(None, notes, lambda ts=None: "", None, 4)
+    text = b"   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0\n 254       0 vda 100 5 800 40 1 2 3 4 2 50 60\n"
+    snap = {"ts_ns": 1, "psi": {}, "vmstat": None, "kswapd": [], "cgroup": None, "process": None, "threads": None,
+            "disks": parse_diskstats(text)}
+    rows.record(snap)
+    text2 = text.replace(b"vda 100 5 800 40", b"vda 110 5 880 52")
+    rows.record({**snap, "ts_ns": 2, "disks": parse_diskstats(text2)})
+    rows.record({**snap, "ts_ns": 3, "disks": parse_diskstats(text2)})  # nothing read: no row
+    df = rows.series["disks"].frame()
+    assert df[df["ts_ns"] == 2][["name", "reads", "read_sectors", "read_ticks_ms", "in_flight"]].values.tolist() == \
+        [["vda", 10, 80, 12, 2]]
+    assert len(df) == 3  # two baselines, one delta
+    assert df["dev"].iloc[1] == os.makedev(254, 0)
+
+
+# -------------------------------------------------------------------------- thread kinds --
+
+def test_markers_carry_the_interpreter_threads(tmp_path):
+    p = tmp_path / "m.jsonl"
+    w = MarkerWriter(p)
+    w.write(1, 2)
+    w.write(3, 4)
+    w.close()
+    lines = [json.loads(x) for x in p.read_text().splitlines()]
+    assert lines[0]["python_tids"] == sorted({os.getpid()} | {t for t in lines[0]["python_tids"]})
+    assert os.getpid() in lines[0]["python_tids"]  # the main thread's kernel id is the pid
+    assert "python_tids" not in lines[1]  # unchanged: not repeated
+
+
+def test_kinds_from_the_interpreter_list_then_names():
+    threads = pd.DataFrame({"pid": [10, 10, 10, 10], "tid": [10, 11, 12, 13],
+                            "name": ["python", "python", "iou-wrk-10", "rocksdb:low"]})
+    listed = pd.DataFrame({"start_ns": [0], "end_ns": [1], "tid": [10], "python_tids": [[10, 11]]})
+    k = thread_kinds.thread_kinds([10, 11, 12, 13, 14], listed, threads).set_index("tid")["kind"].to_dict()
+    assert k == {10: "python", 11: "python", 12: "native", 13: "native", 14: "native"}
+    k = thread_kinds.thread_kinds([10, 11, 12, 13], None, threads).set_index("tid")["kind"].to_dict()
+    assert k == {10: "python", 11: "unknown", 12: "native", 13: "native"}
+    table = pd.DataFrame({"tid": [11], "kind": ["native"], "source": ["py-spy: no Python frames"]})
+    k = thread_kinds.thread_kinds([10, 11], listed, threads, table).set_index("tid")
+    assert k.loc[11, "kind"] == "native" and k.loc[11, "source"].startswith("py-spy")
+
+
+def _pool_batch(worker_kind_listed: bool):
+    """A marked batch [0, 10 ms]: the submitter (tid 1) hands two reads to a worker (tid 2);
+    1 ms passes before the first read and 4 ms between them (the worker off a CPU)."""
+    calls = pd.DataFrame({"ts_ns": [1 * MS, 6 * MS], "dur_ns": [1 * MS, 1 * MS], "pid": 1, "tid": 2, "path": "/t",
+                          "offset": [0, 4096], "size": 4096, "ret": 4096, "flags": 0, "pages_added": 0,
+                          "bio_count": 0, "bio_ns": 0, "reclaim_ns": 0, "offcpu_ns": 0, "runq_ns": 0})
+    m = pd.DataFrame({"start_ns": [0], "end_ns": [10 * MS], "tid": [1],
+                      "python_tids": [[1, 2] if worker_kind_listed else [1]]})
+    return calls, m
+
+
+def test_a_native_pools_gaps_are_not_python_scheduling():
+    calls, m = _pool_batch(worker_kind_listed=True)
+    _, py = analyse(calls, m)
+    assert py["share"]["python-scheduling"] > 0.7  # a Python pool's hand-offs: 8 of 10 ms
+    calls, m = _pool_batch(worker_kind_listed=False)
+    _, nat = analyse(calls, m)
+    assert nat["share"]["python-scheduling"] == 0.0
+    assert nat["verdict"] == "healthy"
+    assert nat["native_pool_wait"]["ms"] == pytest.approx(8.0, abs=0.01)  # less the 2 us loop allowance
+    assert nat["thread_kinds"]["counts"]["native"] == 1
+
+
+def test_a_mapped_batch_waiting_for_a_native_thread_is_a_native_pool_wait():
+    # no read event: rows mapped and resident.  The submitter (tid 1) is off a CPU for 8 of the
+    # batch's 10 ms, woken by tid 2: a Python worker (python-scheduling) or an OpenMP one
+    calls = fault_rows(0, pages=0, bios=0, bio_ns=0, wait_ns=0)
+    offcpu = pd.DataFrame({"tid": [1, 2], "start_ns": [1 * MS, 9 * MS], "end_ns": [9 * MS, 9_500_000],
+                           "preempted": [False, False], "waker_tid": [2, 1], "waker_pid": [1, 1]})
+    meta = {"fault_probe": True, "start_ns": 0, "end_ns": 10 * MS}
+    for listed, cause in (([1, 2], "python-scheduling"), ([1], "cpu-copy")):
+        m = pd.DataFrame({"start_ns": [0], "end_ns": [10 * MS], "tid": [1], "python_tids": [listed]})
+        _, s = analyse(calls, m, samples={"offcpu": offcpu}, meta=meta)
+        assert s["share"][cause] == pytest.approx(1.0 if cause == "cpu-copy" else 0.8), (listed, s["share"])
