@@ -21,7 +21,8 @@
  *       tail, then nr io_events) is read at every io_submit, io_getevents, io_pgetevents and
  *       io_destroy entry: if its head moved since the probe last saw it after a syscall reap, the
  *       process consumed events in user space (fio's userspace_reap); those events, still in the
- *       ring's slots [seen, head), are read and recorded (AIO_RING_REAP).  The slots cannot have
+ *       ring's slots [seen, head), are read and recorded (AIO_RING_REAP).  A context made while
+ *       traced starts at head 0 (sys_exit_io_setup); an older one from the first header read.  The slots cannot have
  *       been reused: a new completion needs a submit, and every submit is this probe's scan.
  *   syscalls:sys_{enter,exit}_io_destroy: the reads still in flight never reach the process;
  *       (tgid, ctx, destroy time) goes into `aio_destroyed`, and user space removes and counts
@@ -33,7 +34,8 @@
  *
  * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, AIO_MAX_NR (iocbs read per
  * io_submit), AIO_MAX_EVENTS (io_events read per reap), AIO_MAX_IOV, A_OFF_FILE_FLAGS,
- * A_OFF_INODE_MODE (BTF), O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, and targets.h's (FD_WALK 1).
+ * A_OFF_INODE_MODE (BTF), O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, HAVE_SETUP, and targets.h's
+ * (FD_WALK 1).
  */
 #include <linux/aio_abi.h>  /* aio_context_t, for the syscalls tracepoints' args */
 #include "libaio.h"
@@ -456,6 +458,38 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_pgetevents)
 TRACEPOINT_PROBE(syscalls, sys_exit_io_pgetevents)
 {
 	return reap_exit(args->ret, AIO_PGETEVENTS);
+}
+#endif
+
+#if HAVE_SETUP
+/* A context made while traced: its ring's head starts at 0.  (ring_scan cannot read the ring's
+ * header before the process touched its page: bpf_probe_read_user does not fault pages in, and
+ * fio's first io_submit comes before any access to the ring.) */
+TRACEPOINT_PROBE(syscalls, sys_enter_io_setup)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct aio_call c = {.ptr = (u64)args->ctxp, .nr = -2};
+	aio_calls.update(&pid_tgid, &c);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_io_setup)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct aio_call *p = aio_calls.lookup(&pid_tgid);
+	if (!p)
+		return 0;
+	u64 ctxp = p->ptr;
+	aio_calls.delete(&pid_tgid);
+	u64 ctx = 0;
+	if (args->ret != 0 || bpf_probe_read_user(&ctx, sizeof(ctx), (void *)ctxp) || !ctx)
+		return 0;  /* io_setup wrote *ctxp (put_user): its page is in */
+	struct ring_key rk = {.ctx = ctx, .tgid = pid_tgid >> 32};
+	u32 zero = 0;
+	aio_ring_seen.update(&rk, &zero);
+	return 0;
 }
 #endif
 

@@ -24,10 +24,12 @@ REQUIRED_FIELDS = {
 FEATURES = {
     "HAVE_PGETEVENTS": ["syscalls:sys_enter_io_pgetevents", "syscalls:sys_exit_io_pgetevents"],
     "HAVE_DESTROY": ["syscalls:sys_enter_io_destroy", "syscalls:sys_exit_io_destroy"],
+    "HAVE_SETUP": ["syscalls:sys_enter_io_setup", "syscalls:sys_exit_io_setup"],
 }
 FEATURE_EFFECT = {
     "HAVE_PGETEVENTS": "reads reaped with io_pgetevents are not seen completing",
     "HAVE_DESTROY": "reads in flight at io_destroy stay counted as in flight",
+    "HAVE_SETUP": "a context's first events consumed in user space before its ring was touched are missed",
 }
 #: (macro, struct, member path, bytes the probe reads), besides the fd walk's
 BTF_FIELDS = [
