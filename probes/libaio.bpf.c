@@ -55,6 +55,7 @@ struct aio_key {
 
 struct aio_state {
 	u64 ts;
+	u64 bio_ns;
 	s64 offset;
 	u64 size;
 	u64 flags;
@@ -63,16 +64,38 @@ struct aio_state {
 	u32 tid;
 	u32 dev;
 	s32 fd;
+	u32 bio_count;
 	u16 opcode;
 	u16 aflags;
+	u32 idx;          /* its index in its io_submit: its id is (ts + idx, tid) */
 };
 
 /* a syscall of a target thread between its entry and its exit */
 struct aio_call {
 	u64 ctx;
 	u64 ptr;          /* iocbpp (io_submit) or the io_event array (io_getevents) */
-	s64 nr;
+	s64 nr;           /* io_submit's nr; CALL_* below for the other syscalls */
 	u64 ts;
+	u64 cur;          /* io_submit: the iocb whose bios the thread queues now (its id), 0: none */
+};
+#define CALL_DESTROY (-1)
+#define CALL_SETUP (-2)
+#define CALL_REAP (-3)
+
+/* a tracked iocb's id (for the bio table, whose slots keep a u64 and a tid): the submitter's
+ * io_submit entry time plus the iocb's index in the call, and the submitting thread */
+struct aio_id {
+	u64 owner;
+	u32 tid;
+	u32 __pad0;
+};
+
+/* an O_DIRECT read iocb by what iomap:iomap_dio_rw_begin gives when the kernel issues it */
+struct aio_pos {
+	s64 pos;
+	u64 ino;
+	u32 dev;
+	u32 tgid;
 };
 
 struct ring_key {
@@ -105,6 +128,13 @@ struct user_iocb {
 };
 
 BPF_HASH(aio_inflight, struct aio_key, struct aio_state, MAX_INFLIGHT);
+#if HAVE_BIO
+/* id -> key of tracked iocbs (LRU: an iocb never reaped, its context destroyed, goes by itself) */
+BPF_TABLE("lru_hash", struct aio_id, struct aio_key, aio_ids, MAX_INFLIGHT);
+#if HAVE_IOMAP
+BPF_TABLE("lru_hash", struct aio_pos, struct aio_id, aio_by_pos, MAX_INFLIGHT);
+#endif
+#endif
 BPF_HASH(aio_calls, u64, struct aio_call, 4096);
 BPF_HASH(aio_ring_seen, struct ring_key, u32, 4096);  /* the ring head after the last reap the probe saw */
 BPF_HASH(aio_destroyed, struct ring_key, u64, 1024);  /* io_destroy time, swept by user space */
@@ -115,6 +145,10 @@ BPF_ARRAY(aio_totals_layout, struct aio_totals, 1);
 
 /* is_target(pid_tgid), is_target_file(dev, ino), fd_inode(fd, ...): probes/targets.h */
 #include "targets.h"
+#if HAVE_BIO
+/* bio_slots, bio_claim, bio_completed: the in-flight bio table (probes/bios.h) */
+#include "bios.h"
+#endif
 
 static __always_inline struct aio_totals *totals(void)
 {
@@ -136,6 +170,12 @@ static __always_inline void aio_complete(u32 tgid, u64 ctx, struct user_event *e
 	}
 	struct aio_state s = *p;
 	aio_inflight.delete(&k);
+#if HAVE_BIO
+	if (s.bio_count) {
+		struct aio_id id = {.owner = s.ts + s.idx, .tid = s.tid};
+		aio_ids.delete(&id);
+	}
+#endif
 	u64 dur = now - s.ts;
 	u16 af = s.aflags | how;
 	if (reap_tid != s.tid)
@@ -166,6 +206,9 @@ static __always_inline void aio_complete(u32 tgid, u64 ctx, struct user_event *e
 	r->aio_data = s.aio_data;
 	r->ctx = ctx;
 	r->iocb = ev->obj;
+	r->bio_ns = s.bio_ns;
+	r->bio_count = s.bio_count;
+	r->__pad0 = 0;
 	r->pid = tgid;
 	r->tid = s.tid;
 	r->reap_tid = reap_tid;
@@ -235,17 +278,17 @@ static __always_inline void ring_mark(u32 tgid, u64 ctx)
 	aio_ring_seen.update(&rk, &hdr[2]);
 }
 
-/* one iocb of an io_submit: a read of a regular file goes into the in-flight map */
-static __always_inline void submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts, struct aio_totals *t)
+/* the i-th iocb of an io_submit: a read of a regular file goes into the in-flight map (returns 1) */
+static __always_inline int submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts, u32 i, struct aio_totals *t)
 {
 	struct user_iocb cb = {};
 	if (bpf_probe_read_user(&cb, sizeof(cb), (void *)uiocb))
-		return;
+		return 0;
 	u16 op = cb.aio_lio_opcode;
 	if (op != IOCB_CMD_PREAD && op != IOCB_CMD_PREADV) {
 		if (t)
 			t->other_iocbs++;
-		return;
+		return 0;
 	}
 	struct aio_state s = {};
 	s.ts = ts;
@@ -255,14 +298,15 @@ static __always_inline void submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts,
 	s.tid = (u32)pid_tgid;
 	s.fd = (s32)cb.aio_fildes;
 	s.opcode = op;
+	s.idx = i;
 	if (op == IOCB_CMD_PREADV) {
 		u64 total = 0;
 		s.aflags |= AIO_VECTORED;
-		for (int i = 0; i < AIO_MAX_IOV; i++) {
-			if (i >= cb.aio_nbytes)
+		for (int v = 0; v < AIO_MAX_IOV; v++) {
+			if (v >= cb.aio_nbytes)
 				break;
 			u64 iov[2] = {};
-			if (bpf_probe_read_user(iov, sizeof(iov), (void *)(cb.aio_buf + 16 * i)))
+			if (bpf_probe_read_user(iov, sizeof(iov), (void *)(cb.aio_buf + 16 * v)))
 				break;
 			total += iov[1];
 		}
@@ -277,7 +321,7 @@ static __always_inline void submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts,
 	if (!file) {
 		if (t)
 			t->no_file++;
-		return;
+		return 0;
 	}
 	u16 mode = 0;
 	u32 f_flags = 0;
@@ -286,14 +330,14 @@ static __always_inline void submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts,
 	if ((mode & S_IFMT_) != S_IFREG_) {
 		if (t)
 			t->not_regular++;
-		return;
+		return 0;
 	}
 	bpf_probe_read_kernel(&f_flags, sizeof(f_flags), (void *)(file + A_OFF_FILE_FLAGS));
 	bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV));
 	if (!is_target_file(dev, ino)) {  /* --file */
 		if (t)
 			t->filtered++;
-		return;
+		return 0;
 	}
 	if (f_flags & O_DIRECT_BIT)
 		s.aflags |= AIO_DIRECT;
@@ -307,10 +351,22 @@ static __always_inline void submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts,
 		if (t)
 			t->replaced++;
 		*old = s;
-		return;
+	} else if (aio_inflight.update(&k, &s)) {
+		if (t)
+			t->no_state++;
+		return 0;
 	}
-	if (aio_inflight.update(&k, &s) && t)
-		t->no_state++;
+#if HAVE_BIO
+	struct aio_id id = {.owner = ts + i, .tid = s.tid};
+	aio_ids.update(&id, &k);
+#if HAVE_IOMAP
+	if (s.aflags & AIO_DIRECT) {
+		struct aio_pos ap = {.pos = s.offset, .ino = ino, .dev = dev, .tgid = pid_tgid >> 32};
+		aio_by_pos.update(&ap, &id);
+	}
+#endif
+#endif
+	return 1;
 }
 
 struct submit_ctx {
@@ -319,6 +375,7 @@ struct submit_ctx {
 	u64 iocbpp;
 	u64 ts;
 	s64 nr;
+	u64 tracked;      /* iocbs tracked */
 };
 
 static __always_inline long submit_nth(u32 i, void *data)
@@ -329,7 +386,7 @@ static __always_inline long submit_nth(u32 i, void *data)
 	u64 uiocb = 0;
 	if (bpf_probe_read_user(&uiocb, sizeof(uiocb), (void *)(c->iocbpp + 8 * (u64)i)) || !uiocb)
 		return 1;
-	submit_one(c->pid_tgid, c->ctx, uiocb, c->ts, totals());
+	c->tracked += submit_one(c->pid_tgid, c->ctx, uiocb, c->ts, i, totals());
 	return 0;
 }
 
@@ -344,13 +401,17 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_submit)
 	struct aio_totals *t = totals();
 	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);
 	struct aio_call c = {.ctx = ctx, .ptr = iocbpp, .nr = nr, .ts = bpf_ktime_get_ns()};
-	aio_calls.update(&pid_tgid, &c);
 	if (nr > AIO_MAX_NR && t)
 		t->truncated += nr - AIO_MAX_NR;
 	struct submit_ctx sc = {.pid_tgid = pid_tgid, .ctx = ctx, .iocbpp = iocbpp, .ts = c.ts, .nr = nr};
 	for (u32 i = 0; i < AIO_MAX_NR; i++)
 		if (submit_nth(i, &sc))
 			break;
+	/* the only iocb of the call: every bio the thread queues inside it is that read's (a buffered
+	 * read's readahead too); several: iomap_dio_rw_begin names each O_DIRECT read as it is issued */
+	if (nr == 1 && sc.tracked == 1)
+		c.cur = c.ts;
+	aio_calls.update(&pid_tgid, &c);
 	return 0;
 }
 
@@ -391,7 +452,7 @@ static __always_inline int reap_enter(u64 ctx, u64 events)
 	if (!is_target(pid_tgid))
 		return 0;
 	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);
-	struct aio_call c = {.ctx = ctx, .ptr = events};
+	struct aio_call c = {.ctx = ctx, .ptr = events, .nr = CALL_REAP};
 	aio_calls.update(&pid_tgid, &c);
 	return 0;
 }
@@ -470,7 +531,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_setup)
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
 		return 0;
-	struct aio_call c = {.ptr = (u64)args->ctxp, .nr = -2};
+	struct aio_call c = {.ptr = (u64)args->ctxp, .nr = CALL_SETUP};
 	aio_calls.update(&pid_tgid, &c);
 	return 0;
 }
@@ -501,7 +562,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_destroy)
 		return 0;
 	u64 ctx = args->ctx;
 	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);  /* the last user-space reaps */
-	struct aio_call c = {.ctx = ctx, .nr = -1};
+	struct aio_call c = {.ctx = ctx, .nr = CALL_DESTROY};
 	aio_calls.update(&pid_tgid, &c);
 	return 0;
 }
@@ -525,6 +586,95 @@ TRACEPOINT_PROBE(syscalls, sys_exit_io_destroy)
 	struct aio_totals *t = totals();
 	if (t)
 		t->destroyed++;
+	return 0;
+}
+#endif
+
+#if HAVE_BIO
+/* the state of the iocb whose id a bio slot or the thread's call holds */
+static __always_inline struct aio_state *state_of(u64 owner, u32 tid)
+{
+	struct aio_id id = {.owner = owner, .tid = tid};
+	struct aio_key *k = aio_ids.lookup(&id);
+	if (!k)
+		return 0;
+	return aio_inflight.lookup(k);
+}
+
+#if HAVE_IOMAP
+/* an O_DIRECT read issued by io_submit (aio): the iocb whose bios follow in this thread */
+TRACEPOINT_PROBE(iomap, iomap_dio_rw_begin)
+{
+	if (!args->aio)
+		return 0;
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct aio_call *c = aio_calls.lookup(&pid_tgid);
+	if (!c || c->nr < 1)
+		return 0;
+	struct aio_pos ap = {.pos = args->pos, .ino = args->ino, .dev = args->dev, .tgid = pid_tgid >> 32};
+	struct aio_id *id = aio_by_pos.lookup(&ap);
+	if (id && id->tid == (u32)pid_tgid && id->owner - c->ts < AIO_MAX_NR) {
+		c->cur = id->owner;
+		aio_by_pos.delete(&ap);
+	} else {
+		c->cur = 0;
+	}
+	return 0;
+}
+#endif
+
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct aio_call *c = aio_calls.lookup(&pid_tgid);
+	if (!c || c->nr < 1 || !c->cur)
+		return 0;
+	struct aio_state *s = state_of(c->cur, (u32)pid_tgid);
+	if (!s)
+		return 0;
+	s->bio_count++;
+	struct aio_totals *t = totals();
+	if (t)
+		t->bios++;
+	if (bio_claim(args->dev, args->sector, bpf_ktime_get_ns(), c->cur, (u32)pid_tgid) && t)
+		t->bios_untracked++;
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_backmerge)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct bio_found b;
+	bio_completed(args->dev, args->sector, &b);  /* merged: no completion of its own to time */
+	return 0;
+}
+
+/* a tracked bio completed (interrupt context): its queue -> complete goes to its iocb */
+static __always_inline void bio_done(u32 dev, u64 sector)
+{
+	struct bio_found b;
+	if (!bio_completed(dev, sector, &b))
+		return;
+	u64 delta = bpf_ktime_get_ns() - b.ts;
+	struct aio_state *s = state_of(b.owner_ts, b.tid);
+	if (s)
+		__sync_fetch_and_add(&s->bio_ns, delta);
+}
+
+/* request-based devices (NVMe, SCSI, virtio): the request's first sector is the bio's */
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	bio_done(args->dev, args->sector);
+	return 0;
+}
+
+/* bio-based devices (zram, device-mapper, md) complete the bio itself (probes/faults.bpf.c) */
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	bio_done(args->dev, args->sector);
 	return 0;
 }
 #endif

@@ -34,6 +34,10 @@ struct aio_record {
 	u64 aio_data;     /* iocb aio_data (the io_event's data) */
 	u64 ctx;          /* the aio_context_t (the ring's user address): iocbs of one context share it */
 	u64 iocb;         /* the iocb's user address (the io_event's obj) */
+	u64 bio_ns;       /* sum over its bios of queue -> complete (HAVE_BIO; see bio_count) */
+	u32 bio_count;    /* bios queued for it by the submitter inside io_submit (the only iocb of
+	                   * the call, or the one iomap:iomap_dio_rw_begin named: an O_DIRECT read) */
+	u32 __pad0;
 	u32 pid;          /* tgid of the submitter */
 	u32 tid;          /* the submitting thread */
 	u32 reap_tid;     /* the thread whose syscall returned the completion (AIO_RING_REAP: that saw it) */
@@ -62,6 +66,8 @@ struct aio_totals {
 	u64 no_state;       /* in-flight map full at a submit: the iocb is not tracked */
 	u64 filtered;       /* read iocbs of files not selected (--file) */
 	u64 destroyed;      /* io_destroy calls of the target (in-flight reads swept from user space) */
+	u64 bios;           /* bios credited to a read iocb (bio_count summed) */
+	u64 bios_untracked; /* of which not timed: their slot of the in-flight bio table was held */
 	u64 sum_ns;         /* submit -> reap, summed over reaped iocbs */
 	u64 max_ns;
 };

@@ -119,6 +119,10 @@ def test_reaped_by_another_thread(traced):
     assert len(th) == 8 and th.other_thread.all() and (th.reap_tid == f["reaper_tid"]).all()
     assert (th.tid == threading.get_native_id()).all() and (th.ret == BLOCK).all()
     assert t["other_thread"] == 8, t
+    # 8 O_DIRECT reads in one io_submit: each one's bio found by iomap_dio_rw_begin naming it; the
+    # kernel merges adjacent ones into one request (the submit's plug): merged bios are counted, and
+    # only the request's first is timed (block_rq_complete names its first sector)
+    assert (th.bio_count == 1).all() and (th.bio_ns > 0).any() and (th.bio_ns <= th.dur_ns).all()
 
 
 @pytest.mark.bpf

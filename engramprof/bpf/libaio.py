@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from engramprof.bpf import bios
 from engramprof.bpf import structs as layout
 from engramprof.bpf import targets
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
@@ -83,9 +84,10 @@ def plan(config: LibaioProbeConfig, tracefs_root=None, btf_path: str = kbtf.VMLI
 
 
 def program_text(p: LibaioProbePlan) -> str:
-    src = layout.inline_headers((layout.probe_dir() / PROBE_FILE).read_text())  # libaio.h, targets.h
+    src = layout.inline_headers((layout.probe_dir() / PROBE_FILE).read_text())  # libaio.h, targets.h, bios.h
     c = p.config
-    defines = {**targets.defines(c.selection, c.tgid, c.tid, fd_walk=True), "RING_PAGES": c.ring_pages,
+    defines = {**targets.defines(c.selection, c.tgid, c.tid, fd_walk=True), **bios.defines(),
+               "RING_PAGES": c.ring_pages,
                "MAX_INFLIGHT": c.max_inflight, "AIO_MAX_NR": MAX_NR, "AIO_MAX_EVENTS": MAX_EVENTS,
                "AIO_MAX_IOV": MAX_IOV, "O_DIRECT_BIT": os.O_DIRECT, **p.offsets,
                **{k: int(v) for k, v in p.features.items()}}
@@ -208,20 +210,22 @@ AIO_FIELDS = [
     pa.field("iocb", pa.uint64()),  # the iocb's user address
     pa.field("aio_ctx", pa.uint64()),  # the aio_context_t: one value per context
 ]
-_EVIDENCE = ("pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns")
+#: the in-flight evidence columns this probe measures (with the block tracepoints, HAVE_BIO)
+BIO_COLUMNS = ("bio_count", "bio_ns")
 
 
-def decode(recs: np.ndarray) -> pa.Table:
+def decode(recs: np.ndarray, bio: bool = True) -> pa.Table:
     """``struct aio_record`` rows -> one read event a row: CALL_SCHEMA's columns (path "" until an
-    enricher names the (dev, ino); ``syscall`` "io_submit"; the in-flight evidence columns null:
-    not measured by this probe) followed by :data:`AIO_FIELDS`."""
+    enricher names the (dev, ino); ``syscall`` "io_submit"; ``bio_count`` / ``bio_ns`` from the
+    record when the probe had the block tracepoints (``bio``), the other in-flight evidence
+    columns null: not measured by this probe) followed by :data:`AIO_FIELDS`."""
     n = len(recs)
     bits = header_defines("AIO_")
     af = recs["aflags"].astype(np.int64)
     cols: dict[str, pa.Array] = {}
     for f in CALL_SCHEMA:
         name = f.name
-        if name in ("ts_ns", "dur_ns", "pid", "tid", "offset", "size", "ret", "flags", "fd"):
+        if name in ("ts_ns", "dur_ns", "pid", "tid", "offset", "size", "ret", "flags", "fd") + (BIO_COLUMNS * bio):
             cols[name] = pa.array(recs[name].astype(f.type.to_pandas_dtype()), type=f.type)
         elif name in ("path", "tensor"):
             cols[name] = pa.array([""] * n, type=pa.string())
@@ -250,6 +254,6 @@ def decode(recs: np.ndarray) -> pa.Table:
     return pa.table([cols[f.name] for f in schema], schema=schema)
 
 
-def to_frame(recs: np.ndarray) -> pd.DataFrame:
+def to_frame(recs: np.ndarray, bio: bool = True) -> pd.DataFrame:
     """:func:`decode` as a pandas DataFrame."""
-    return decode(recs).to_pandas()
+    return decode(recs, bio).to_pandas()

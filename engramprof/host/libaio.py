@@ -25,11 +25,16 @@ FEATURES = {
     "HAVE_PGETEVENTS": ["syscalls:sys_enter_io_pgetevents", "syscalls:sys_exit_io_pgetevents"],
     "HAVE_DESTROY": ["syscalls:sys_enter_io_destroy", "syscalls:sys_exit_io_destroy"],
     "HAVE_SETUP": ["syscalls:sys_enter_io_setup", "syscalls:sys_exit_io_setup"],
+    "HAVE_BIO": ["block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete",
+                 "block:block_bio_complete"],
+    "HAVE_IOMAP": ["iomap:iomap_dio_rw_begin"],
 }
 FEATURE_EFFECT = {
     "HAVE_PGETEVENTS": "reads reaped with io_pgetevents are not seen completing",
     "HAVE_DESTROY": "reads in flight at io_destroy stay counted as in flight",
     "HAVE_SETUP": "a context's first events consumed in user space before its ring was touched are missed",
+    "HAVE_BIO": "no bios: bio_count / bio_ns of libaio reads are null",
+    "HAVE_IOMAP": "bios are credited only to the iocb of a one-iocb io_submit",
 }
 #: (macro, struct, member path, bytes the probe reads), besides the fd walk's
 BTF_FIELDS = [

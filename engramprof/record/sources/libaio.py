@@ -4,8 +4,9 @@ Every read iocb (IOCB_CMD_PREAD, IOCB_CMD_PREADV) a target submits with io_submi
 event: ``ts_ns`` its io_submit, ``dur_ns`` submit -> reap (docs/model.md "libaio: timing"),
 ``tid`` the submitting thread, ``offset``, ``size``, ``ret`` (the io_event's res), ``fd`` (the
 iocb's), ``syscall`` = ``io_submit``, ``dev`` / ``ino`` (the file, from the kernel at submit) and
-``direct`` (the fd's O_DIRECT).  The in-flight evidence columns are not measured by this probe:
-written null, never a misleading 0.
+``direct`` (the fd's O_DIRECT), ``bio_count`` / ``bio_ns`` (the bios the submitter queued for
+it inside io_submit, and their queue -> complete time).  The other in-flight evidence columns
+are not measured by this probe: written null, never a misleading 0.
 
 The scheme of the io_uring source (engramprof/record/sources/uring.py), whose
 :class:`~.uring.FilePathEnricher` names the (dev, ino): decoder -> path -> tensor -> table.
@@ -43,9 +44,10 @@ class LibaioDecoder:
 
     kind = KIND
 
-    def __init__(self, armed_ns: int | None):
+    def __init__(self, armed_ns: int | None, bio: bool = True):
         self.window = WindowStart(armed_ns)
         self.bits = aio_probe.header_defines("AIO_")
+        self.bio = bio  # the probe counted and timed bios (HAVE_BIO)
 
     def decode(self, recs: np.ndarray) -> ReadBatch | None:
         if len(recs) == 0:
@@ -58,6 +60,8 @@ class LibaioDecoder:
         cols = {name: recs[name].astype(dt) for name, dt in (
             ("ts_ns", i64), ("dur_ns", i64), ("pid", i32), ("tid", i32), ("offset", i64), ("size", i64),
             ("ret", i64), ("flags", i64), ("fd", i32), ("dev", np.uint64), ("ino", np.uint64))}
+        if self.bio:
+            cols["bio_count"], cols["bio_ns"] = recs["bio_count"].astype(i32), recs["bio_ns"].astype(i64)
         cols["syscall"] = np.zeros(n, dtype=i32)  # code 0 of the builder's dictionary: "io_submit"
         af = recs["aflags"].astype(i64)
         out = {"direct": (af & self.bits["DIRECT"]) != 0, "dev": user_dev(recs["dev"]),
@@ -102,15 +106,17 @@ class LibaioSource(Source):
         rec, s = self.rec, self.rec.selection
         config = aio_probe.LibaioProbeConfig(tgid=rec.pid, tid=rec.tid, selection=s)
         self.probe = aio_probe.LibaioProbe.load(config, arm=False)
-        self.decoder = LibaioDecoder(None)
+        bio = self.probe.plan.features.get("HAVE_BIO", False)
+        self.decoder = LibaioDecoder(None, bio)
         known = {(d, i): (p, False) for d, i, p in s.files}
         paths, tensors = rec.paths, rec.tensors
         self.files = PerPid(lambda p: FilePathEnricher(p, paths, known))
         for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
             self.files.of(pid)
         self.enrichers = [self.files, TensorEnricher(paths, tensors)]
+        measured = aio_probe.BIO_COLUMNS if bio else ()
         self.tables = EventTableBuilder(pa.array([aio_probe.SYSCALL], type=pa.string()), paths, tensors,
-                                        missing=list(EVIDENCE_COLUMNS))
+                                        missing=[c for c in EVIDENCE_COLUMNS if c not in measured])
         if self.probe.plan.missing:
             rec.notes.append(f"libaio evidence not collected: {', '.join(self.probe.plan.missing)}")
         rec.put_meta(libaio_probe=aio_probe.PROBE_FILE, libaio_missing=self.probe.plan.missing)
@@ -158,7 +164,8 @@ class LibaioSource(Source):
         t = totals if totals is not None else self.totals()
         out = {k: t.get(k, 0) for k in ("submitted", "submit_failed", "reaped", "other_thread", "ring_reaped",
                                         "other_iocbs", "not_regular", "no_file", "truncated", "unknown_events",
-                                        "replaced", "lost_records", "filtered", "destroyed")}
+                                        "replaced", "lost_records", "filtered", "destroyed", "bios",
+                                        "bios_untracked")}
         out.update(untracked=t.get("no_state", 0), recorded=self.recorded, partial_at_start=self.partial_at_start,
                    destroyed_inflight=self.probe.destroyed_inflight if self.probe is not None else 0,
                    sum_ms=round(t.get("sum_ns", 0) / 1e6, 3),
