@@ -151,3 +151,24 @@ def test_a_context_with_no_file_read_gets_one_line():
     notes = LibaioSource.notes(None, _summary(submitted=3, not_regular=2, destroyed_inflight=1))
     assert len(notes) == 2 and "not regular files" in notes[0] and "io_destroy" in notes[1]
     assert LibaioSource.notes(None, _summary(submitted=10)) == []
+
+
+class _Key:
+    def __init__(self, tgid: int, ctx: int):
+        self.tgid, self.ctx = tgid, ctx
+
+
+def test_reads_of_an_exited_process_are_swept_and_counted(tmp_path):
+    """A process that exits with reads in flight destroys its contexts without io_destroy: drain's
+    periodic sweep removes its entries (and ring heads) and counts them; a live process keeps its."""
+    from engramprof.bpf.libaio import LibaioProbe
+
+    (tmp_path / "100").mkdir()  # a live tgid under a fake /proc
+    live, dead = _Key(100, 1), _Key(200, 1)
+    maps = {"aio_inflight": {live: 1, _Key(100, 2): 1, dead: 1, _Key(200, 3): 1},
+            "aio_ring_seen": {_Key(100, 1): 0, _Key(200, 1): 0}}
+    probe = object.__new__(LibaioProbe)
+    probe.bpf, probe.exited_inflight, probe._exits_checked = maps, 0, 0.0
+    assert probe.sweep_exited(str(tmp_path)) == 2
+    assert probe.exited_inflight == 2
+    assert {k.tgid for k in maps["aio_inflight"]} == {100} and {k.tgid for k in maps["aio_ring_seen"]} == {100}

@@ -46,6 +46,7 @@ OPCODES = {0: "pread", 7: "preadv"}  # IOCB_CMD_*
 MAX_NR = 128  # iocbs of one io_submit read (more: counted in ``truncated``)
 MAX_EVENTS = 128  # io_events of one reap read
 MAX_IOV = 8
+EXIT_SWEEP_S = 1.0  # how often drain() looks for exited processes' in-flight reads
 
 
 @dataclass
@@ -132,6 +133,9 @@ class LibaioProbe(LoadedBpf):
         self.armed_ns: int | None = None
         #: reads in flight when their context was destroyed (io_destroy): never reaped
         self.destroyed_inflight = 0
+        #: reads in flight when their process exited (its contexts destroyed without io_destroy)
+        self.exited_inflight = 0
+        self._exits_checked = 0.0
         layout.check_against_compiled(self.record_dtype, self.bpf["aio_record_layout"].Leaf)
         layout.check_against_compiled(self.totals_dtype, self.bpf["aio_totals_layout"].Leaf)
         page = os.sysconf("SC_PAGE_SIZE")
@@ -159,7 +163,31 @@ class LibaioProbe(LoadedBpf):
         """Every record written since the last drain (struct aio_record rows), oldest first."""
         recs = self.ring.drain()
         self.sweep()
+        if time.monotonic() - self._exits_checked >= EXIT_SWEEP_S:
+            self.sweep_exited()
         return recs
+
+    def sweep_exited(self, proc_root: str = "/proc") -> int:
+        """Remove the in-flight entries (and ring heads) of processes that have exited: their
+        contexts went with them (exit_aio), no io_destroy; counted in :attr:`exited_inflight`."""
+        self._exits_checked = time.monotonic()
+        n = 0
+        alive: dict[int, bool] = {}
+        for name in ("aio_inflight", "aio_ring_seen"):
+            m = self.bpf[name]
+            for k in list(m.keys()):
+                tgid = k.tgid
+                if tgid not in alive:
+                    alive[tgid] = os.path.exists(f"{proc_root}/{tgid}")
+                if alive[tgid]:
+                    continue
+                try:
+                    del m[k]
+                    n += name == "aio_inflight"
+                except KeyError:
+                    pass
+        self.exited_inflight += n
+        return n
 
     def sweep(self) -> int:
         """Remove the in-flight entries of contexts destroyed since the last sweep (submitted
@@ -192,6 +220,7 @@ class LibaioProbe(LoadedBpf):
         """:meth:`totals` with what user space counts: ``destroyed_inflight`` and ``inflight``."""
         t = self.totals()
         t["destroyed_inflight"] = self.destroyed_inflight
+        t["exited_inflight"] = self.exited_inflight
         t["inflight"] = self.inflight()
         return t
 

@@ -168,6 +168,7 @@ class LibaioSource(Source):
                                         "bios_untracked")}
         out.update(untracked=t.get("no_state", 0), recorded=self.recorded, partial_at_start=self.partial_at_start,
                    destroyed_inflight=self.probe.destroyed_inflight if self.probe is not None else 0,
+                   exited_inflight=self.probe.exited_inflight if self.probe is not None else 0,
                    sum_ms=round(t.get("sum_ns", 0) / 1e6, 3),
                    missing_tracepoints=self.probe.plan.missing if self.probe is not None else [])
         if not self._noted:  # once: the lines go to the recording's notes (summary and meta.json)
@@ -191,6 +192,9 @@ class LibaioSource(Source):
         if s["destroyed_inflight"]:
             out.append(f"libaio: {s['destroyed_inflight']:,} reads were in flight when their context was destroyed "
                        "(io_destroy): never reaped, not read events")
+        if s.get("exited_inflight"):
+            out.append(f"libaio: {s['exited_inflight']:,} reads were in flight when their process exited: never "
+                       "reaped, not read events")
         if s["replaced"]:
             out.append(f"libaio: {s['replaced']:,} reads whose completion was not seen (the iocb submitted again "
                        "before its event was reaped by a syscall or found in the ring)")
