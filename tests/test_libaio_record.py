@@ -8,14 +8,17 @@ tensor and row, O_DIRECT, its file identity in ``dev`` / ``ino``.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from engramprof import trace
 from engramprof.lab import table
+from engramprof.report import syscalls as report_syscalls
 from tests.tracing import traced_lab
 
 pytestmark = pytest.mark.bpf
@@ -55,3 +58,7 @@ def test_every_row_read_through_aio_is_one_libaio_read_event(tbl, tmp_path):
     s = run.summary["libaio"]
     assert s["recorded"] == rows and s["reaped"] == rows and s["lost_records"] == 0, s
     assert s["submit_failed"] == 0 and s["other_iocbs"] == 0 and s["destroyed_inflight"] == 0, s
+    # the printed summary does not say the reader read nothing (it made no preadv call, no major fault)
+    buf = io.StringIO()
+    report_syscalls.print_summary(Console(file=buf, width=80), run.summary)
+    assert run.summary["calls"] == 0 and "made no preadv2/preadv/pread64" not in " ".join(buf.getvalue().split())
