@@ -81,17 +81,20 @@ static __always_inline int is_target_file(u32 dev, u64 ino)
 #endif
 }
 
-/* Is fd (of the current task) one of the target files?  current->files->fdt->fd[fd]->f_inode
- * -> (i_sb->s_dev, i_ino).  The first three hops are BTF loads (a NULL or bad pointer reads as
- * 0, no fault); the rest are probe reads.  A hop that fails or is NULL (fd closed meanwhile, a
- * kernel thread) is not a target. */
-#if MATCH_FILES
+/* fd (of the current task) -> its struct file and the inode's (i_sb, i_ino):
+ * current->files->fdt->fd[fd]->f_inode.  The first three hops are BTF loads (a NULL or bad pointer
+ * reads as 0, no fault); the rest are probe reads.  Returns the struct file * (0: a hop failed or
+ * was NULL: fd closed meanwhile, a kernel thread); *inode, *sb and *ino are set with it.  Compiled
+ * for --file (MATCH_FILES) and for a probe that reads the file of an fd itself (FD_WALK 1, e.g.
+ * probes/libaio.bpf.c at io_submit); the OFF_* offsets come from engramprof/bpf/btf.py FD_WALK. */
+#ifndef FD_WALK
+#define FD_WALK 0
+#endif
+#if MATCH_FILES || FD_WALK
 #define INODE_SPAN_FROM (OFF_INODE_SB < OFF_INODE_INO ? OFF_INODE_SB : OFF_INODE_INO)
 #define INODE_SPAN_TO ((OFF_INODE_SB < OFF_INODE_INO ? OFF_INODE_INO : OFF_INODE_SB) + 8)
-#endif
-static __always_inline int is_target_fd(s32 fd)
+static __always_inline u64 fd_inode(s32 fd, u64 *inode, u64 *sb, u64 *ino)
 {
-#if MATCH_FILES
 	if (fd < 0)
 		return 0;
 	char *task = (char *)bpf_get_current_task_btf();
@@ -105,26 +108,38 @@ static __always_inline int is_target_fd(s32 fd)
 	u64 fds = *(u64 *)(fdt + OFF_FDT_FD);
 	if ((u32)fd >= max_fds || !fds)
 		return 0;
-	u64 file = 0, inode = 0, sb = 0, ino = 0;
-	u32 dev = 0;
+	u64 file = 0;
 	if (bpf_probe_read_kernel(&file, sizeof(file), (void *)(fds + 8 * (u64)(u32)fd)) || !file)
 		return 0;
-	if (bpf_probe_read_kernel(&inode, sizeof(inode), (void *)(file + OFF_FILE_INODE)) || !inode)
+	if (bpf_probe_read_kernel(inode, sizeof(*inode), (void *)(file + OFF_FILE_INODE)) || !*inode)
 		return 0;
 #if INODE_SPAN_TO - INODE_SPAN_FROM <= 64
 	/* i_sb and i_ino in one read (they are 24 bytes apart in 6.x's struct inode) */
 	char span[INODE_SPAN_TO - INODE_SPAN_FROM];
-	if (bpf_probe_read_kernel(span, sizeof(span), (void *)(inode + INODE_SPAN_FROM)))
+	if (bpf_probe_read_kernel(span, sizeof(span), (void *)(*inode + INODE_SPAN_FROM)))
 		return 0;
-	__builtin_memcpy(&sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(sb));
-	__builtin_memcpy(&ino, span + (OFF_INODE_INO - INODE_SPAN_FROM), sizeof(ino));
+	__builtin_memcpy(sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(*sb));
+	__builtin_memcpy(ino, span + (OFF_INODE_INO - INODE_SPAN_FROM), sizeof(*ino));
 #else
-	if (bpf_probe_read_kernel(&ino, sizeof(ino), (void *)(inode + OFF_INODE_INO)))
+	if (bpf_probe_read_kernel(ino, sizeof(*ino), (void *)(*inode + OFF_INODE_INO)))
 		return 0;
-	if (bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)))
+	if (bpf_probe_read_kernel(sb, sizeof(*sb), (void *)(*inode + OFF_INODE_SB)))
 		return 0;
 #endif
-	if (!sb)
+	if (!*sb)
+		return 0;
+	return file;
+}
+#endif
+
+/* Is fd (of the current task) one of the target files?  fd_inode(), then the superblock's s_dev.
+ * A hop that fails or is NULL is not a target. */
+static __always_inline int is_target_fd(s32 fd)
+{
+#if MATCH_FILES
+	u64 inode = 0, sb = 0, ino = 0;
+	u32 dev = 0;
+	if (!fd_inode(fd, &inode, &sb, &ino))
 		return 0;
 	int zero = 0;
 	struct file_memo *m = file_memo.lookup(&zero);

@@ -491,3 +491,54 @@ def test_uring_row_on_this_kernel():
         return
     assert st["missing"] == [], st["missing"]
     assert {"U_OFF_REQ_FILE", "U_OFF_RW_POS", "U_OFF_SB_DEV"} <= set(st["offsets"])
+
+
+def _libaio_tracefs(fake, drop=(), drop_fields=()):
+    from engramprof.host import libaio
+
+    root = Path(fake["tracefs_candidates"][0])
+    for n in [*libaio.REQUIRED, *(n for ns in libaio.FEATURES.values() for n in ns)]:
+        if n in drop:
+            continue
+        cat, ev = n.split(":", 1)
+        d = root / "events" / cat / ev
+        d.mkdir(parents=True, exist_ok=True)
+        fields = [f for f in libaio.REQUIRED_FIELDS.get(n, ("ret",)) if f not in drop_fields]
+        (d / "format").write_text(f"name: {ev}\nformat:\n" + "".join(
+            f"\tfield:u64 {f};\toffset:{8 * (i + 1)};\tsize:8;\tsigned:0;\n" for i, f in enumerate(fields)))
+
+
+_LIBAIO_BTF_OK = {"offsets": {"A_OFF_FILE_FLAGS": 64, "A_OFF_INODE_MODE": 0}, "missing": []}
+
+
+def test_libaio_row_names_what_is_missing(fake):
+    _libaio_tracefs(fake, drop=("syscalls:sys_exit_io_getevents", "syscalls:sys_exit_io_pgetevents"))
+    report = doc.run_checks(**fake, libaio_btf=lambda: _LIBAIO_BTF_OK)
+    row = report.get("libaio reads")
+    assert row.status == "warn" and "syscalls:sys_exit_io_getevents" in row.detail and row.fix
+    assert report.ok  # syscall readers are still traced
+
+    _libaio_tracefs(fake, drop=("syscalls:sys_exit_io_pgetevents",), drop_fields=("iocbpp",))
+    row = doc.run_checks(**fake, libaio_btf=lambda: _LIBAIO_BTF_OK).get("libaio reads")
+    assert row.status == "warn" and "syscalls:sys_enter_io_submit field iocbpp" in row.detail
+
+    _libaio_tracefs(fake, drop=("syscalls:sys_exit_io_pgetevents",))
+    row = doc.run_checks(**fake, libaio_btf=lambda: dict(_LIBAIO_BTF_OK, missing=["inode.i_mode"])).get("libaio reads")
+    assert row.status == "warn" and "inode.i_mode" in row.detail
+
+    row = doc.run_checks(**fake, libaio_btf=lambda: _LIBAIO_BTF_OK).get("libaio reads")
+    assert row.status == "warn" and "sys_exit_io_pgetevents (reads reaped with io_pgetevents" in row.detail
+    _libaio_tracefs(fake)
+    row = doc.run_checks(**fake, libaio_btf=lambda: _LIBAIO_BTF_OK).get("libaio reads")
+    assert row.status == "pass" and "sys_enter_io_submit" in row.detail and "file.f_flags" in row.detail, row
+
+
+def test_libaio_row_on_this_kernel():
+    """The real kernel: the BTF lookup finds the members the probe reads."""
+    from engramprof.host import libaio
+
+    st = libaio.btf_status()
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        assert st["missing"]
+        return
+    assert st["missing"] == [] and set(st["offsets"]) == {"A_OFF_FILE_FLAGS", "A_OFF_INODE_MODE"}, st

@@ -1,9 +1,5 @@
 """io_uring read requests as read events (probes/uring.bpf.c, engramprof/bpf/uring.py): real eBPF,
-checked against fio (Debian's package), a client nobody here wrote.
-
-fio runs with ``--thread`` (its job is a thread of the fio process, so the target is one tgid)
-and is started by a forked child that waits on a pipe before exec'ing fio: its pid is known, so
-the probe is compiled for it and armed before fio submits anything.
+checked against fio (Debian's package), a client nobody here wrote (run by tests/fioref.py).
 
 Latency: the probe times a request from ``io_uring_submit_req`` (inside io_uring_enter, before
 the read is issued) to ``io_uring_complete`` (the CQE is filled).  fio's ``clat`` starts later:
@@ -22,39 +18,17 @@ syscalls (a few us).  Measured: p50 70.2 vs 73.2 us buffered, 67.7 vs 70.1 us O_
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-
-import numpy as np
 import pytest
 
-from engramprof.host.files import kernel_dev
+from tests import fioref
+from tests.fioref import FILE_MB
 
 pytestmark = pytest.mark.bpf
-
-FILE_MB = 512
-RUNTIME_S = 2
 
 
 @pytest.fixture(scope="module")
 def data_file():
-    """A file with real blocks (not fallocate's unwritten extents, which read as zeros without I/O)
-    on the root disk."""
-    if subprocess.run(["which", "fio"], capture_output=True).returncode != 0:
-        pytest.fail("fio is not installed (scripts/setup.sh installs it: apt-get install -y fio)")
-    d = "/var/tmp/engramprof-uring-test"
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, "data.bin")
-    if not os.path.exists(path) or os.path.getsize(path) != FILE_MB << 20:
-        with open(path, "wb") as f:
-            block = os.urandom(1 << 20)
-            for _ in range(FILE_MB):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-    yield path
+    return fioref.data_file()
 
 
 def run_fio(data_file: str, *opts: str, watch_workers: bool = False):
@@ -62,59 +36,10 @@ def run_fio(data_file: str, *opts: str, watch_workers: bool = False):
     decoded events, probe totals, fio's pid, {tid: comm} of fio's threads seen while it ran)."""
     from engramprof.bpf import uring
 
-    out = data_file + ".json"
-    argv = ["fio", "--name=uring", f"--filename={data_file}", "--ioengine=io_uring", "--rw=randread", "--bs=4k",
-            f"--size={FILE_MB}M", f"--runtime={RUNTIME_S}", "--time_based", "--thread", "--iodepth=1",
-            "--lat_percentiles=1", "--output-format=json", f"--output={out}", *opts]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(w)
-            os.read(r, 1)
-            fd = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(fd, 1)
-            os.execvp("fio", argv)
-        finally:
-            os._exit(127)
-    os.close(r)
-    probe = None
-    try:
-        probe = uring.UringProbe.load(uring.UringProbeConfig(tgid=pid))
-        probe.arm()
-        os.write(w, b"x")
-        parts, threads = [], {}
-        deadline = time.monotonic() + RUNTIME_S + 60
-        status = None
-        while status is None and time.monotonic() < deadline:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
-            parts.append(probe.drain())
-            if watch_workers and status is None:
-                for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
-                    try:
-                        threads[int(tid)] = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
-                    except OSError:
-                        pass
-            time.sleep(0.05)
-        parts.append(probe.drain())
-        assert status is not None and os.waitstatus_to_exitcode(status) == 0, f"fio failed ({status})"
-        totals = probe.totals()
-        recs = np.concatenate(parts)
-        events = uring.to_frame(recs)
-    finally:
-        os.close(w)
-        if probe is not None:
-            probe.close()
-    with open(out) as f:
-        stats = json.load(f)["jobs"][0]["read"]
-    return stats, events, totals, pid, threads
-
-
-def _identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return kernel_dev(st.st_dev), st.st_ino
+    stats, recs, totals, pid, threads = fioref.run_fio(
+        lambda pid: uring.UringProbe.load(uring.UringProbeConfig(tgid=pid)), data_file, "io_uring", *opts,
+        watch_workers=watch_workers)
+    return stats, uring.to_frame(recs), totals, pid, threads
 
 
 def _check_counts_and_files(stats, ev, totals, pid, data_file):
@@ -123,19 +48,14 @@ def _check_counts_and_files(stats, ev, totals, pid, data_file):
     assert abs(n - stats["total_ios"]) <= 0.005 * stats["total_ios"], (n, stats["total_ios"])
     assert totals["completed"] == n
     assert (ev.pid == pid).all()
-    dev, ino = _identity(data_file)
+    dev, ino = fioref.identity(data_file)
     assert ((ev.dev == dev) & (ev.ino == ino)).all()
     assert (ev["size"] == 4096).all() and (ev["ret"] == 4096).all()
     assert (ev["offset"] % 4096 == 0).all() and (ev["offset"] < FILE_MB << 20).all()
 
 
 def _check_latency(stats, ev):
-    fio = stats["lat_ns"]["percentile"]
-    for q, key in ((50, "50.000000"), (99, "99.000000")):
-        ours = float(np.percentile(ev.dur_ns, q))
-        ref = float(fio[key])
-        # fio's histogram bins are ~1.6% wide (64 per power of two): ours may exceed it by that much
-        assert 0.85 * ref <= ours <= 1.02 * ref, f"p{q}: probe {ours / 1e3:.1f} us, fio lat {ref / 1e3:.1f} us"
+    fioref.check_latency(stats, ev.dur_ns)
 
 
 def test_buffered_reads_match_fio(data_file):

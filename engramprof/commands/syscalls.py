@@ -99,6 +99,7 @@ def register(app: typer.Typer) -> None:
             for line in selection.waiting():  # not an error: the trace waits for it
                 print(f"engramprof: {line}", file=sys.stderr, flush=True)
             paths = ["preadv2/preadv/pread64"] + (["io_uring reads"] if tracer.uring is not None else []) \
+                + (["libaio reads"] if tracer.libaio is not None else []) \
                 + (["page faults"] if tracer.faults is not None else [])
             print(f"Tracing {', '.join(paths[:-1]) + ' and ' + paths[-1] if len(paths) > 1 else paths[0]} of {selection.describe()}"
                   f" ({'raw_syscalls' if tracer.plan.raw_syscalls else 'syscalls tracepoints'})"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from engramprof.host import tracepoints as tp
+from engramprof.host import libaio as libaio_needs
 from engramprof.host import uring as uring_needs
 from engramprof.host.cachestat import SYS_CACHESTAT, cachestat
 
@@ -414,6 +415,35 @@ def check_uring(root: Path | None, btf: Callable[[], dict] | None = None) -> lis
     if opt:
         lst = "; ".join(f"{n} ({effect})" for n, effect in opt)
         return [Check(name, WARN, f"{detail}; missing {lst}", "use a kernel with these io_uring tracepoints")]
+    return [Check(name, PASS, detail)]
+
+
+def check_libaio(root: Path | None, btf: Callable[[], dict] | None = None) -> list[Check]:
+    """One row for Linux AIO reads (probes/libaio.bpf.c): the AIO syscalls' tracepoints and their
+    fields, and the file / inode members of the kernel's BTF it reads besides the fd walk
+    (engramprof/host/libaio.py lists them), each missing one named.  ``btf()`` replaces the BTF
+    lookup (returns :func:`engramprof.host.libaio.btf_status`'s dict).  Never a failure."""
+    name = "libaio reads"
+    if root is None:
+        return [Check(name, WARN, "cannot look: tracefs unusable; libaio readers cannot be traced",
+                      "fix the tracefs row first")]
+    need = libaio_needs.missing_tracepoints(root)
+    lacking_btf = list((btf or libaio_needs.btf_status)().get("missing", []))
+    if need or lacking_btf:
+        parts = (["tracepoints " + ", ".join(need)] if need else []) + (["BTF " + ", ".join(lacking_btf)]
+                                                                         if lacking_btf else [])
+        return [Check(name, WARN, f"missing {'; '.join(parts)}: libaio read iocbs cannot be traced",
+                      "use a kernel with the syscalls tracepoints (CONFIG_FTRACE_SYSCALLS=y) and BTF")]
+    opt = [(n, libaio_needs.FEATURE_EFFECT[f]) for f, names in libaio_needs.FEATURES.items()
+           for n in names if not tp.available(n, root)]
+    tps = [*libaio_needs.REQUIRED, *(n for names in libaio_needs.FEATURES.values() for n in names)]
+    have = ", ".join(n.split(":", 1)[1] for n in tps if tp.available(n, root))
+    fields = ", ".join(f"{s}.{m}" for _mac, s, m, _sz in libaio_needs.BTF_FIELDS)
+    detail = (f"tracepoints {have}; BTF {fields}; completions seen when reaped (io_getevents, or the ring "
+              "read in user space), no aio completion tracepoint")
+    if opt:
+        lst = "; ".join(f"{n} ({effect})" for n, effect in opt)
+        return [Check(name, WARN, f"{detail}; missing {lst}", "use a kernel with these syscalls tracepoints")]
     return [Check(name, PASS, detail)]
 
 
@@ -825,7 +855,8 @@ def run_checks(path: str | os.PathLike = ".", *,
                cachestat_call: Callable[[int], dict] | None = None,
                mountinfo: str | os.PathLike = "/proc/self/mountinfo",
                preadv: Callable[[int, int], int] | None = None,
-               uring_btf: Callable[[], dict] | None = None) -> Report:
+               uring_btf: Callable[[], dict] | None = None,
+               libaio_btf: Callable[[], dict] | None = None) -> Report:
     """Run every check; each keyword replaces one input so tests can inject faults.
 
     ``tracepoints`` maps tracepoint name -> required (default: engramprof.host.tracepoints.ALL,
@@ -833,13 +864,13 @@ def run_checks(path: str | os.PathLike = ".", *,
     path (default FAULT_TRACEPOINTS).  ``bpf_probe`` replaces the BPF self-test child process and returns
     the dict :func:`bpf_selftest` returns.  ``cachestat_call(fd)`` and ``preadv(fd, size)``
     replace the syscalls tried on the doctor's temporary files; ``uring_btf()`` the io_uring row's
-    BTF lookup."""
+    BTF lookup, ``libaio_btf()`` the libaio row's."""
     priv, (tfs, root), tps, bcc, hdr = _gate_rows(
         euid=euid, proc_status=proc_status, tracefs_candidates=tracefs_candidates, tracepoints=tracepoints,
         bcc_import=bcc_import, release=release, modules_root=modules_root, mountinfo=mountinfo,
         kheaders=kheaders)
     rows = [priv, check_kernel(release), check_btf(btf_path), tfs, *tps, *check_faults(root, fault_tracepoints),
-            *check_uring(root, uring_btf),
+            *check_uring(root, uring_btf), *check_libaio(root, libaio_btf),
             check_kprobes(root, release, kernel_config_paths), bcc, hdr]
 
     blocked = None

@@ -207,8 +207,8 @@ def print_summary(console: Console, s: dict) -> None:
         console.print(fit_table(console, cols, rows, title=title))
     f = s.get("faults")
     u = s.get("uring")
-    if f is not None and not s.get("calls") and not f.get("major") and not (u or {}).get("completed"):
-        # nothing read from a file's storage
+    other_reads = sum((s.get(k) or {}).get("recorded", 0) for k in ("uring", "libaio"))  # io_uring, libaio events
+    if f is not None and not s.get("calls") and not f.get("major") and not other_reads:  # nothing read from storage
         parts = [f"{f.get('faults', 0):,} minor file-backed faults (pages already cached: its code and "
                  "libraries, or resident rows)"]
         if f.get("other_faults"):

@@ -10,16 +10,17 @@ The order is the order of loading (and of draining, syncing and summaries):
    recorded read (an eviction before the window explains a miss inside it);
 2. page cache: attached at once, before the call probe, whose ring would fill while it compiles;
 3. syscalls: the required one; attached while it loads;
-4. faults, 5. io_uring read requests (uring), 6. off-CPU (sched): compiled one after the other
-   (seconds each on a busy machine), attached together once every probe is compiled: the
-   window begins then;
-7. samplers: started when the window begins.
+4. faults, 5. io_uring read requests (uring), 6. libaio read iocbs (libaio), 7. off-CPU (sched):
+   compiled one after the other (seconds each on a busy machine), attached together once every
+   probe is compiled: the window begins then;
+8. samplers: started when the window begins.
 """
 from __future__ import annotations
 
 from engramprof.record.sources.base import Availability, Options, Recording, Source
 from engramprof.record.sources.evictions import EvictionsSource
 from engramprof.record.sources.faults import FaultsSource
+from engramprof.record.sources.libaio import LibaioSource
 from engramprof.record.sources.pagecache import PagecacheSource
 from engramprof.record.sources.samples import SamplesSource
 from engramprof.record.sources.sched import SchedSource
@@ -27,7 +28,7 @@ from engramprof.record.sources.syscalls import SyscallsSource
 from engramprof.record.sources.uring import UringSource
 
 SOURCES: list[type[Source]] = [EvictionsSource, PagecacheSource, SyscallsSource, FaultsSource, UringSource,
-                               SchedSource,
+                               LibaioSource, SchedSource,
                                SamplesSource]
 
 __all__ = ["SOURCES", "Availability", "Options", "Recording", "Source"]

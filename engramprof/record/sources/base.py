@@ -58,6 +58,7 @@ class Options:
     fault_address: bool = True  # False: fault path without exceptions:page_fault_user
     evictions: bool = True  # evictions of the target's files' pages (probes/evictions.bpf.c)
     uring: bool = True  # io_uring read requests (probes/uring.bpf.c)
+    libaio: bool = True  # Linux AIO read iocbs (probes/libaio.bpf.c)
 
 
 class Recording:

@@ -1,0 +1,680 @@
+/* libaio.bpf.c - every read iocb (IOCB_CMD_PREAD, IOCB_CMD_PREADV) a target submits with
+ * io_submit as one read event, from the submit to the moment its completion reaches the process.
+ *
+ * There is no aio tracepoint (Linux 6.18): the probe works from the syscalls' tracepoints and the
+ * process's own memory.
+ *   syscalls:sys_enter_io_submit (ctx_id, nr, iocbpp): the iocb pointers (user memory) and each
+ *       iocb (64 bytes, include/uapi/linux/aio_abi.h) are read; a PREAD/PREADV's fd is followed
+ *       to its file in the kernel (probes/targets.h fd_inode(): dev, ino, i_mode, f_flags'
+ *       O_DIRECT) and the iocb goes into the in-flight map, keyed by (tgid, ctx, iocb address) --
+ *       the key the kernel's io_event gives back (obj = the iocb's user address).  Other types
+ *       are counted apart (other_iocbs); files that are not regular files (a pipe) are counted
+ *       (not_regular) and not tracked.
+ *   syscalls:sys_exit_io_submit (ret): io_submit took the first ret iocbs (ret < nr: the
+ *       (ret+1)th failed its checks, the rest were not looked at; ret < 0: none).  The iocbs it
+ *       did not take are removed from the in-flight map (submit_failed).
+ *   syscalls:sys_exit_io_getevents / sys_exit_io_pgetevents (ret): the first ret io_events of
+ *       the caller's array (user memory; pointer saved at the entry) are the completions: each
+ *       (data, obj, res) is looked up by (tgid, ctx, obj), recorded with res and deleted.  The
+ *       reaping thread may be any thread of the process (reap_tid).
+ *   The context's ring (the aio_context_t is the user address of struct aio_ring: id, nr, head,
+ *       tail, then nr io_events) is read at every io_submit, io_getevents, io_pgetevents and
+ *       io_destroy entry: if its head moved since the probe last saw it after a syscall reap, the
+ *       process consumed events in user space (fio's userspace_reap); those events, still in the
+ *       ring's slots [seen, head), are read and recorded (AIO_RING_REAP).  A context made while
+ *       traced starts at head 0 (sys_exit_io_setup); an older one from the first header read.  The slots cannot have
+ *       been reused: a new completion needs a submit, and every submit is this probe's scan.
+ *   syscalls:sys_{enter,exit}_io_destroy: the reads still in flight never reach the process;
+ *       (tgid, ctx, destroy time) goes into `aio_destroyed`, and user space removes and counts
+ *       the context's entries submitted before it.
+ *
+ * Time: ts_ns is the io_submit entry; dur_ns ends at the reap (the exit of the syscall that
+ * returned the event, or the scan that found it consumed): an upper bound of the read's latency
+ * (docs/model.md, "libaio: timing").
+ *
+ * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, AIO_MAX_NR (iocbs read per
+ * io_submit), AIO_MAX_EVENTS (io_events read per reap), AIO_MAX_IOV, A_OFF_FILE_FLAGS,
+ * A_OFF_INODE_MODE (BTF), O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, HAVE_SETUP, and targets.h's
+ * (FD_WALK 1).
+ */
+#include <linux/aio_abi.h>  /* aio_context_t, for the syscalls tracepoints' args */
+#include "libaio.h"
+
+#define IOCB_CMD_PREAD 0
+#define IOCB_CMD_PREADV 7
+#define S_IFMT_ 00170000
+#define S_IFREG_ 0100000
+#define AIO_RING_HEADER 32   /* sizeof(struct aio_ring) before its io_events */
+
+struct aio_key {
+	u64 ctx;
+	u64 iocb;
+	u32 tgid;
+	u32 __pad0;
+};
+
+struct aio_state {
+	u64 ts;
+	u64 bio_ns;
+	s64 offset;
+	u64 size;
+	u64 flags;
+	u64 ino;
+	u64 aio_data;
+	u32 tid;
+	u32 dev;
+	s32 fd;
+	u32 bio_count;
+	u16 opcode;
+	u16 aflags;
+	u32 idx;          /* its index in its io_submit: its id is (ts + idx, tid) */
+};
+
+/* a syscall of a target thread between its entry and its exit */
+struct aio_call {
+	u64 ctx;
+	u64 ptr;          /* iocbpp (io_submit) or the io_event array (io_getevents) */
+	s64 nr;           /* io_submit's nr; CALL_* below for the other syscalls */
+	u64 ts;
+	u64 cur;          /* io_submit: the iocb whose bios the thread queues now (its id), 0: none */
+};
+#define CALL_DESTROY (-1)
+#define CALL_SETUP (-2)
+#define CALL_REAP (-3)
+
+/* a tracked iocb's id (for the bio table, whose slots keep a u64 and a tid): the submitter's
+ * io_submit entry time plus the iocb's index in the call, and the submitting thread */
+struct aio_id {
+	u64 owner;
+	u32 tid;
+	u32 __pad0;
+};
+
+/* an O_DIRECT read iocb by what iomap:iomap_dio_rw_begin gives when the kernel issues it */
+struct aio_pos {
+	s64 pos;
+	u64 ino;
+	u32 dev;
+	u32 tgid;
+};
+
+struct ring_key {
+	u64 ctx;
+	u32 tgid;
+	u32 __pad0;
+};
+
+/* the 32 bytes of struct io_event / struct iocb's first 64 (the kernel's uapi layout) */
+struct user_event {
+	u64 data;
+	u64 obj;
+	s64 res;
+	s64 res2;
+};
+
+struct user_iocb {
+	u64 aio_data;
+	u32 aio_key;
+	s32 aio_rw_flags;
+	u16 aio_lio_opcode;
+	s16 aio_reqprio;
+	u32 aio_fildes;
+	u64 aio_buf;
+	u64 aio_nbytes;
+	s64 aio_offset;
+	u64 aio_reserved2;
+	u32 aio_flags;
+	u32 aio_resfd;
+};
+
+BPF_HASH(aio_inflight, struct aio_key, struct aio_state, MAX_INFLIGHT);
+#if HAVE_BIO
+/* id -> key of tracked iocbs (LRU: an iocb never reaped, its context destroyed, goes by itself) */
+BPF_TABLE("lru_hash", struct aio_id, struct aio_key, aio_ids, MAX_INFLIGHT);
+#if HAVE_IOMAP
+BPF_TABLE("lru_hash", struct aio_pos, struct aio_id, aio_by_pos, MAX_INFLIGHT);
+#endif
+#endif
+BPF_HASH(aio_calls, u64, struct aio_call, 4096);
+BPF_HASH(aio_ring_seen, struct ring_key, u32, 4096);  /* the ring head after the last reap the probe saw */
+BPF_HASH(aio_destroyed, struct ring_key, u64, 1024);  /* io_destroy time, swept by user space */
+BPF_RINGBUF_OUTPUT(aio_records, RING_PAGES);
+BPF_PERCPU_ARRAY(aio_totals, struct aio_totals, 1);
+BPF_ARRAY(aio_record_layout, struct aio_record, 1);
+BPF_ARRAY(aio_totals_layout, struct aio_totals, 1);
+
+/* is_target(pid_tgid), is_target_file(dev, ino), fd_inode(fd, ...): probes/targets.h */
+#include "targets.h"
+#if HAVE_BIO
+/* bio_slots, bio_claim, bio_completed: the in-flight bio table (probes/bios.h) */
+#include "bios.h"
+#endif
+
+static __always_inline struct aio_totals *totals(void)
+{
+	int zero = 0;
+	return aio_totals.lookup(&zero);
+}
+
+/* the iocb's completion (data, obj, res) was seen at now (one instant for all the events of a reap),
+ * in thread reap_tid */
+static __always_inline void aio_complete(u32 tgid, u64 ctx, struct user_event *ev, u32 reap_tid, u16 how,
+					 u64 now, struct aio_totals *t)
+{
+	struct aio_key k = {.ctx = ctx, .iocb = ev->obj, .tgid = tgid};
+	struct aio_state *p = aio_inflight.lookup(&k);
+	if (!p) {
+		if (t)
+			t->unknown_events++;
+		return;
+	}
+	struct aio_state s = *p;
+	aio_inflight.delete(&k);
+#if HAVE_BIO
+	if (s.bio_count) {
+		struct aio_id id = {.owner = s.ts + s.idx, .tid = s.tid};
+		aio_ids.delete(&id);
+	}
+#endif
+	u64 dur = now - s.ts;
+	u16 af = s.aflags | how;
+	if (reap_tid != s.tid)
+		af |= AIO_OTHER_THREAD;
+	if (t) {
+		t->reaped++;
+		if (af & AIO_OTHER_THREAD)
+			t->other_thread++;
+		if (how & AIO_RING_REAP)
+			t->ring_reaped++;
+		t->sum_ns += dur;
+		if (dur > t->max_ns)
+			t->max_ns = dur;
+	}
+	struct aio_record *r = aio_records.ringbuf_reserve(sizeof(struct aio_record));
+	if (!r) {
+		if (t)
+			t->lost_records++;
+		return;
+	}
+	r->ts_ns = s.ts;
+	r->dur_ns = dur;
+	r->offset = s.offset;
+	r->size = s.size;
+	r->ret = ev->res;
+	r->flags = s.flags;
+	r->ino = s.ino;
+	r->aio_data = s.aio_data;
+	r->ctx = ctx;
+	r->iocb = ev->obj;
+	r->bio_ns = s.bio_ns;
+	r->bio_count = s.bio_count;
+	r->__pad0 = 0;
+	r->pid = tgid;
+	r->tid = s.tid;
+	r->reap_tid = reap_tid;
+	r->dev = s.dev;
+	r->fd = s.fd;
+	r->opcode = s.opcode;
+	r->aflags = af;
+	aio_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+}
+
+/* Events the process consumed from the context's ring in user space since the probe last looked:
+ * the ring's slots [seen, head).  */
+struct scan_ctx {
+	u64 ctx;
+	u32 tgid;
+	u32 tid;
+	u64 now;
+	u32 seen;
+	u32 n;            /* events consumed: (head - seen) mod nr */
+	u32 nr;
+	u32 __pad0;
+};
+
+/* the i-th consumed event: slot (seen + i) mod nr (a modulo, not a wrapped counter: the verifier
+ * then sees the same state at every iteration but for i, and prunes) */
+static __always_inline long ring_scan_one(u32 i, struct scan_ctx *c)
+{
+	if (i >= c->n)
+		return 1;
+	u64 slot = ((u64)c->seen + i) % c->nr;
+	struct user_event ev = {};
+	if (bpf_probe_read_user(&ev, sizeof(ev), (void *)(c->ctx + AIO_RING_HEADER + 32 * slot)))
+		return 1;
+	aio_complete(c->tgid, c->ctx, &ev, c->tid, AIO_RING_REAP, c->now, totals());
+	return 0;
+}
+
+static __always_inline void ring_scan(u32 tgid, u64 ctx, u32 tid)
+{
+	u32 hdr[4] = {};  /* id, nr, head, tail */
+	if (bpf_probe_read_user(hdr, sizeof(hdr), (void *)ctx))
+		return;
+	struct ring_key rk = {.ctx = ctx, .tgid = tgid};
+	u32 *seen = aio_ring_seen.lookup(&rk);
+	if (!seen) {
+		aio_ring_seen.update(&rk, &hdr[2]);
+		return;
+	}
+	u32 nr = hdr[1], head = hdr[2], at = *seen;
+	if (at == head || nr == 0 || head >= nr || at >= nr)
+		return;
+	struct scan_ctx c = {.ctx = ctx, .tgid = tgid, .tid = tid, .now = bpf_ktime_get_ns(), .seen = at, .nr = nr,
+			     .n = head > at ? head - at : nr - at + head};
+	*seen = head;
+	for (u32 i = 0; i < AIO_MAX_EVENTS; i++)
+		if (ring_scan_one(i, &c))
+			break;
+}
+
+/* the ring head now: the probe has seen every event before it */
+static __always_inline void ring_mark(u32 tgid, u64 ctx)
+{
+	u32 hdr[4] = {};
+	if (bpf_probe_read_user(hdr, sizeof(hdr), (void *)ctx))
+		return;
+	struct ring_key rk = {.ctx = ctx, .tgid = tgid};
+	aio_ring_seen.update(&rk, &hdr[2]);
+}
+
+/* the i-th iocb of an io_submit: a read of a regular file goes into the in-flight map (returns 1) */
+static __always_inline int submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts, u32 i, struct aio_totals *t)
+{
+	struct user_iocb cb = {};
+	if (bpf_probe_read_user(&cb, sizeof(cb), (void *)uiocb))
+		return 0;
+	u16 op = cb.aio_lio_opcode;
+	if (op != IOCB_CMD_PREAD && op != IOCB_CMD_PREADV) {
+		if (t)
+			t->other_iocbs++;
+		return 0;
+	}
+	struct aio_state s = {};
+	s.ts = ts;
+	s.offset = cb.aio_offset;
+	s.flags = (u32)cb.aio_rw_flags;
+	s.aio_data = cb.aio_data;
+	s.tid = (u32)pid_tgid;
+	s.fd = (s32)cb.aio_fildes;
+	s.opcode = op;
+	s.idx = i;
+	if (op == IOCB_CMD_PREADV) {
+		u64 total = 0;
+		s.aflags |= AIO_VECTORED;
+		for (int v = 0; v < AIO_MAX_IOV; v++) {
+			if (v >= cb.aio_nbytes)
+				break;
+			u64 iov[2] = {};
+			if (bpf_probe_read_user(iov, sizeof(iov), (void *)(cb.aio_buf + 16 * v)))
+				break;
+			total += iov[1];
+		}
+		if (cb.aio_nbytes > AIO_MAX_IOV)
+			s.aflags |= AIO_IOV_TRUNC;
+		s.size = total;
+	} else {
+		s.size = cb.aio_nbytes;
+	}
+	u64 inode = 0, sb = 0, ino = 0;
+	u64 file = fd_inode(s.fd, &inode, &sb, &ino);
+	if (!file) {
+		if (t)
+			t->no_file++;
+		return 0;
+	}
+	u16 mode = 0;
+	u32 f_flags = 0;
+	u32 dev = 0;
+	bpf_probe_read_kernel(&mode, sizeof(mode), (void *)(inode + A_OFF_INODE_MODE));
+	if ((mode & S_IFMT_) != S_IFREG_) {
+		if (t)
+			t->not_regular++;
+		return 0;
+	}
+	bpf_probe_read_kernel(&f_flags, sizeof(f_flags), (void *)(file + A_OFF_FILE_FLAGS));
+	bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV));
+	if (!is_target_file(dev, ino)) {  /* --file */
+		if (t)
+			t->filtered++;
+		return 0;
+	}
+	if (f_flags & O_DIRECT_BIT)
+		s.aflags |= AIO_DIRECT;
+	s.dev = dev;
+	s.ino = ino;
+	if (t)
+		t->submitted++;
+	struct aio_key k = {.ctx = ctx, .iocb = uiocb, .tgid = pid_tgid >> 32};
+	struct aio_state *old = aio_inflight.lookup(&k);
+	if (old) {
+		if (t)
+			t->replaced++;
+		*old = s;
+	} else if (aio_inflight.update(&k, &s)) {
+		if (t)
+			t->no_state++;
+		return 0;
+	}
+#if HAVE_BIO
+	struct aio_id id = {.owner = ts + i, .tid = s.tid};
+	aio_ids.update(&id, &k);
+#if HAVE_IOMAP
+	if (s.aflags & AIO_DIRECT) {
+		struct aio_pos ap = {.pos = s.offset, .ino = ino, .dev = dev, .tgid = pid_tgid >> 32};
+		aio_by_pos.update(&ap, &id);
+	}
+#endif
+#endif
+	return 1;
+}
+
+struct submit_ctx {
+	u64 pid_tgid;
+	u64 ctx;
+	u64 iocbpp;
+	u64 ts;
+	s64 nr;
+	u64 tracked;      /* iocbs tracked */
+};
+
+static __always_inline long submit_nth(u32 i, void *data)
+{
+	struct submit_ctx *c = data;
+	if ((s64)i >= c->nr)
+		return 1;
+	u64 uiocb = 0;
+	if (bpf_probe_read_user(&uiocb, sizeof(uiocb), (void *)(c->iocbpp + 8 * (u64)i)) || !uiocb)
+		return 1;
+	c->tracked += submit_one(c->pid_tgid, c->ctx, uiocb, c->ts, i, totals());
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_io_submit)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	u64 ctx = args->ctx_id;
+	u64 iocbpp = (u64)args->iocbpp;
+	s64 nr = args->nr;
+	struct aio_totals *t = totals();
+	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);
+	struct aio_call c = {.ctx = ctx, .ptr = iocbpp, .nr = nr, .ts = bpf_ktime_get_ns()};
+	if (nr > AIO_MAX_NR && t)
+		t->truncated += nr - AIO_MAX_NR;
+	struct submit_ctx sc = {.pid_tgid = pid_tgid, .ctx = ctx, .iocbpp = iocbpp, .ts = c.ts, .nr = nr};
+	for (u32 i = 0; i < AIO_MAX_NR; i++)
+		if (submit_nth(i, &sc))
+			break;
+	/* the only iocb of the call: every bio the thread queues inside it is that read's (a buffered
+	 * read's readahead too); several: iomap_dio_rw_begin names each O_DIRECT read as it is issued */
+	if (nr == 1 && sc.tracked == 1)
+		c.cur = c.ts;
+	aio_calls.update(&pid_tgid, &c);
+	return 0;
+}
+
+/* io_submit took the first ret iocbs: the others' entries go (submit_failed) */
+TRACEPOINT_PROBE(syscalls, sys_exit_io_submit)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct aio_call *p = aio_calls.lookup(&pid_tgid);
+	if (!p)
+		return 0;
+	struct aio_call c = *p;
+	aio_calls.delete(&pid_tgid);
+	s64 ret = args->ret;
+	if (ret >= c.nr)
+		return 0;
+	s64 from = ret > 0 ? ret : 0;
+	struct aio_totals *t = totals();
+	for (int i = 0; i < AIO_MAX_NR; i++) {
+		if (from + i >= c.nr || from + i >= AIO_MAX_NR)
+			break;
+		u64 uiocb = 0;
+		if (bpf_probe_read_user(&uiocb, sizeof(uiocb), (void *)(c.ptr + 8 * (u64)(from + i))))
+			break;
+		struct aio_key k = {.ctx = c.ctx, .iocb = uiocb, .tgid = pid_tgid >> 32};
+		struct aio_state *s = aio_inflight.lookup(&k);
+		if (s && s->ts == c.ts) {
+			aio_inflight.delete(&k);
+			if (t)
+				t->submit_failed++;
+		}
+	}
+	return 0;
+}
+
+static __always_inline int reap_enter(u64 ctx, u64 events)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);
+	struct aio_call c = {.ctx = ctx, .ptr = events, .nr = CALL_REAP};
+	aio_calls.update(&pid_tgid, &c);
+	return 0;
+}
+
+struct reap_ctx {
+	u64 now;
+	u64 ctx;
+	u64 events;
+	s64 ret;
+	u32 tgid;
+	u32 tid;
+	u16 how;
+	u16 __pad0;
+	u32 __pad1;
+};
+
+static __always_inline long reap_nth(u32 i, void *data)
+{
+	struct reap_ctx *c = data;
+	if ((s64)i >= c->ret)
+		return 1;
+	struct user_event ev = {};
+	if (bpf_probe_read_user(&ev, sizeof(ev), (void *)(c->events + 32 * (u64)i)))
+		return 1;
+	aio_complete(c->tgid, c->ctx, &ev, c->tid, c->how, c->now, totals());
+	return 0;
+}
+
+static __always_inline int reap_exit(s64 ret, u16 how)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct aio_call *p = aio_calls.lookup(&pid_tgid);
+	if (!p)
+		return 0;
+	struct aio_call c = *p;
+	aio_calls.delete(&pid_tgid);
+	u32 tgid = pid_tgid >> 32;
+	struct reap_ctx rc = {.now = bpf_ktime_get_ns(), .ctx = c.ctx, .events = c.ptr, .ret = ret, .tgid = tgid, .tid = (u32)pid_tgid,
+			      .how = how};
+	if (ret > 0)
+		for (u32 i = 0; i < AIO_MAX_EVENTS; i++)
+			if (reap_nth(i, &rc))
+				break;
+	ring_mark(tgid, c.ctx);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_io_getevents)
+{
+	return reap_enter(args->ctx_id, (u64)args->events);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_io_getevents)
+{
+	return reap_exit(args->ret, 0);
+}
+
+#if HAVE_PGETEVENTS
+TRACEPOINT_PROBE(syscalls, sys_enter_io_pgetevents)
+{
+	return reap_enter(args->ctx_id, (u64)args->events);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_io_pgetevents)
+{
+	return reap_exit(args->ret, AIO_PGETEVENTS);
+}
+#endif
+
+#if HAVE_SETUP
+/* A context made while traced: its ring's head starts at 0.  (ring_scan cannot read the ring's
+ * header before the process touched its page: bpf_probe_read_user does not fault pages in, and
+ * fio's first io_submit comes before any access to the ring.) */
+TRACEPOINT_PROBE(syscalls, sys_enter_io_setup)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct aio_call c = {.ptr = (u64)args->ctxp, .nr = CALL_SETUP};
+	aio_calls.update(&pid_tgid, &c);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_io_setup)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct aio_call *p = aio_calls.lookup(&pid_tgid);
+	if (!p)
+		return 0;
+	u64 ctxp = p->ptr;
+	aio_calls.delete(&pid_tgid);
+	u64 ctx = 0;
+	if (args->ret != 0 || bpf_probe_read_user(&ctx, sizeof(ctx), (void *)ctxp) || !ctx)
+		return 0;  /* io_setup wrote *ctxp (put_user): its page is in */
+	struct ring_key rk = {.ctx = ctx, .tgid = pid_tgid >> 32};
+	u32 zero = 0;
+	aio_ring_seen.update(&rk, &zero);
+	return 0;
+}
+#endif
+
+#if HAVE_DESTROY
+TRACEPOINT_PROBE(syscalls, sys_enter_io_destroy)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	u64 ctx = args->ctx;
+	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);  /* the last user-space reaps */
+	struct aio_call c = {.ctx = ctx, .nr = CALL_DESTROY};
+	aio_calls.update(&pid_tgid, &c);
+	return 0;
+}
+
+/* io_destroy returns once the context's requests are done: those still in the map were never
+ * reaped; user space removes them (submitted before now) and counts them */
+TRACEPOINT_PROBE(syscalls, sys_exit_io_destroy)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct aio_call *p = aio_calls.lookup(&pid_tgid);
+	if (!p)
+		return 0;
+	u64 ctx = p->ctx;
+	aio_calls.delete(&pid_tgid);
+	if (args->ret != 0)
+		return 0;
+	struct ring_key rk = {.ctx = ctx, .tgid = pid_tgid >> 32};
+	aio_ring_seen.delete(&rk);
+	u64 now = bpf_ktime_get_ns();
+	aio_destroyed.update(&rk, &now);
+	struct aio_totals *t = totals();
+	if (t)
+		t->destroyed++;
+	return 0;
+}
+#endif
+
+#if HAVE_BIO
+/* the state of the iocb whose id a bio slot or the thread's call holds */
+static __always_inline struct aio_state *state_of(u64 owner, u32 tid)
+{
+	struct aio_id id = {.owner = owner, .tid = tid};
+	struct aio_key *k = aio_ids.lookup(&id);
+	if (!k)
+		return 0;
+	return aio_inflight.lookup(k);
+}
+
+#if HAVE_IOMAP
+/* an O_DIRECT read issued by io_submit (aio): the iocb whose bios follow in this thread */
+TRACEPOINT_PROBE(iomap, iomap_dio_rw_begin)
+{
+	if (!args->aio)
+		return 0;
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct aio_call *c = aio_calls.lookup(&pid_tgid);
+	if (!c || c->nr < 1)
+		return 0;
+	struct aio_pos ap = {.pos = args->pos, .ino = args->ino, .dev = args->dev, .tgid = pid_tgid >> 32};
+	struct aio_id *id = aio_by_pos.lookup(&ap);
+	if (id && id->tid == (u32)pid_tgid && id->owner - c->ts < AIO_MAX_NR) {
+		c->cur = id->owner;
+		aio_by_pos.delete(&ap);
+	} else {
+		c->cur = 0;
+	}
+	return 0;
+}
+#endif
+
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	struct aio_call *c = aio_calls.lookup(&pid_tgid);
+	if (!c || c->nr < 1 || !c->cur)
+		return 0;
+	struct aio_state *s = state_of(c->cur, (u32)pid_tgid);
+	if (!s)
+		return 0;
+	s->bio_count++;
+	struct aio_totals *t = totals();
+	if (t)
+		t->bios++;
+	if (bio_claim(args->dev, args->sector, bpf_ktime_get_ns(), c->cur, (u32)pid_tgid) && t)
+		t->bios_untracked++;
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_backmerge)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	struct bio_found b;
+	bio_completed(args->dev, args->sector, &b);  /* merged: no completion of its own to time */
+	return 0;
+}
+
+/* a tracked bio completed (interrupt context): its queue -> complete goes to its iocb */
+static __always_inline void bio_done(u32 dev, u64 sector)
+{
+	struct bio_found b;
+	if (!bio_completed(dev, sector, &b))
+		return;
+	u64 delta = bpf_ktime_get_ns() - b.ts;
+	struct aio_state *s = state_of(b.owner_ts, b.tid);
+	if (s)
+		__sync_fetch_and_add(&s->bio_ns, delta);
+}
+
+/* request-based devices (NVMe, SCSI, virtio): the request's first sector is the bio's */
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	bio_done(args->dev, args->sector);
+	return 0;
+}
+
+/* bio-based devices (zram, device-mapper, md) complete the bio itself (probes/faults.bpf.c) */
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	bio_done(args->dev, args->sector);
+	return 0;
+}
+#endif

@@ -1,0 +1,113 @@
+"""fio (Debian's package) as the reference reader for the read-path probes (tests/test_uring.py,
+tests/test_libaio.py): a file with real blocks, and fio run under a probe compiled for its pid.
+
+fio runs with ``--thread`` (its job is a thread of the fio process, so the target is one tgid)
+and is started by a forked child that waits on a pipe before exec'ing fio: its pid is known, so
+the probe is compiled for it and armed before fio submits anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+
+from engramprof.host.files import kernel_dev
+
+FILE_MB = 512
+RUNTIME_S = 2
+DATA_DIR = "/var/tmp/engramprof-uring-test"  # one file for every engine's tests
+
+
+def data_file() -> str:
+    """A file with real blocks (not fallocate's unwritten extents, which read as zeros without I/O)
+    on the root disk; made once, kept between runs (FILE_MB)."""
+    if subprocess.run(["which", "fio"], capture_output=True).returncode != 0:
+        raise AssertionError("fio is not installed (scripts/setup.sh installs it: apt-get install -y fio)")
+    os.makedirs(DATA_DIR, exist_ok=True)
+    path = os.path.join(DATA_DIR, "data.bin")
+    if not os.path.exists(path) or os.path.getsize(path) != FILE_MB << 20:
+        with open(path, "wb") as f:
+            block = os.urandom(1 << 20)
+            for _ in range(FILE_MB):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+    return path
+
+
+def fio_argv(path: str, engine: str, out: str, *opts: str) -> list[str]:
+    """Random 4k reads of ``path`` for RUNTIME_S with ``engine``, iodepth 1, lat percentiles, JSON."""
+    return ["fio", f"--name={engine}", f"--filename={path}", f"--ioengine={engine}", "--rw=randread", "--bs=4k",
+            f"--size={FILE_MB}M", f"--runtime={RUNTIME_S}", "--time_based", "--thread", "--iodepth=1",
+            "--lat_percentiles=1", "--output-format=json", f"--output={out}", *opts]
+
+
+def run_fio(load_probe, path: str, engine: str, *opts: str, watch_workers: bool = False):
+    """fio under the probe ``load_probe(pid)`` returns (loaded, not armed).  Returns (fio's read
+    stats, the probe's records, its totals, fio's pid, {tid: comm} of fio's threads seen while it
+    ran, the probe object's ``summary_totals()`` when it has one)."""
+    out = path + f".{engine}.json"
+    argv = fio_argv(path, engine, out, *opts)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(w)
+            os.read(r, 1)
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, 1)
+            os.execvp("fio", argv)
+        finally:
+            os._exit(127)
+    os.close(r)
+    probe = None
+    try:
+        probe = load_probe(pid)
+        probe.arm()
+        os.write(w, b"x")
+        parts, threads = [], {}
+        deadline = time.monotonic() + RUNTIME_S + 60
+        status = None
+        while status is None and time.monotonic() < deadline:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+            parts.append(probe.drain())
+            if watch_workers and status is None:
+                for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+                    try:
+                        threads[int(tid)] = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+                    except OSError:
+                        pass
+            time.sleep(0.05)
+        parts.append(probe.drain())
+        assert status is not None and os.waitstatus_to_exitcode(status) == 0, f"fio failed ({status})"
+        totals = probe.summary_totals() if hasattr(probe, "summary_totals") else probe.totals()
+        recs = np.concatenate(parts)
+    finally:
+        os.close(w)
+        if probe is not None:
+            probe.close()
+    with open(out) as f:
+        stats = json.load(f)["jobs"][0]["read"]
+    return stats, recs, totals, pid, threads
+
+
+def identity(path: str) -> tuple[int, int]:
+    """(device in the kernel's encoding, inode) of ``path``: what a probe records."""
+    st = os.stat(path)
+    return kernel_dev(st.st_dev), st.st_ino
+
+
+def check_latency(stats, durations) -> None:
+    """The probe's p50 and p99 against fio's ``lat`` (slat + clat: from before the submitting
+    syscall to after the reap, so each probe interval lies inside fio's): within 15% below, and
+    above by at most fio's histogram bin error (bins ~1.6% wide: 64 per power of two)."""
+    fio = stats["lat_ns"]["percentile"]
+    for q, key in ((50, "50.000000"), (99, "99.000000")):
+        ours = float(np.percentile(durations, q))
+        ref = float(fio[key])
+        assert 0.85 * ref <= ours <= 1.02 * ref, f"p{q}: probe {ours / 1e3:.1f} us, fio lat {ref / 1e3:.1f} us"
