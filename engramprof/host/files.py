@@ -253,6 +253,11 @@ def real_file(path: str) -> str | None:
 
 #: a page fault on such a path is the process's own code (an executable or a shared library)
 #: or a file the runtime maps for it (the loader's cache, libc's locale archive and gconv
-#: modules), not a table read: tables are data files the reader maps, never these
+#: modules, the kernel's AIO completion ring "/[aio]" of io_setup), not a table read: tables are
+#: data files the reader maps, never these
+#: the runtime's files a process maps for a moment (the loader maps its cache for each dlopen
+#: and unmaps it at once: gone from /proc/PID/maps before a recorder reads it); named by their
+#: identity up front (a stat: no page read)
+RUNTIME_FILES = ("/etc/ld.so.cache", "/usr/lib/locale/locale-archive")
 CODE_PATH = re.compile(r"(\.so(\.[0-9]+)*$)|(^/(usr/(local/)?)?s?bin/)|(^/(usr/)?lib(64|exec)?/.*\.so)"
-                       r"|(^/etc/ld\.so\.cache$)|(^/usr/lib/locale/)|(/gconv/gconv-modules)")
+                       r"|(^/etc/ld\.so\.cache$)|(^/usr/lib/locale/)|(/gconv/gconv-modules)|(^/\[aio\])")

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from engramprof.bpf import faults as fault_probe
 from engramprof.bpf import structs as layout
-from engramprof.host.files import CODE_PATH, dev_t, file_identities
+from engramprof.host.files import CODE_PATH, RUNTIME_FILES, dev_t, file_identities, kernel_dev, st_dev_of
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import DrainBatching, ProbeTotals, ReadBatch, WindowStart, syscall_names
 from engramprof.record.enrich import PerPid, TensorEnricher
@@ -133,9 +133,12 @@ class FaultDecoder:
             addr = pa.nulls(n, type=pa.int64())
         else:
             addr = pa.array(cols["address"].view(i64), mask=None if has_addr.all() else ~has_addr, type=pa.int64())
+        known = recs["ino"] != 0  # the file's identity, from the kernel at the fault (0: not seen)
         out = {"major": (fl & self.bits["MAJOR"]) != 0,
                "mapped_pages": recs["mapped_pages"].astype(i32),
-               "address": addr}
+               "address": addr,
+               "dev": pa.array(st_dev_of(recs["dev"].astype(i64)), mask=~known, type=pa.int64()),
+               "ino": pa.array(recs["ino"].astype(i64), mask=~known, type=pa.int64())}
         return ReadBatch(self.kind, FaultColumns(cols), out)
 
     @property
@@ -189,7 +192,21 @@ class MappingPathEnricher:
         self.unnamed_ttl_ns = self.UNNAMED_TTL_NS
         self._identities: frozenset[tuple[int, int]] = frozenset()
         self._not_code: set[tuple[int, int]] = set()
+        self._name_runtime_files()
         self.refresh()
+
+    def _name_runtime_files(self) -> None:
+        """The loader's cache and libc's locale archive by identity, before any fault: a dlopen
+        maps the cache and unmaps it before the maps are read, so its faults would get no name
+        (and count as a table read)."""
+        for path in RUNTIME_FILES:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            key = (kernel_dev(st.st_dev), st.st_ino)
+            self.files.setdefault(key, (path, False))
+            self.code.add(key)
 
     def refresh(self) -> None:
         maps = read_maps(self.pid)
