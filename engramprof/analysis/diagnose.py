@@ -351,9 +351,10 @@ def keep_markers(markers: str, trace_dir: str) -> None:
 
 def run(pid, duration: float = 20.0, markers: str | None = None, output: str | None = None,
         slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None,
-        offcpu: bool = True, fault_address: bool = True) -> dict:
+        offcpu: bool = True, fault_address: bool = True, stack_hz: float = 20.0) -> dict:
     """Record the target (a pid or a Selection) for `duration` seconds, then diagnose.  `stop`
-    (threading.Event) ends early; `offcpu` / `fault_address`: see record.sources.base.Options."""
+    (threading.Event) ends early; `offcpu` / `fault_address` / `stack_hz`: see
+    record.sources.base.Options."""
     if not duration > 0:
         raise UserError(f"the recording's duration must be > 0 s (got {duration})")
     if markers and not os.path.isfile(markers):
@@ -366,7 +367,7 @@ def run(pid, duration: float = 20.0, markers: str | None = None, output: str | N
         trace_dir = output
     try:
         tracer = Recorder(pid, output=trace_dir, argv=argv, sample_hz=sample_hz, offcpu=offcpu,
-                          fault_address=fault_address)
+                          fault_address=fault_address, stack_hz=stack_hz)
         if stop is not None:
             tracer.stop = stop
         tracer.start()

@@ -58,6 +58,7 @@ class Options:
     fault_address: bool = True  # False: fault path without exceptions:page_fault_user
     evictions: bool = True  # evictions of the target's files' pages (probes/evictions.bpf.c)
     uring: bool = True  # io_uring read requests (probes/uring.bpf.c)
+    stack_hz: float = 0.0  # the target's Python stacks with py-spy (0: off; the commands default to 20)
 
 
 class Recording:
