@@ -240,9 +240,12 @@ def step_waits(samples: pd.DataFrame, tid: int, step_ns: float, top: int = TOP_W
     m = samples[(samples["tid"] == tid) & (samples["batch"] >= 0)]
     if not len(m):
         return []
-    g = m.groupby(["site", "state", "via"], sort=False).size().sort_values(ascending=False)
-    return [{"site": site, "state": state, "via": via or None, "samples": int(n), "share": round(n / len(m), 3),
-             "ms": round(n / len(m) * step_ns / 1e6, 3)} for (site, state, via), n in g.head(top).items()]
+    g = m.groupby(["site", "state"], sort=False)
+    n = g.size().sort_values(ascending=False)
+    via = g["via"].agg(lambda v: v.mode().iloc[0])  # the machinery the site was in, most often
+    return [{"site": site, "state": state, "via": via[(site, state)] or None, "samples": int(k),
+             "share": round(k / len(m), 3), "ms": round(k / len(m) * step_ns / 1e6, 3)}
+            for (site, state), k in n.head(top).items()]
 
 
 def python_scheduling(samples: pd.DataFrame, tid: int | None, step_ns: float, interval_ns: float) -> dict:
@@ -354,3 +357,19 @@ def code_fix(view: dict, calls: pd.DataFrame, start: np.ndarray, end: np.ndarray
     if w["state"] == sf.READ:
         return f"{where}{reads}; the reads block in the kernel: see the read path's cause above"
     return f"{where}{reads}"
+
+
+def json_keys(trace, batches: pd.DataFrame | None, slow_ms: float, summary: dict | None = None) -> dict:
+    """``code_view`` for diagnose --json and batch-tail --json: the view of the slowest process
+    (the only one, usually); a note when the trace has no stacks."""
+    try:
+        stacks = trace.samples("stacks")
+        offcpu = trace.samples("offcpu") if stacks is not None and len(stacks) else None
+    except Exception as exc:  # an unreadable series: the other keys still stand
+        return {"code_view": {"note": f"Python stacks not read ({type(exc).__name__})"}}
+    pid = (summary or {}).get("slowest_process")
+    b = batches
+    if b is not None and pid is not None and "pid" in b.columns:
+        b = b[b["pid"] == pid]
+    return {"code_view": code_view(stacks, trace.calls, b, slow_ms, pid=pid, meta=getattr(trace, "meta", None),
+                                   offcpu=offcpu)}

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof import trace as tracefmt
-from engramprof.analysis import attribution, batches, prefetch, readahead
+from engramprof.analysis import attribution, batches, codeview, prefetch, readahead
 from engramprof.analysis.advice import advice, advice_for, miss_story  # noqa: F401  (advice: diagnose.advice)
 from engramprof.analysis.events import code_faults
 from engramprof.analysis.verdicts import is_slow, rank_causes
@@ -270,6 +270,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     res = attribution.analyse(bundle, markers_df, slow_ms=slow_ms, markers_bad_lines=bad)
     bt = res.summary
     bt.update(prefetch.json_keys(bundle))  # readahead, prefetch (analysis/readahead.py, prefetch.py)
+    bt.update(codeview.json_keys(bundle, res.batches, slow_ms, bt))  # code_view (analysis/codeview.py)
     if bt.get("batches", 0) == 0:
         raise UserError("no batches found in the window (markers outside the trace? see `engramprof batch-tail`)", code=1)
     meaningful = bt.get("thresholds", {}).get("meaningful_share", attribution.DEFAULT_MEANINGFUL_SHARE)
@@ -288,8 +289,10 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "limits": limits(bt, trace_summary, duration, markers is not None),
         "window": {k: v for k, v in recorded_window(trace_summary, duration).items() if k != "text"},
         "read_path": read_path_of(bt),
-        "recommendation": readahead_fix(verdict, {k: advice_for(verdict, read_path_of(bt), bt)[k]
-                                                  for k in ("fix", "confirm")}, bt),
+        "recommendation": {**readahead_fix(verdict, {k: advice_for(verdict, read_path_of(bt), bt)[k]
+                                                     for k in ("fix", "confirm")}, bt),
+                           "code_site": (bt.get("code_view") or {}).get("fix")},  # the fix at the code's site
+        "code_view": bt.get("code_view"),
         "readahead": bt.get("readahead"),
         "prefetch": bt.get("prefetch"),
         "pagecache_note": bt.get("pagecache_note"),
