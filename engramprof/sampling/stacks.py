@@ -208,6 +208,8 @@ DUMP_NICE = -10
 
 
 def _raise_priority() -> None:
+    if not DUMP_NICE:
+        return
     try:
         os.nice(DUMP_NICE)
     except OSError:  # not root: the default priority
