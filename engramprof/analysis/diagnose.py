@@ -306,7 +306,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "slowest_process": bt.get("slowest_process", (bt.get("processes") or [{}])[0].get("pid")),
         "batch_tail": bt,
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",
-                                                    "eagain_rate", "nowait_share", "latency_us", "device")},
+                                                    "eagain_rate", "nowait_share", "latency_us", "device", "stacks")},
     }
 
 

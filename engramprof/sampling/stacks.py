@@ -120,7 +120,8 @@ class StackSampler:
         t0 = time.monotonic_ns()
         try:
             r = subprocess.run([self.binary, "dump", "--json", "--nonblocking", "--pid", str(pid)],
-                               capture_output=True, text=True, timeout=DUMP_TIMEOUT_S, preexec_fn=_raise_priority)
+                               capture_output=True, text=True, timeout=DUMP_TIMEOUT_S, 
+                               preexec_fn=_set_priority if DUMP_NICE else None)
         except subprocess.TimeoutExpired:
             t1 = time.monotonic_ns()
             return t1, t1 - t0, None, f"pid {pid}: py-spy dump took over {DUMP_TIMEOUT_S:g} s"
@@ -202,12 +203,13 @@ class StackSampler:
                 "dump_ms": round(self.wall_ns / self.dumps / 1e6, 2) if self.dumps else None}
 
 
-#: py-spy runs at this nice value (root only): on a loaded machine a dump that waits for a CPU
-#: widens its window (measured at load 9 on 2 cores: p50 42 -> 30 ms); ~10 ms of CPU a round
-DUMP_NICE = -10
+#: py-spy's nice value (0: the recorder's own).  Raised to -10 it took CPU from the target on
+#: a loaded 2-core machine (3 of 4 runs lost 10-42% of the lab pool reader's steps) without
+#: narrowing the window; benchmarks/stacks_overhead.py --nice compares
+DUMP_NICE = 0
 
 
-def _raise_priority() -> None:
+def _set_priority() -> None:
     if not DUMP_NICE:
         return
     try:
