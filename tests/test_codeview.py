@@ -74,6 +74,42 @@ def test_py_spy_output_and_errors_read():
         "pid 9: Failed to find python version from target process"
 
 
+def _stack_rows(rows):
+    import pandas as pd
+
+    out = []
+    for rnd, (t_ms, tid, name, text) in enumerate(rows, 1):
+        out.append({"ts_ns": int(t_ms * 1e6), "window_ns": 2_000_000, "round": rnd, "pid": 1, "tid": tid,
+                    "thread_name": name, "gil": False, "active": True, "frames": text, "depth": text.count("\n") + 1})
+    return pd.DataFrame(out)
+
+
+def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
+    import pandas as pd
+
+    worker = (f"read_rows\t/srv/app/reader.py\t40\n_WorkItem.run\t{STDLIB}/concurrent/futures/thread.py\t58\n"
+              f"_worker\t{STDLIB}/concurrent/futures/thread.py\t83")
+    idle = f"_worker\t{STDLIB}/concurrent/futures/thread.py\t81"
+    gather = (f"Condition.wait\t{STDLIB}/threading.py\t320\nFuture.result\t{STDLIB}/concurrent/futures/_base.py\t451\n"
+              "pool_read\t/srv/app/reader.py\t72")
+    inline = "scan\t/srv/app/scan.py\t9"
+    stacks = _stack_rows([(100, 11, "w1", worker), (100, 10, "MainThread", gather), (200, 11, "w1", idle),
+                          (300, 12, "w2", idle), (300, 10, "MainThread", inline)])
+    stacks.loc[1, "round"] = 1  # the worker and the gathering main thread: one round
+    calls = pd.DataFrame({"ts_ns": [int(99.5e6), int(250e6), int(299e6), int(5000e6)], "dur_ns": [1000] * 4,
+                          "pid": [1] * 4, "tid": [11, 11, 10, 12], "pages_added": [0, 1, 0, 0]})
+    samples = codeview.prepare_samples(stacks, calls)
+    j = codeview.join_reads(samples, calls)
+    # w1's reads: its busy sample (the idle one at 200 ms names no site), inside its window, then
+    # near; the main thread's read: its own inline scan; w2 (never busy): its pool's w1
+    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:9)", "read_rows (app/reader.py:40)"]
+    assert list(j["join"]) == ["inside", "near", "inside", "pool"]
+    assert [x if isinstance(x, str) else None for x in j["submitter"]] == [
+        "pool_read (app/reader.py)", "pool_read (app/reader.py)", None, "pool_read (app/reader.py)"]
+    sites = codeview.read_sites(calls, j, slow_ms=4.0)
+    assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
+
+
 # ---- real: py-spy against live processes, no eBPF ---------------------------------------
 
 SCRIPT = """
@@ -98,6 +134,7 @@ def test_sampler_names_lines_and_gil_holder_and_one_line_for_a_non_python_proces
     other = subprocess.Popen(["sleep", "60"])
     try:
         assert py.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # past the print, into spin()
         notes: list[str] = []
         s = StackSampler(lambda: [other.pid, py.pid], hz=20, notes=notes)
         for _ in range(12):
@@ -119,6 +156,7 @@ def test_sampler_names_lines_and_gil_holder_and_one_line_for_a_non_python_proces
     sleep_line = next(i for i, ln in enumerate(lines, 1) if "# SLEEP" in ln)
     main = [r for r in rows if r["thread_name"] == "MainThread"]
     slept = [r for r in rows if r["thread_name"] == "sleeper"]
+
     def sites(rs):
         return {(f.func, f.file, f.line) for f in (sf.site_of(sf.parse(r["frames"])).frame for r in rs)}
 
@@ -145,7 +183,7 @@ def two_readers(tmp_path_factory):
     shape = {"pool": ("--threads", "8"), "nowait": ("--tokens", "256")}
     labs = {}
     for reader in ("pool", "nowait"):
-        labs[reader] = Proc(engramprof("lab", "run", "--table", table, "--reader", reader, "--warm", "--duration", "5",
+        labs[reader] = Proc(engramprof("lab", "run", "--table", table, "--reader", reader, "--warm", "--duration", "4",
                                        "--gap-ms", "0", *shape[reader], "--start-delay", "120",
                                        "--markers", tmp / f"{reader}.jsonl", "--json"))
     for p in labs.values():
@@ -161,24 +199,25 @@ def two_readers(tmp_path_factory):
         assert rc == 0, err
     rc, tout, terr = tracer.finish()
     assert rc == 0, terr
-    return {"trace": out, "summary": json.loads(tout), "pids": {k: p.pid for k, p in labs.items()}, "tmp": tmp}
-
-
-def _view(run, reader: str) -> dict:
     from engramprof import trace
     from engramprof.analysis import batches
 
-    tr = trace.load_bundle(run["trace"])
-    mdf, _ = batches.read_markers(run["tmp"] / f"{reader}.jsonl")
-    return codeview.code_view(tr.samples("stacks"), tr.calls, mdf, 4.0, pid=run["pids"][reader], meta=tr.meta,
-                              offcpu=tr.samples("offcpu"))
+    tr = trace.load_bundle(out)
+    pids = {k: p.pid for k, p in labs.items()}
+    views = {}
+    for reader, pid in pids.items():
+        mdf, _ = batches.read_markers(tmp / f"{reader}.jsonl")
+        views[reader] = codeview.code_view(tr.samples("stacks"), tr.calls, mdf, 4.0, pid=pid, meta=tr.meta,
+                                           offcpu=tr.samples("offcpu"))
+    return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views,
+            "read_tids": {k: set(tr.calls.loc[tr.calls["pid"] == pid, "tid"]) for k, pid in pids.items()}}
 
 
 @pytest.mark.bpf
 def test_pool_reader_reads_at_its_read_line_submitted_from_the_gather_where_the_step_waits(two_readers):
     stacks = two_readers["summary"]["stacks"]
     assert sorted(stacks["processes"]) == sorted(two_readers["pids"].values()) and stacks["cpu_s"] > 0, stacks
-    v = _view(two_readers, "pool")
+    v = two_readers["views"]["pool"]
     read_line = _line_of(readers._read_rows, "n = preadv(")
     gather_line = _line_of(readers.PoolReader._run, "fut.result()")
     top = v["read_sites"][0]
@@ -194,16 +233,13 @@ def test_pool_reader_reads_at_its_read_line_submitted_from_the_gather_where_the_
     ps = v["python_scheduling"]
     assert ps["step_thread_gil_wait_share"] is not None and 0 <= ps["step_thread_gil_wait_share"] < first["share"]
     # every thread the kernel saw read was seen in the interpreter
-    import pandas as pd  # noqa: F401
-    from engramprof import trace
-    tids = set(trace.load_bundle(two_readers["trace"]).calls.query(f"pid == {two_readers['pids']['pool']}")["tid"])
-    assert tids <= set(v["python_threads"][two_readers["pids"]["pool"]])
+    assert two_readers["read_tids"]["pool"] <= set(v["python_threads"][two_readers["pids"]["pool"]])
     assert "PoolReader._run (lab/readers.py" in v["fix"] and "cached" in v["fix"], v["fix"]
 
 
 @pytest.mark.bpf
 def test_nowait_reader_spends_its_step_in_its_own_read_loop_on_cpu(two_readers):
-    v = _view(two_readers, "nowait")
+    v = two_readers["views"]["nowait"]
     loop = [w for w in v["step_waits"] if w["site"].startswith("NowaitReader._nowait_pass (lab/readers.py:")]
     assert sum(w["share"] for w in loop) > 0.5, v["step_waits"]
     # on a CPU (with the GIL, or without it in the read's copy), or runnable in the CPU's queue:

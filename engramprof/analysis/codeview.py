@@ -59,6 +59,7 @@ def prepare_samples(stacks: pd.DataFrame, calls: pd.DataFrame | None, offcpu: pd
         "pid": s["pid"].to_numpy(), "tid": tids, "round": s["round"].to_numpy(),
         "name": s["thread_name"].astype(object).fillna("").to_numpy(), "start_ns": start, "end_ns": end,
         "at_ns": end, "gil": s["gil"].to_numpy(bool), "worker": worker,
+        "user": site.map(lambda x: x.frame is not None).to_numpy(bool),
         "site": site.map(lambda x: x.key).to_numpy(), "function": site.map(_function).to_numpy(), "via": site.map(lambda x: " < ".join(x.via)).to_numpy(),
         "state": np.asarray(state, dtype=object), "executor": frames.map(sf.in_executor).to_numpy(bool),
     })
@@ -154,7 +155,9 @@ def _nearest(sample_t: np.ndarray, read_lo: np.ndarray, read_hi: np.ndarray) -> 
 
 def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Per read event: ``site``, ``submitter``, ``join`` (inside | near | pool | none)."""
-    busy = samples[~samples["state"].isin(sf.WAITING)].sort_values("at_ns")
+    # busy: not waiting by its frames, and in the user's code (a stack of library frames only --
+    # a thread starting, or a stack py-spy read torn -- names no site)
+    busy = samples[~samples["state"].isin(sf.WAITING) & samples["user"]].sort_values("at_ns")
     subs = submitters(samples)
     n = len(calls)
     site = np.full(n, None, dtype=object)

@@ -120,7 +120,7 @@ class StackSampler:
         t0 = time.monotonic_ns()
         try:
             r = subprocess.run([self.binary, "dump", "--json", "--nonblocking", "--pid", str(pid)],
-                               capture_output=True, text=True, timeout=DUMP_TIMEOUT_S, 
+                               capture_output=True, text=True, timeout=DUMP_TIMEOUT_S,
                                preexec_fn=_set_priority if DUMP_NICE else None)
         except subprocess.TimeoutExpired:
             t1 = time.monotonic_ns()
