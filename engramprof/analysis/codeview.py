@@ -44,24 +44,29 @@ def prepare_samples(stacks: pd.DataFrame, calls: pd.DataFrame | None, offcpu: pd
     A sample is placed at the end of its window (``at_ns``): py-spy reads the stacks at the end
     of its run, after its start-up (docs/model.md, "The code view")."""
     s = stacks.reset_index(drop=True)
-    parsed = {t: sf.parse(t) for t in pd.unique(s["frames"].astype(object))}
-    frames = s["frames"].astype(object).map(parsed)
-    site = frames.map(sf.site_of)
+    text = s["frames"].astype(object)
+    # what the frames say, once per distinct stack (a few hundred, however many samples)
+    per = {}
+    for t in pd.unique(text):
+        f = sf.parse(t)
+        site = sf.site_of(f)
+        per[t] = (site.frame is not None, site.key, _function(site), " < ".join(site.via), sf.is_worker(f),
+                  sf.in_executor(f), sf.frame_state(f))
+    cols = list(zip(*text.map(per))) if len(s) else [()] * 7
+    user, key, function, via, worker, executor, fstate = (np.asarray(c, dtype=object) for c in cols)
     tids = s["tid"].to_numpy()
     end = s["ts_ns"].to_numpy(np.int64)
     start = end - s["window_ns"].to_numpy(np.int64)
     blocked = _in_blocked_read(tids, start, end, calls)
     spans = _offcpu_at(tids, start, end, offcpu)
-    worker = frames.map(sf.is_worker).to_numpy(bool)
-    state = [sf.state_of(f, g, a, b, o) for f, g, a, b, o in
-             zip(frames, s["gil"].to_numpy(bool), s["active"].to_numpy(bool), blocked, spans)]
+    state = [fs or sf.run_state(g, a, b, o) for fs, g, a, b, o in
+             zip(fstate, s["gil"].to_numpy(bool), s["active"].to_numpy(bool), blocked, spans)]
     return pd.DataFrame({
         "pid": s["pid"].to_numpy(), "tid": tids, "round": s["round"].to_numpy(),
         "name": s["thread_name"].astype(object).fillna("").to_numpy(), "start_ns": start, "end_ns": end,
-        "at_ns": end, "gil": s["gil"].to_numpy(bool), "worker": worker,
-        "user": site.map(lambda x: x.frame is not None).to_numpy(bool),
-        "site": site.map(lambda x: x.key).to_numpy(), "function": site.map(_function).to_numpy(), "via": site.map(lambda x: " < ".join(x.via)).to_numpy(),
-        "state": np.asarray(state, dtype=object), "executor": frames.map(sf.in_executor).to_numpy(bool),
+        "at_ns": end, "gil": s["gil"].to_numpy(bool), "worker": worker.astype(bool), "user": user.astype(bool),
+        "site": key, "function": function, "via": via, "state": np.asarray(state, dtype=object),
+        "executor": executor.astype(bool),
     })
 
 

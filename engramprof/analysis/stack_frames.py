@@ -148,6 +148,32 @@ def in_executor(frames: list[Frame]) -> bool:
     return False
 
 
+def frame_state(frames: list[Frame]) -> str | None:
+    """The state the frames alone tell: an idle pool worker, a wait on a future, another wait;
+    None: the frames do not say (the thread runs, or waits for the GIL, a CPU, the kernel)."""
+    if is_worker(frames) and worker_idle(frames):
+        return IDLE
+    return wait_kind(frames)
+
+
+def run_state(gil: bool, active: bool, in_blocked_read: bool, offcpu: tuple[int, bool] | None = None) -> str:
+    """The state of a thread the frames do not place in a wait (see :func:`state_of`)."""
+    if gil:
+        return CPU
+    if in_blocked_read:
+        return READ
+    if offcpu is not None:
+        span, preempted = offcpu
+        if span == 0:
+            return NATIVE if active else BLOCKED
+        if preempted:
+            return RUNQ
+        return BLOCKED if span > GIL_SPAN_NS else GIL_WAIT
+    if active:
+        return NATIVE
+    return GIL_WAIT
+
+
 def state_of(frames: list[Frame], gil: bool, active: bool, in_blocked_read: bool,
              offcpu: tuple[int, bool] | None = None) -> str:
     """A sample's state from its stack, py-spy's GIL and run state, and the kernel's records
@@ -163,22 +189,4 @@ def state_of(frames: list[Frame], gil: bool, active: bool, in_blocked_read: bool
     cached read's copy); asleep -> a sleep that began before the window or outlasted it (a
     blocking call).  Without off-CPU spans py-spy's run state alone decides (runnable ->
     native, asleep -> GIL)."""
-    if is_worker(frames) and worker_idle(frames):
-        return IDLE
-    w = wait_kind(frames)
-    if w is not None:
-        return w
-    if gil:
-        return CPU
-    if in_blocked_read:
-        return READ
-    if offcpu is not None:
-        span, preempted = offcpu
-        if span == 0:
-            return NATIVE if active else BLOCKED
-        if preempted:
-            return RUNQ
-        return BLOCKED if span > GIL_SPAN_NS else GIL_WAIT
-    if active:
-        return NATIVE
-    return GIL_WAIT
+    return frame_state(frames) or run_state(gil, active, in_blocked_read, offcpu)
