@@ -40,6 +40,9 @@ import pyarrow as pa
 from engramprof.trace.schema import sample_schema
 
 DEFAULT_STACK_HZ = 20.0
+#: processes dumped a round at most (a dump costs ~10 ms of CPU): a --cgroup of many processes
+#: gets its lowest pids sampled, and one note says how many were left out
+MAX_PROCESSES = 4
 DUMP_TIMEOUT_S = 5.0
 FLUSH_S = 1.0
 SERIES = "stacks"
@@ -105,6 +108,7 @@ class StackSampler:
         self._pending: list[dict] = []
         self._refused: dict[int, str] = {}  # pid -> why py-spy cannot read it
         self._sampled: set[int] = set()
+        self._capped = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
@@ -138,9 +142,12 @@ class StackSampler:
         and not sampled again (a later failure of one already sampled is counted: it exited,
         or a stack was torn)."""
         self.rounds += 1
-        for pid in sorted(set(self.pids())):
-            if pid in self._refused or pid <= 0:
-                continue
+        pids = [p for p in sorted(set(self.pids())) if p > 0 and p not in self._refused]
+        if len(pids) > MAX_PROCESSES and not self._capped:
+            self._capped = True
+            self.notes.append(f"Python stacks: {len(pids)} processes traced, the stacks of the first {MAX_PROCESSES} "
+                              "(lowest pids) sampled; a dump costs ~10 ms of CPU each")
+        for pid in pids[:MAX_PROCESSES]:
             end, window, rows, err = self.dump(pid)
             self.dumps += 1
             self.wall_ns += window
