@@ -270,3 +270,13 @@ def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers):
     text = buf.getvalue()
     assert text.startswith(f"code view (pid {cv['pid']}") and "reads issued at" in text and "at the code: " in text
     assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 80
+
+
+def test_a_trace_without_stacks_says_why_in_one_line():
+    import pandas as pd
+
+    calls = pd.DataFrame({"ts_ns": [1], "dur_ns": [1], "pid": [5], "tid": [5]})
+    meta = {"stacks": {"not_sampled": {"5": "pid 5: Failed to find python version from target process"}}}
+    assert codeview.code_view(None, calls, None, 4.0, meta=meta) == {
+        "note": "no Python stacks in this trace (pid 5: Failed to find python version from target process)"}
+    assert "--stack-hz 0" in codeview.code_view(pd.DataFrame(), calls, None, 4.0, meta={"stacks": None})["note"]
