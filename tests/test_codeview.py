@@ -258,6 +258,10 @@ def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers):
     summary = json.loads(r.stdout)
     cv = summary["code_view"]
     assert cv["pid"] == summary["slowest_process"] and cv["read_sites"] and cv["fix"]
+    # the split's python-scheduling time set against what the samples saw of it
+    ps = cv["python_scheduling"]
+    assert ps["split_ms"] > 0 and ps["residual_ms"] == pytest.approx(
+        max(ps["split_ms"] - ps["seen_gil_and_executor_ms"], 0), abs=0.01)
     # the terminal section, at 80 columns, from the same summary
     import io
 

@@ -274,13 +274,26 @@ def python_scheduling(samples: pd.DataFrame, tid: int | None, step_ns: float, in
     }
 
 
+def scheduling_residual(sched: dict, share: dict | None, step_ns: float) -> dict:
+    """The cause split's python-scheduling time against what the samples saw of it: the step
+    thread's GIL waits and the executor's submit / complete; the rest is named the residual
+    (waits on the pool's wake-ups and its workers' own time, other threads' work)."""
+    if not share or share.get("python-scheduling") is None:
+        return {}
+    split_ms = float(share["python-scheduling"]) * step_ns / 1e6
+    seen = (sched.get("step_thread_gil_wait_ms") or 0.0) + (sched.get("executor_ms") or 0.0)
+    return {"split_ms": round(split_ms, 3), "seen_gil_and_executor_ms": round(seen, 3),
+            "residual_ms": round(max(split_ms - seen, 0.0), 3)}
+
+
 # ---------------------------------------------------------------- the whole view
 
 def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.DataFrame | None,
               slow_ms: float, pid: int | None = None, meta: dict | None = None,
-              offcpu: pd.DataFrame | None = None) -> dict:
+              offcpu: pd.DataFrame | None = None, share: dict | None = None) -> dict:
     """The ``code_view`` JSON of a trace: ``read_sites``, ``step_thread``, ``step_waits``,
-    ``python_scheduling``, ``python_threads``, ``fix``; ``note`` alone when there are no stacks."""
+    ``python_scheduling``, ``python_threads``, ``fix``; ``note`` alone when there are no stacks.
+    ``share``: the cause split (batch-tail's ``share``), to set the samples against."""
     sampled = (meta or {}).get("stacks")
     if stacks is None or not len(stacks):
         why = "no Python stacks in this trace"
@@ -327,6 +340,7 @@ def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.Data
         "python_scheduling": sched,
     }
     view["fix"] = code_fix(view, calls, start, end)
+    view["python_scheduling"].update(scheduling_residual(sched, share, step_ns))
     step_p50 = float(np.median(end - start)) if len(start) else 0.0
     if len(start) and window > step_p50:
         view["note"] = (f"the batches (p50 {duration(step_p50 / 1e6)}) are shorter than a stack sample's window "
@@ -380,4 +394,4 @@ def json_keys(trace, batches: pd.DataFrame | None, slow_ms: float, summary: dict
     if b is not None and pid is not None and "pid" in b.columns:
         b = b[b["pid"] == pid]
     return {"code_view": code_view(stacks, trace.calls, b, slow_ms, pid=pid, meta=getattr(trace, "meta", None),
-                                   offcpu=offcpu)}
+                                   offcpu=offcpu, share=(summary or {}).get("share"))}

@@ -63,6 +63,11 @@ def render_code_view(console: Console, view: dict | None) -> None:
         more.append(f"GIL waits seen in batches: step thread {pct(ps['step_thread_gil_wait_share'])} of step time "
                     f"({duration(ps['step_thread_gil_wait_ms'])}); pool workers {duration(ps['workers_gil_wait_ms'])}; "
                     f"executor submit / complete {duration(ps['executor_ms'])}")
+    if ps.get("split_ms") is not None:
+        more.append(f"of the {duration(ps['split_ms'])} the split calls python-scheduling, the samples saw "
+                    f"{duration(ps['seen_gil_and_executor_ms'])} as the step's GIL waits and executor time; "
+                    f"the residual {duration(ps['residual_ms'])} is waits on the pool (wake-ups, workers) and "
+                    "other threads")
     if view.get("fix"):
         more.append(Text("at the code: " + view["fix"]))
     if view.get("note"):
