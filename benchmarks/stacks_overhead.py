@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -80,12 +81,15 @@ def main() -> None:
         lab.send_signal(signal.SIGTERM)
         lab.wait(timeout=60)
     steps = {"on": [], "off": []}
-    with open(markers) as f:
-        for line in f:
-            m = json.loads(line)
-            for t0, t1, arm in arms:
-                if t0 + SETTLE_NS <= m["start_ns"] < t1:
-                    steps[arm].append((m["end_ns"] - m["start_ns"]) / 1e6)
+    try:
+        with open(markers) as f:
+            for line in f:
+                m = json.loads(line)
+                for t0, t1, arm in arms:
+                    if t0 + SETTLE_NS <= m["start_ns"] < t1:
+                        steps[arm].append((m["end_ns"] - m["start_ns"]) / 1e6)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in steps.items()}
     p90 = {k: statistics.quantiles(v, n=10)[-1] for k, v in steps.items()}
     print(f"lab pool reader, cached, {a.threads} threads; {a.windows} windows of {a.window:g} s alternating, "
