@@ -20,7 +20,10 @@ version it does not know, no permission): its first dump fails, one note says so
 py-spy's own words, and that process is not sampled again; nothing else changes.
 
 Rows (``engramprof.trace.SAMPLE_SCHEMAS["stacks"]``) go through the trace writer about once a
-second, like every sample series.
+second, like every sample series.  With them, ``tables/thread_kinds``: every thread of a
+sampled process, ``python`` when py-spy listed it (it has an interpreter thread state) in some
+round, else ``native`` (seen in /proc/PID/task at a round, never with a thread state: an
+OpenMP team, a library's own pool, io-wq).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from typing import Callable, Iterable
 
 import pyarrow as pa
 
-from engramprof.trace.schema import sample_schema
+from engramprof.trace.schema import sample_schema, table_schema
 
 DEFAULT_STACK_HZ = 20.0
 #: processes dumped a round at most (a dump costs ~10 ms of CPU): a --cgroup of many processes
@@ -109,6 +112,8 @@ class StackSampler:
         self._refused: dict[int, str] = {}  # pid -> why py-spy cannot read it
         self._sampled: set[int] = set()
         self._capped = False
+        self._python: set[tuple[int, int]] = set()  # (pid, tid) py-spy listed
+        self._tasks: set[tuple[int, int]] = set()  # (pid, tid) in /proc/PID/task at a sampled round
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
@@ -148,6 +153,7 @@ class StackSampler:
             self.notes.append(f"Python stacks: {len(pids)} processes traced, the stacks of the first {MAX_PROCESSES} "
                               "(lowest pids) sampled; a dump costs ~10 ms of CPU each")
         for pid in pids[:MAX_PROCESSES]:
+            tasks = _tasks(pid)  # before the dump: a thread listed here and alive at it, unlisted by py-spy, is native
             end, window, rows, err = self.dump(pid)
             self.dumps += 1
             self.wall_ns += window
@@ -162,6 +168,18 @@ class StackSampler:
             for row in rows:
                 row.update(ts_ns=end, window_ns=window, round=self.rounds)
             self._pending.extend(rows)
+            self._python.update((pid, r["tid"]) for r in rows)
+            self._tasks.update((pid, t) for t in tasks)
+
+    def thread_kinds(self) -> pa.Table:
+        """``tables/thread_kinds``: python for every thread py-spy listed, native for the other
+        threads of the sampled processes."""
+        rows = sorted(self._python | self._tasks)
+        return pa.table({"pid": [p for p, _ in rows], "tid": [t for _, t in rows],
+                         "kind": ["python" if k in self._python else "native" for k in rows],
+                         "source": ["py-spy: a Python thread state" if k in self._python else
+                                    "py-spy: in /proc/PID/task, never with a Python thread state" for k in rows]},
+                        schema=table_schema("thread_kinds"))
 
     def flush(self) -> None:
         rows, self._pending = self._pending, []
@@ -172,6 +190,7 @@ class StackSampler:
             return
         try:
             self.writer.append_samples(SERIES, stacks_table(rows))
+            self.writer.write_table("thread_kinds", self.thread_kinds())  # replaced each flush
         except OSError as exc:  # the recorder sees the failed writer and stops
             self.notes.append(f"stacks not written: {exc}")
 
@@ -223,6 +242,13 @@ def _set_priority() -> None:
         os.nice(DUMP_NICE)
     except OSError:  # not root: the default priority
         pass
+
+
+def _tasks(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return []
 
 
 def _children_cpu() -> float:

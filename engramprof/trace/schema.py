@@ -443,6 +443,10 @@ TABLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("fd_path", pa.string()),  # the file its fadvise / write / truncate named ("" if none)
         ("first_seen_ns", pa.int64()),
     ],
+    # which threads are Python threads (they have an interpreter thread state) and which are
+    # native (OpenMP, a library's pool, io-wq), as a sampler that reads the interpreter saw them:
+    # kind python | native; source: how it knew (e.g. "py-spy: a Python thread state")
+    "thread_kinds": [("pid", pa.int32()), ("tid", pa.int32()), ("kind", pa.string()), ("source", pa.string())],
     # the files the eviction probe watched, and since when (CLOCK_MONOTONIC)
     "eviction_files": [("path", pa.string()), ("dev", pa.int64()), ("ino", pa.int64()), ("watched_ns", pa.int64())],
 }
