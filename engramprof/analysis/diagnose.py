@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof import trace as tracefmt
-from engramprof.analysis import attribution, batches, prefetch, readahead
+from engramprof.analysis import attribution, batches, codeview, prefetch, readahead
 from engramprof.analysis.advice import advice, advice_for, miss_story  # noqa: F401  (advice: diagnose.advice)
 from engramprof.analysis.components import REQUEST_KINDS, WAITED_URING_PATHS
 from engramprof.analysis.events import code_faults
@@ -294,6 +294,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
     res = attribution.analyse(bundle, markers_df, slow_ms=slow_ms, markers_bad_lines=bad)
     bt = res.summary
     bt.update(prefetch.json_keys(bundle))  # readahead, prefetch (analysis/readahead.py, prefetch.py)
+    bt.update(codeview.json_keys(bundle, res.batches, slow_ms, bt))  # code_view (analysis/codeview.py)
     if bt.get("batches", 0) == 0:
         raise UserError("no batches found in the window (markers outside the trace? see `engramprof batch-tail`)", code=1)
     meaningful = bt.get("thresholds", {}).get("meaningful_share", attribution.DEFAULT_MEANINGFUL_SHARE)
@@ -315,8 +316,10 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "read_path": read_path_of(bt),
         # page faults on the process's own code and libraries: not table reads, not in read_path
         "code_faults": int(code.sum()) if code is not None else 0,
-        "recommendation": readahead_fix(verdict, {k: advice_for(verdict, read_path_of(bt), bt)[k]
-                                                  for k in ("fix", "confirm")}, bt),
+        "recommendation": {**readahead_fix(verdict, {k: advice_for(verdict, read_path_of(bt), bt)[k]
+                                                     for k in ("fix", "confirm")}, bt),
+                           "code_site": (bt.get("code_view") or {}).get("fix")},  # the fix at the code's site
+        "code_view": bt.get("code_view"),
         "readahead": bt.get("readahead"),
         "prefetch": bt.get("prefetch"),
         "pagecache_note": bt.get("pagecache_note"),
@@ -330,7 +333,7 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "slowest_process": bt.get("slowest_process", (bt.get("processes") or [{}])[0].get("pid")),
         "batch_tail": bt,
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",
-                                                    "eagain_rate", "nowait_share", "latency_us", "device")},
+                                                    "eagain_rate", "nowait_share", "latency_us", "device", "stacks")},
     }
 
 
@@ -395,9 +398,10 @@ def keep_markers(markers: str, trace_dir: str) -> None:
 
 def run(pid, duration: float = 20.0, markers: str | None = None, output: str | None = None,
         slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None,
-        offcpu: bool = True, fault_address: bool = True) -> dict:
+        offcpu: bool = True, fault_address: bool = True, stack_hz: float = 20.0) -> dict:
     """Record the target (a pid or a Selection) for `duration` seconds, then diagnose.  `stop`
-    (threading.Event) ends early; `offcpu` / `fault_address`: see record.sources.base.Options."""
+    (threading.Event) ends early; `offcpu` / `fault_address` / `stack_hz`: see
+    record.sources.base.Options."""
     if not duration > 0:
         raise UserError(f"the recording's duration must be > 0 s (got {duration})")
     if markers and not os.path.isfile(markers):
@@ -410,7 +414,7 @@ def run(pid, duration: float = 20.0, markers: str | None = None, output: str | N
         trace_dir = output
     try:
         tracer = Recorder(pid, output=trace_dir, argv=argv, sample_hz=sample_hz, offcpu=offcpu,
-                          fault_address=fault_address)
+                          fault_address=fault_address, stack_hz=stack_hz)
         if stop is not None:
             tracer.stop = stop
         tracer.start()

@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
         from engramprof.analysis import prefetch
 
         result.summary.update(prefetch.json_keys(trace))  # readahead, prefetch: the page-cache probe's samples
+        from engramprof.analysis import codeview
+
+        result.summary.update(codeview.json_keys(tr, result.batches, slow_ms, result.summary))  # code_view: the stacks
         if plot is not None:
             report.plot(plot, tr.calls, result)
             result.summary["plot"] = str(plot)

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from engramprof.commands.options import LAYOUT_HELP, duration_option, output_option, pid_option, use_layout
+from engramprof.commands.options import (LAYOUT_HELP, check_stack_hz, duration_option, output_option, pid_option,
+                                         stack_hz_option, use_layout)
 from engramprof.host.signals import install_stop_handlers
 
 EPILOG = """Examples:
@@ -40,6 +41,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
         no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (less scheduling evidence)."),
         no_fault_address: bool = typer.Option(False, "--no-fault-address", help="Record page faults without exceptions:page_fault_user (the generic path arm64 has: no faulting address)."),
+        stack_hz: float = stack_hz_option(),
         layout_file: Optional[str] = typer.Option(None, "--layout", metavar="FILE", help=LAYOUT_HELP),
     ):
         """Which of residency, reclaim, storage or Python scheduling holds PID's batches back.
@@ -58,6 +60,7 @@ def register(app: typer.Typer) -> None:
             validate.pid("--pid", p)
         validate.duration("--duration", duration)
         validate.positive("--slow-ms", slow_ms)
+        check_stack_hz(stack_hz)
         if markers is not None:  # a bad markers file fails now, not after the recording
             batches.check_markers_before_recording(markers)
         selection = Selection.parse(pids=pid, children=children, cgroups=cgroup, files=file)
@@ -73,7 +76,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = diagnose.run(
                 selection, duration=duration, markers=markers, output=output, slow_ms=slow_ms, stop=stop, argv=sys.argv,
-                offcpu=not no_offcpu, fault_address=not no_fault_address,
+                offcpu=not no_offcpu, fault_address=not no_fault_address, stack_hz=stack_hz,
                 on_tracing=lambda t: [print(line, file=sys.stderr, flush=True) for line in
                                       [f"engramprof: {w}" for w in selection.waiting()]
                                       + [f"Tracing {selection.describe()} for {duration:g} s (diagnose)... "

@@ -34,3 +34,24 @@ def output_option(help: str):
     import typer
 
     return typer.Option(None, "--output", "-o", metavar="TRACE", help=help)
+
+
+# ------------------------------------------------ --stack-hz: the Python stacks (py-spy)
+
+STACK_HZ_DEFAULT = 20.0  # engramprof.sampling.stacks.DEFAULT_STACK_HZ (not imported: --help stays fast)
+STACK_HZ_MAX = 50.0  # a py-spy dump takes 10-20 ms: more rounds a second than this cannot be had
+
+
+def stack_hz_option():
+    """``--stack-hz HZ``: the target's Python stacks and GIL holder with py-spy (0: off)."""
+    import typer
+
+    return typer.Option(STACK_HZ_DEFAULT, "--stack-hz", metavar="HZ",
+                        help="Python stacks and GIL holder sampled with py-spy, rounds a second (0: off; the code view).")
+
+
+def check_stack_hz(value: float) -> None:
+    from engramprof import validate
+
+    if value != 0:
+        validate.in_range("--stack-hz", value, 0.0, STACK_HZ_MAX, lo_open=True, what=" Hz (0: off)")

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from engramprof.commands.options import LAYOUT_HELP, duration_option, output_option, pid_option, use_layout
+from engramprof.commands.options import (LAYOUT_HELP, check_stack_hz, duration_option, output_option, pid_option,
+                                         stack_hz_option, use_layout)
 from engramprof.errors import UserError
 from engramprof.host import tracepoints
 from engramprof.host.signals import install_stop_handlers
@@ -43,6 +44,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
         ebpf: bool = typer.Option(False, "--ebpf", help="Print the BPF program that would be loaded, and exit."),
         sample_hz: float = typer.Option(10.0, "--sample-hz", metavar="HZ", help="PSI / vmstat / thread sampling rate (0: off)."),
+        stack_hz: float = stack_hz_option(),
         hook: str = typer.Option("auto", "--hook", metavar="HOOK", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
         no_offcpu: bool = typer.Option(False, "--no-offcpu", help="Do not record the off-CPU spans of PID's threads (samples/offcpu)."),
         no_fault_address: bool = typer.Option(False, "--no-fault-address", help="Trace page faults without exceptions:page_fault_user (the x86-only tracepoint giving the address): the generic path, as on arm64."),
@@ -71,6 +73,7 @@ def register(app: typer.Typer) -> None:
         validate.duration("--duration", duration)
         validate.non_negative("--min-us", min_us)
         validate.sample_hz("--sample-hz", sample_hz, zero_is_off=True)
+        check_stack_hz(stack_hz)
         selection = Selection.parse(pids=pid, tid=tid, children=children, cgroups=cgroup, files=file)
         if ebpf:  # needs no privileges: where tracefs cannot be read, every feature is assumed
             config = syscalls_probe.SyscallsConfig(tgid=selection.first_pid, tid=tid, min_ns=int(min_us * 1000),
@@ -87,7 +90,8 @@ def register(app: typer.Typer) -> None:
             validate.live_process("--pid", p)
         err = Console(stderr=True)
         tracer = sc.Recorder(selection, tid=tid, output=output, argv=sys.argv, min_us=min_us, sample_hz=sample_hz,
-                             syscall_hook=hook, offcpu=not no_offcpu, fault_address=not no_fault_address)
+                             syscall_hook=hook, offcpu=not no_offcpu, fault_address=not no_fault_address,
+                             stack_hz=stack_hz)
 
         def on_signal(signum, _frame):
             tracer.end_reason = END_SIGNAL

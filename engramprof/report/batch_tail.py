@@ -22,6 +22,7 @@ from engramprof.errors import UserError
 from engramprof.jsonable import to_json as _strict_json
 from engramprof.report.render import Col, fit_table
 from engramprof.report.render import say as render_say
+from engramprof.report.codeview import render_code_view
 from engramprof.units import duration, ms, pct
 
 CAUSE_COLOURS = {
@@ -270,6 +271,7 @@ def render(result, console: Console | None = None, top: int = 10) -> None:
         say(Text("samples not available: " + ", ".join(s["samples_missing"]), style="dim"))
     for note in s.get("notes", []):
         say(Text("note: " + note, style="dim"))
+    render_code_view(console, s.get("code_view"))  # the stacks: who issues the reads, where the step waits
 
 
 # ------------------------------------------------------------------------------ plot --

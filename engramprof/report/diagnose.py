@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from engramprof.report.batch_tail import process_table
+from engramprof.report.codeview import render_code_view
 from engramprof.units import pct
 
 
@@ -27,6 +28,7 @@ def render(console, d: dict) -> None:
         t.add_row(str(i), Text(e["step"]), Text(e["finding"]))
     console.print(t)
     process_table(console, d.get("processes"), d.get("slowest_process"))
+    render_code_view(console, d.get("code_view"))  # who issues the reads, where the step waits
     console.print("[bold]what this cannot prove[/bold]")
     # hanging indents: a wrapped line continues under its own text, not at column 0
     limits = Table.grid(padding=(0, 1))

@@ -28,6 +28,12 @@ Format versions:
    (tid, kind python | native, source): written by a sampler that reads the interpreter's own
    thread states (a py-spy stack sampler); the analysis prefers it to the markers' python_tids
    and to thread names (engramprof/analysis/thread_kinds.py).
+   samples/ gains ``stacks`` (engramprof/sampling/stacks.py): the target's Python threads
+   sampled with py-spy, one row per thread and round: ``ts_ns`` / ``window_ns`` (the stacks
+   were read inside [ts_ns - window_ns, ts_ns]), ``round``, ``pid``, ``tid`` (OS thread id, the
+   calls' tid), ``thread_name``, ``gil`` (it held the GIL), ``active`` (runnable in /proc),
+   ``frames`` (innermost first, one a line: function TAB filename TAB line) and ``depth``.
+   Older bundles, and targets that are not CPython, have none.
 """
 from __future__ import annotations
 
@@ -279,6 +285,19 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("read_sectors", pa.int64()),
         ("read_ticks_ms", pa.int64()),
         ("in_flight", pa.int64()),
+    ],
+    # the target's Python stacks and GIL holder (engramprof/sampling/stacks.py; format 5)
+    "stacks": [
+        ("ts_ns", pa.int64()),  # CLOCK_MONOTONIC when the round's dump of this process ended
+        ("window_ns", pa.int64()),  # the stacks were read inside [ts_ns - window_ns, ts_ns]
+        ("round", pa.int64()),  # rounds count from 1; every thread of one dump shares it
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),  # the OS thread id (the read events' tid)
+        ("thread_name", pa.string()),
+        ("gil", pa.bool_()),  # this thread held the GIL (at most one per process and round)
+        ("active", pa.bool_()),  # runnable (state R) per /proc, read just before its stack
+        ("frames", pa.string()),  # innermost first, one a line: function \t filename \t line
+        ("depth", pa.int32()),
     ],
     # kswapd wake / sleep, from the probe's vm_events ring (system-wide, rare)
     "kswapd_events": [

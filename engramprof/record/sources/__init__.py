@@ -13,7 +13,7 @@ The order is the order of loading (and of draining, syncing and summaries):
 4. faults, 5. io_uring read requests (uring), 6. libaio read iocbs (libaio), 7. off-CPU (sched):
    compiled one after the other (seconds each on a busy machine), attached together once every
    probe is compiled: the window begins then;
-8. samplers: started when the window begins.
+8. samplers, 9. Python stacks (py-spy): started when the window begins.
 """
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ from engramprof.record.sources.libaio import LibaioSource
 from engramprof.record.sources.pagecache import PagecacheSource
 from engramprof.record.sources.samples import SamplesSource
 from engramprof.record.sources.sched import SchedSource
+from engramprof.record.sources.stacks import StacksSource
 from engramprof.record.sources.syscalls import SyscallsSource
 from engramprof.record.sources.uring import UringSource
 
 SOURCES: list[type[Source]] = [EvictionsSource, PagecacheSource, SyscallsSource, FaultsSource, UringSource,
                                LibaioSource, SchedSource,
-                               SamplesSource]
+                               SamplesSource, StacksSource]
 
 __all__ = ["SOURCES", "Availability", "Options", "Recording", "Source"]

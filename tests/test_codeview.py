@@ -1,0 +1,302 @@
+"""The code view (issue 24): Python stacks sampled with py-spy, joined to the reads and batches.
+
+Real processes throughout: py-spy against live Python (and non-Python) processes, and one
+`syscalls` recording of two lab readers at once (the pool reader and the NOWAIT reader, both
+cached), analysed per process.  The lines the analysis must name are found in the lab's own
+source, so a moved line moves the expectation, not the truth.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from engramprof.analysis import codeview
+from engramprof.analysis import stack_frames as sf
+from engramprof.lab import readers
+from engramprof.sampling.stacks import StackSampler, dump_error, find_py_spy, parse_dump
+from tests.tracing import PY, Proc, engramprof
+
+pytestmark = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (make setup installs it)")
+
+
+def _line_of(func, text: str) -> int:
+    """The line number of the first line of ``func`` holding ``text``."""
+    src, first = inspect.getsourcelines(func)
+    return first + next(i for i, ln in enumerate(src) if text in ln)
+
+
+# ---- pure: what a stack says -----------------------------------------------------------
+
+STDLIB = "/usr/lib/python3.11"
+
+
+def _frames(*fs):
+    return [sf.Frame(*f) for f in fs]
+
+
+def test_site_is_the_first_user_frame_and_the_state_follows_frames_then_kernel():
+    gather = _frames(("Condition.wait", f"{STDLIB}/threading.py", 320),
+                     ("Future.result", f"{STDLIB}/concurrent/futures/_base.py", 451),
+                     ("pool_read", "/srv/app/reader.py", 72), ("step", "/srv/app/server.py", 10))
+    site = sf.site_of(gather)
+    assert site.key == "pool_read (app/reader.py:72)" and site.via == ("Condition.wait", "Future.result")
+    assert sf.state_of(gather, gil=False, active=True, in_blocked_read=False) == sf.FUTURE
+    idle = _frames(("_worker", f"{STDLIB}/concurrent/futures/thread.py", 81), ("Thread.run", f"{STDLIB}/threading.py", 975))
+    assert sf.is_worker(idle) and sf.state_of(idle, False, False, False) == sf.IDLE
+    busy = _frames(("read_rows", "/srv/app/reader.py", 40), ("_WorkItem.run", f"{STDLIB}/concurrent/futures/thread.py", 58),
+                   ("_worker", f"{STDLIB}/concurrent/futures/thread.py", 83))
+    assert sf.is_worker(busy) and not sf.worker_idle(busy)
+    # outside a Python wait, without the GIL: the kernel's off-CPU span decides
+    assert sf.state_of(busy, True, True, False) == sf.CPU
+    assert sf.state_of(busy, False, False, True) == sf.READ
+    assert sf.state_of(busy, False, False, False, (2_000_000, False)) == sf.GIL_WAIT
+    assert sf.state_of(busy, False, False, False, (50_000_000, False)) == sf.BLOCKED
+    assert sf.state_of(busy, False, True, False, (2_000_000, True)) == sf.RUNQ
+    assert sf.state_of(busy, False, True, False, (0, False)) == sf.NATIVE
+    # a site-packages library is the user's code, not machinery
+    assert not sf.is_machinery(sf.Frame("get", f"{STDLIB}/site-packages/rocksdict/__init__.py", 5))
+
+
+def test_py_spy_output_and_errors_read():
+    rows = parse_dump(json.dumps([{"pid": 7, "os_thread_id": 8, "thread_name": "MainThread", "owns_gil": True,
+                                   "active": True, "frames": [{"name": "f", "filename": "/a/b.py", "line": 3}]},
+                                  {"pid": 7, "thread_id": 1, "os_thread_id": None, "frames": []}]))
+    assert rows == [{"pid": 7, "tid": 8, "thread_name": "MainThread", "gil": True, "active": True,
+                     "frames": "f\t/a/b.py\t3", "depth": 1}]
+    assert dump_error("WARN x\nError: Failed to find python version from target process\n", 9) == \
+        "pid 9: Failed to find python version from target process"
+
+
+def _stack_rows(rows):
+    import pandas as pd
+
+    out = []
+    for rnd, (t_ms, tid, name, text) in enumerate(rows, 1):
+        out.append({"ts_ns": int(t_ms * 1e6), "window_ns": 2_000_000, "round": rnd, "pid": 1, "tid": tid,
+                    "thread_name": name, "gil": False, "active": True, "frames": text, "depth": text.count("\n") + 1})
+    return pd.DataFrame(out)
+
+
+def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
+    import pandas as pd
+
+    worker = (f"read_rows\t/srv/app/reader.py\t40\n_WorkItem.run\t{STDLIB}/concurrent/futures/thread.py\t58\n"
+              f"_worker\t{STDLIB}/concurrent/futures/thread.py\t83")
+    idle = f"_worker\t{STDLIB}/concurrent/futures/thread.py\t81"
+    gather = (f"Condition.wait\t{STDLIB}/threading.py\t320\nFuture.result\t{STDLIB}/concurrent/futures/_base.py\t451\n"
+              "pool_read\t/srv/app/reader.py\t72")
+    inline = "scan\t/srv/app/scan.py\t9"
+    stacks = _stack_rows([(100, 11, "w1", worker), (100, 10, "MainThread", gather), (200, 11, "w1", idle),
+                          (300, 12, "w2", idle), (300, 10, "MainThread", inline)])
+    stacks.loc[1, "round"] = 1  # the worker and the gathering main thread: one round
+    calls = pd.DataFrame({"ts_ns": [int(99.5e6), int(250e6), int(299e6), int(5000e6)], "dur_ns": [1000] * 4,
+                          "pid": [1] * 4, "tid": [11, 11, 10, 12], "pages_added": [0, 1, 0, 0]})
+    samples = codeview.prepare_samples(stacks, calls)
+    j = codeview.join_reads(samples, calls)
+    # w1's reads: its busy sample (the idle one at 200 ms names no site), inside its window, then
+    # near; the main thread's read: its own inline scan; w2 (never busy): its pool's w1
+    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:9)", "read_rows (app/reader.py:40)"]
+    assert list(j["join"]) == ["inside", "near", "inside", "pool"]
+    assert [x if isinstance(x, str) else None for x in j["submitter"]] == [
+        "pool_read (app/reader.py)", "pool_read (app/reader.py)", None, "pool_read (app/reader.py)"]
+    sites = codeview.read_sites(calls, j, slow_ms=4.0)
+    assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
+
+
+# ---- real: py-spy against live processes, no eBPF ---------------------------------------
+
+SCRIPT = """
+import threading, time
+import numpy  # OpenBLAS starts its own (native) thread on a machine with more than one CPU
+def sleeper():
+    while True:
+        time.sleep(0.5)          # SLEEP
+def spin():
+    x = 0
+    while True:
+        x += 1                   # SPIN
+threading.Thread(target=sleeper, name="sleeper", daemon=True).start()
+print("ready", flush=True)
+spin()
+"""
+
+
+def test_sampler_names_lines_and_gil_holder_and_one_line_for_a_non_python_process(tmp_path):
+    script = tmp_path / "target.py"
+    script.write_text(SCRIPT)
+    py = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        assert py.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # past the print, into spin()
+        notes: list[str] = []
+        s = StackSampler(lambda: [other.pid, py.pid], hz=20, notes=notes)
+        for _ in range(12):
+            s.sample_round()
+        s.flush()
+    finally:
+        py.kill()
+        other.kill()
+        py.wait()
+        other.wait()
+    # the non-CPython process: one note naming it, never sampled again; the other one sampled
+    assert len(notes) == 1 and notes[0].startswith(f"Python stacks not sampled: pid {other.pid}:"), notes
+    assert s.summary()["not_sampled"].keys() == {other.pid} and s.summary()["processes"] == [py.pid]
+    assert s.dumps == 12 + 1  # the refused pid was asked once
+    rows = s.rows
+    assert {r["pid"] for r in rows} == {py.pid} and len({r["round"] for r in rows}) >= 10
+    lines = script.read_text().splitlines()
+    spin_line = next(i for i, ln in enumerate(lines, 1) if "# SPIN" in ln)
+    sleep_line = next(i for i, ln in enumerate(lines, 1) if "# SLEEP" in ln)
+    main = [r for r in rows if r["thread_name"] == "MainThread"]
+    slept = [r for r in rows if r["thread_name"] == "sleeper"]
+
+    def sites(rs):
+        return {(f.func, f.file, f.line) for f in (sf.site_of(sf.parse(r["frames"])).frame for r in rs)}
+
+    assert sites(main) <= {("spin", str(script), spin_line), ("spin", str(script), spin_line - 1)}, sites(main)
+    assert sites(slept) == {("sleeper", str(script), sleep_line)}
+    # the sleeping thread never holds the GIL; the spinning one holds it in most rounds
+    assert not any(r["gil"] for r in slept)
+    assert sum(r["gil"] for r in main) >= len(main) // 2, [(r["gil"], r["active"]) for r in main]
+    assert all(r["window_ns"] > 0 for r in rows)
+    # thread kinds: the two Python threads python; every other thread of the process (OpenBLAS's)
+    # native, and there is one on a machine with more than one CPU
+    kinds = s.thread_kinds().to_pylist()
+    python = {k["tid"] for k in kinds if k["kind"] == "python"}
+    native = {k["tid"] for k in kinds if k["kind"] == "native"}
+    assert python == {r["tid"] for r in main + slept} and len(python) == 2
+    assert native.isdisjoint(python) and {k["pid"] for k in kinds} == {py.pid}
+    if (os.cpu_count() or 1) > 1:
+        assert native, kinds
+
+
+# ---- real: two lab readers recorded at once, with eBPF ----------------------------------
+
+@pytest.fixture(scope="module")
+def two_readers(tmp_path_factory):
+    """One `syscalls --stack-hz 20` recording of the pool reader and the NOWAIT reader, both on a
+    cached table, back-to-back steps (--gap-ms 0: no time between steps to misplace a sample in)."""
+    tmp = tmp_path_factory.mktemp("codeview")
+    table = tmp / "t.safetensors"
+    subprocess.run(engramprof("lab", "make-table", table, "--rows", "16384"), check=True, capture_output=True)
+    # pool: the lab's decode step (4 tokens), 8 threads (a dump reads every thread's stack: fewer
+    # threads, a shorter sample window on a loaded machine); nowait: 256 tokens, so that a step is
+    # its read loop and outlasts a sample's window
+    shape = {"pool": ("--threads", "8"), "nowait": ("--tokens", "256")}
+    labs = {}
+    for reader in ("pool", "nowait"):
+        labs[reader] = Proc(engramprof("lab", "run", "--table", table, "--reader", reader, "--warm", "--duration", "4",
+                                       "--gap-ms", "0", *shape[reader], "--start-delay", "120",
+                                       "--markers", tmp / f"{reader}.jsonl", "--json"))
+    for p in labs.values():
+        p.wait_line("lab: ready")
+    out = tmp / "trace"
+    tracer = Proc(engramprof("syscalls", *sum((["--pid", str(p.pid)] for p in labs.values()), []),
+                             "--output", out, "--json", "--stack-hz", "20"))
+    tracer.wait_line("Tracing")
+    for p in labs.values():
+        os.kill(p.pid, signal.SIGUSR1)
+    for p in labs.values():
+        rc, _, err = p.finish()
+        assert rc == 0, err
+    rc, tout, terr = tracer.finish()
+    assert rc == 0, terr
+    from engramprof import trace
+    from engramprof.analysis import batches
+
+    tr = trace.load_bundle(out)
+    pids = {k: p.pid for k, p in labs.items()}
+    views = {}
+    for reader, pid in pids.items():
+        mdf, _ = batches.read_markers(tmp / f"{reader}.jsonl")
+        views[reader] = codeview.code_view(tr.samples("stacks"), tr.calls, mdf, 4.0, pid=pid, meta=tr.meta,
+                                           offcpu=tr.samples("offcpu"))
+    return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views,
+            "read_tids": {k: set(tr.calls.loc[tr.calls["pid"] == pid, "tid"]) for k, pid in pids.items()},
+            "kinds": tr.table("thread_kinds")}
+
+
+@pytest.mark.bpf
+def test_pool_reader_reads_at_its_read_line_submitted_from_the_gather_where_the_step_waits(two_readers):
+    stacks = two_readers["summary"]["stacks"]
+    assert sorted(stacks["processes"]) == sorted(two_readers["pids"].values()) and stacks["cpu_s"] > 0, stacks
+    v = two_readers["views"]["pool"]
+    read_line = _line_of(readers._read_rows, "n = preadv(")
+    gather_line = _line_of(readers.PoolReader._run, "fut.result()")
+    top = v["read_sites"][0]
+    assert top["site"] == f"_read_rows (lab/readers.py:{read_line})", v["read_sites"]
+    assert top["submitted_from"] == "PoolReader._run (lab/readers.py)", top
+    assert top["reads"] > 0.9 * v["join"]["reads"], (top, v["join"])
+    assert v["step_thread"]["name"] == "MainThread" and v["step_thread"]["tid"] == two_readers["pids"]["pool"]
+    # where the step waits: on the pool's futures at the gather line, more than in any other wait
+    waits = [w for w in v["step_waits"] if w["state"] in (sf.FUTURE, sf.WAIT, sf.GIL_WAIT, sf.BLOCKED)]
+    first = waits[0]
+    assert (first["site"], first["state"]) == (f"PoolReader._run (lab/readers.py:{gather_line})", sf.FUTURE), v["step_waits"]
+    assert first["via"] == "Condition.wait < Future.result"
+    ps = v["python_scheduling"]
+    assert ps["step_thread_gil_wait_share"] is not None and 0 <= ps["step_thread_gil_wait_share"] < first["share"]
+    # every thread the kernel saw read was seen in the interpreter
+    assert two_readers["read_tids"]["pool"] <= set(v["python_threads"][two_readers["pids"]["pool"]])
+    # and tables/thread_kinds says so, for the analysis of thread kinds
+    k = two_readers["kinds"]
+    python = set(k.loc[(k["pid"] == two_readers["pids"]["pool"]) & (k["kind"] == "python"), "tid"])
+    assert two_readers["read_tids"]["pool"] <= python
+    assert "PoolReader._run (lab/readers.py" in v["fix"] and "cached" in v["fix"], v["fix"]
+
+
+@pytest.mark.bpf
+def test_nowait_reader_spends_its_step_in_its_own_read_loop_on_cpu(two_readers):
+    v = two_readers["views"]["nowait"]
+    loop = [w for w in v["step_waits"] if w["site"].startswith("NowaitReader._nowait_pass (lab/readers.py:")]
+    assert sum(w["share"] for w in loop) > 0.5, v["step_waits"]
+    # on a CPU (with the GIL, or without it in the read's copy), or runnable in the CPU's queue:
+    # not waiting on anything of its own
+    on_cpu = sum(w["share"] for w in loop if w["state"] in (sf.CPU, sf.NATIVE, sf.RUNQ))
+    assert on_cpu > 0.5 * sum(w["share"] for w in loop), v["step_waits"]
+    assert not any(w["state"] == sf.FUTURE for w in v["step_waits"])
+    # its reads are its own: issued on the step thread, no pool behind them
+    assert v["read_sites"][0]["site"].startswith("NowaitReader._nowait_pass") and not v["read_sites"][0]["submitted_from"]
+
+
+@pytest.mark.bpf
+def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers):
+    r = subprocess.run(engramprof("batch-tail", two_readers["trace"], "--json"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    cv = summary["code_view"]
+    assert cv["pid"] == summary["slowest_process"] and cv["read_sites"], cv
+    # the split's python-scheduling time set against what the samples saw of it
+    ps = cv["python_scheduling"]
+    assert ps["split_ms"] >= 0 and ps["residual_ms"] == pytest.approx(
+        max(ps["split_ms"] - ps["seen_gil_and_executor_ms"], 0), abs=0.01), ps
+    # the terminal section, at 80 columns, from the same summary
+    import io
+
+    from rich.console import Console
+
+    from engramprof.report.codeview import render_code_view
+
+    buf = io.StringIO()
+    render_code_view(Console(file=buf, width=80), cv)
+    text = buf.getvalue()
+    assert text.startswith(f"code view (pid {cv['pid']}") and "reads issued at" in text, text
+    assert ("at the code: " in text) == bool(cv["fix"]), text  # a fix whenever a step thread was seen in batches
+    assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 80, text
+
+
+def test_a_trace_without_stacks_says_why_in_one_line():
+    import pandas as pd
+
+    calls = pd.DataFrame({"ts_ns": [1], "dur_ns": [1], "pid": [5], "tid": [5]})
+    meta = {"stacks": {"not_sampled": {"5": "pid 5: Failed to find python version from target process"}}}
+    assert codeview.code_view(None, calls, None, 4.0, meta=meta) == {
+        "note": "no Python stacks in this trace (pid 5: Failed to find python version from target process)"}
+    assert "--stack-hz 0" in codeview.code_view(pd.DataFrame(), calls, None, 4.0, meta={"stacks": None})["note"]
