@@ -34,7 +34,7 @@ def _records(n: int, fd: int, t0: int) -> np.ndarray:
 
 
 def test_syscall_names_come_from_the_header():
-    assert syscall_names() == ["preadv2", "preadv", "pread64", "fault"]  # fault: the page-fault events
+    assert syscall_names() == ["preadv2", "preadv", "pread64", "fault", "read", "readv"]  # fault: the page-fault events
 
 
 def test_calls_flow_through_to_an_event_table(tmp_path):

@@ -35,7 +35,7 @@ class SyscallsSource(Source):
     """The call probe wired to the pipeline: the recording's required source."""
 
     name = "syscalls"
-    title = "preadv2/preadv/pread64 calls"
+    title = "preadv2/preadv/pread64/read/readv calls"
     required = True
 
     def __init__(self, rec: Recording):
