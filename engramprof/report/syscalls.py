@@ -156,6 +156,9 @@ def print_summary(console: Console, s: dict) -> None:
     if s.get("bios_untracked"):
         t.add_row("untracked bios", Text(f"{s['bios_untracked']:,} queued by calls, counted in bio_count, not timed "
                                          "(the probe's in-flight bio table had their slot taken)", style="yellow"))
+    if s.get("unnamed_file_reads"):
+        t.add_row("unnamed files", Text(f"{s['unnamed_file_reads']:,} reads of files no scan of the process's open "
+                                        "files and mappings named (path empty; dev/ino are the kernel's)", style="yellow"))
     if s.get("nonregular_skipped"):
         t.add_row("not table reads", f"{s['nonregular_skipped']:,} read()/readv() of pipes, sockets, ttys or "
                   "procfs/sysfs files: counted, not traced")
