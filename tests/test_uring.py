@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
 from engramprof.host.files import kernel_dev
+from tests.fio_runs import PausedFio, require_fio, write_data_file
 
 pytestmark = pytest.mark.bpf
 
@@ -40,21 +39,9 @@ RUNTIME_S = 2
 
 @pytest.fixture(scope="module")
 def data_file():
-    """A file with real blocks (not fallocate's unwritten extents, which read as zeros without I/O)
-    on the root disk."""
-    if subprocess.run(["which", "fio"], capture_output=True).returncode != 0:
-        pytest.fail("fio is not installed (scripts/setup.sh installs it: apt-get install -y fio)")
-    d = "/var/tmp/engramprof-uring-test"
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, "data.bin")
-    if not os.path.exists(path) or os.path.getsize(path) != FILE_MB << 20:
-        with open(path, "wb") as f:
-            block = os.urandom(1 << 20)
-            for _ in range(FILE_MB):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-    yield path
+    """A file with real blocks on the root disk (tests/fio_runs.py)."""
+    require_fio()
+    yield write_data_file("/var/tmp/engramprof-uring-test/data.bin", FILE_MB)
 
 
 def run_fio(data_file: str, *opts: str, watch_workers: bool = False):
@@ -66,45 +53,31 @@ def run_fio(data_file: str, *opts: str, watch_workers: bool = False):
     argv = ["fio", "--name=uring", f"--filename={data_file}", "--ioengine=io_uring", "--rw=randread", "--bs=4k",
             f"--size={FILE_MB}M", f"--runtime={RUNTIME_S}", "--time_based", "--thread", "--iodepth=1",
             "--lat_percentiles=1", "--output-format=json", f"--output={out}", *opts]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(w)
-            os.read(r, 1)
-            fd = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(fd, 1)
-            os.execvp("fio", argv)
-        finally:
-            os._exit(127)
-    os.close(r)
+    fio = PausedFio(argv)
+    pid = fio.pid
     probe = None
     try:
         probe = uring.UringProbe.load(uring.UringProbeConfig(tgid=pid))
         probe.arm()
-        os.write(w, b"x")
+        fio.go()
         parts, threads = [], {}
-        deadline = time.monotonic() + RUNTIME_S + 60
-        status = None
-        while status is None and time.monotonic() < deadline:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
+
+        def drain():
             parts.append(probe.drain())
-            if watch_workers and status is None:
+            if watch_workers and fio.status is None:
                 for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
                     try:
                         threads[int(tid)] = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
                     except OSError:
                         pass
-            time.sleep(0.05)
+
+        fio.wait(RUNTIME_S + 60, every=drain)
         parts.append(probe.drain())
-        assert status is not None and os.waitstatus_to_exitcode(status) == 0, f"fio failed ({status})"
         totals = probe.totals()
         recs = np.concatenate(parts)
         events = uring.to_frame(recs)
     finally:
-        os.close(w)
+        fio.close()
         if probe is not None:
             probe.close()
     with open(out) as f:
