@@ -115,4 +115,4 @@ def test_latency_matches_fio_clat(fio_run):
             ours, ref = float(np.percentile(dur, q)), float(clat[key])
             report.append(f"{name} p{q}: probe {ours / 1e3:.1f} us, fio clat {ref / 1e3:.1f} us")
             assert 0.85 * ref <= ours <= 1.15 * ref, "\n".join(report)
-    print("\n".join(report))
+    print("\n".join(report))  # the figures, with -s
