@@ -491,3 +491,18 @@ def test_uring_row_on_this_kernel():
         return
     assert st["missing"] == [], st["missing"]
     assert {"U_OFF_REQ_FILE", "U_OFF_RW_POS", "U_OFF_SB_DEV"} <= set(st["offsets"])
+
+
+def test_read_files_row_names_what_the_fd_walk_lacks(tmp_path):
+    """The syscall probe's fd walk (probes/targets.h): this kernel has every member; a BTF file
+    that cannot be read, or a walk naming a member the kernel lacks, fails naming it."""
+    from engramprof.host import btf as kbtf
+
+    if not os.path.exists(kbtf.VMLINUX):
+        pytest.skip("this kernel has no BTF: the row's failure is checked below")
+    row = doc.check_read_files()
+    assert row.status == "pass" and "12 BTF members" in row.detail and "super_block" in row.detail, row
+    bad = doc.check_read_files(tmp_path / "no-btf")
+    assert bad.status == "fail" and "no-btf" in bad.detail and bad.fix, bad
+    walk = kbtf.FD_WALK + [("OFF_X", "file", "f_no_such_member", 8), ("OFF_Y", "inode", "i_mode", 8)]
+    assert kbtf.walk_problems(kbtf.load(), walk) == ["file.f_no_such_member", "inode.i_mode is 2 bytes"]

@@ -14,23 +14,7 @@ import struct
 from functools import lru_cache
 
 from engramprof.errors import UserError
-from engramprof.host.btf import BTF, VMLINUX  # noqa: F401  (re-exported: the loaders' import)
-
-# (macro, struct, member, size in bytes the probe reads)
-FD_WALK = [
-    ("OFF_TASK_FILES", "task_struct", "files", 8),
-    ("OFF_FILES_FDT", "files_struct", "fdt", 8),
-    ("OFF_FDT_MAX_FDS", "fdtable", "max_fds", 4),
-    ("OFF_FDT_FD", "fdtable", "fd", 8),
-    ("OFF_FILE_INODE", "file", "f_inode", 8),
-    ("OFF_FILE_FLAGS", "file", "f_flags", 4),  # O_DIRECT
-    ("OFF_FILE_POS", "file", "f_pos", 8),  # where read() / readv() read from
-    ("OFF_INODE_MODE", "inode", "i_mode", 2),  # S_ISREG: read() of a pipe, socket or tty is no table read
-    ("OFF_INODE_INO", "inode", "i_ino", 8),
-    ("OFF_INODE_SB", "inode", "i_sb", 8),
-    ("OFF_SB_DEV", "super_block", "s_dev", 4),
-    ("OFF_SB_MAGIC", "super_block", "s_magic", 8),  # procfs, sysfs...: no table is read there
-]
+from engramprof.host.btf import BTF, FD_WALK, VMLINUX  # noqa: F401  (re-exported: the loaders' import)
 
 
 def offsets(btf: BTF, walk=FD_WALK) -> dict[str, int]:
