@@ -258,7 +258,8 @@ static __always_inline void every_syscall(u64 pid_tgid)
 
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
-	if (!armed() || !is_target_fd(fd))
+	struct fd_file f;   /* walked with --file only (the exporter takes a call's file from its pages) */
+	if (!armed() || !target_fd_file(fd, &f))
 		return;      /* not armed yet; --file: a read of another file (targets.h) */
 	struct inflight *s = task_state(1);
 	if (!s)
@@ -266,7 +267,7 @@ static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64
 	s->ino = 0;
 	s->dev = 0;
 	s->fault_open = 0;   /* a syscall ends the thread's last fault */
-	call_begin(s, sc, fd, offset, size, flags);
+	call_begin(s, sc, fd, offset, size, flags, &f);
 }
 
 static __always_inline void call_file(struct inflight *s, u64 pid_tgid, struct read_key *k)

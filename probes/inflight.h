@@ -18,8 +18,9 @@
  *
  * Included after probes/targets.h (is_target) and, with HAVE_BIO, probes/bios.h.
  *
- * Constants (-D): USE_RAW_SYSCALLS, HAVE_PREADV, HAVE_PREAD64, HAVE_BIO, HAVE_VMSCAN_DIRECT,
- * HAVE_VMSCAN_MEMCG, HAVE_SCHED, TID_WORDS (probes/tidbits.h).
+ * Constants (-D): USE_RAW_SYSCALLS, HAVE_PREADV, HAVE_PREAD64, HAVE_READ, HAVE_READV (with
+ * INFLIGHT_PLAIN_READS), HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_SCHED, TID_WORDS
+ * (probes/tidbits.h), O_DIRECT_BIT (the architecture's O_DIRECT: struct inflight's direct).
  */
 #ifndef ENGRAMPROF_INFLIGHT_H
 #define ENGRAMPROF_INFLIGHT_H
@@ -38,6 +39,11 @@
 #ifndef INFLIGHT_EVERY_SYSCALL
 #define INFLIGHT_EVERY_SYSCALL 0
 #endif
+/* 1: read() and readv() are traced calls too (their offset is the file position: the including
+ * probe's call_enter reads it from the fd's file) */
+#ifndef INFLIGHT_PLAIN_READS
+#define INFLIGHT_PLAIN_READS 0
+#endif
 
 struct inflight {
 	u64 ts;           /* entry ns; 0 = no call in flight */
@@ -46,12 +52,14 @@ struct inflight {
 	u64 flags;
 	u64 reclaim_start;
 	u64 reclaim_ns;
+	u64 file_ino;     /* the file the fd named at entry (struct fd_file, probes/targets.h); 0: not walked */
+	u32 file_dev;
 	s32 fd;
 	u32 pages_added;
 	u32 bio_count;
 	u16 syscall;
 	u8 switched;      /* switched out during the call: collect offcpu_by_tid at exit */
-	u8 __pad0;
+	u8 direct;        /* the fd had O_DIRECT at entry */
 	INFLIGHT_EXTRA
 };
 
@@ -119,8 +127,10 @@ static __always_inline struct inflight *current_call(void)
 	return 0;
 }
 
-/* start the call in s (entry time last: it marks the call in flight) */
-static __always_inline void call_begin(struct inflight *s, u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
+/* start the call in s on the file f (its walk at entry: fd_file_walk; zeroed when the probe did
+ * not walk the fd), entry time last: it marks the call in flight */
+static __always_inline void call_begin(struct inflight *s, u16 sc, s32 fd, s64 offset, u64 size, u64 flags,
+				       const struct fd_file *f)
 {
 	s->offset = offset;
 	s->size = size;
@@ -128,6 +138,9 @@ static __always_inline void call_begin(struct inflight *s, u16 sc, s32 fd, s64 o
 	s->reclaim_start = 0;
 	s->reclaim_ns = 0;
 	s->fd = fd;
+	s->file_ino = f->ino;
+	s->file_dev = f->dev;
+	s->direct = (f->flags & O_DIRECT_BIT) != 0;
 	s->pages_added = 0;
 	s->bio_count = 0;
 	s->syscall = sc;
@@ -199,22 +212,33 @@ static __always_inline void call_record_fill(struct call_record *r, struct infli
 	r->runq_ns = runq;
 	r->reclaim_ns = s->reclaim_ns;
 	r->bio_ns = bio_ns;
+	r->ino = s->file_ino;
 	r->pid = pid_tgid >> 32;
 	r->tid = (u32)pid_tgid;
 	r->fd = s->fd;
 	r->pages_added = s->pages_added;
 	r->bio_count = s->bio_count;
+	r->dev = s->file_dev;
 	r->syscall = s->syscall;
+	r->direct = s->direct;
 	r->__pad0 = 0;
+	r->__pad1 = 0;
 }
 
-/* ---- the calls: preadv2 / preadv / pread64 ---- */
+/* ---- the calls: preadv2 / preadv / pread64 (and read / readv: INFLIGHT_PLAIN_READS) ---- */
 
 #if USE_RAW_SYSCALLS
 /* raw_syscalls: one cheap hook for every syscall; the id filter runs first.  x86_64 only. */
+#define NR_READ 0
+#define NR_READV 19
 #define NR_PREAD64 17
 #define NR_PREADV 295
 #define NR_PREADV2 327
+#if INFLIGHT_PLAIN_READS
+#define TRACED_ID(id) ((id) == NR_PREADV2 || (id) == NR_PREADV || (id) == NR_PREAD64 || (id) == NR_READ || (id) == NR_READV)
+#else
+#define TRACED_ID(id) ((id) == NR_PREADV2 || (id) == NR_PREADV || (id) == NR_PREAD64)
+#endif
 RAW_TRACEPOINT_PROBE(sys_enter)
 {
 	u64 id = ctx->args[1];
@@ -223,10 +247,10 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 	if (!is_target(pt))
 		return 0;
 	every_syscall(pt);
-	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
+	if (!TRACED_ID(id))
 		return 0;
 #else
-	if (id != NR_PREADV2 && id != NR_PREADV && id != NR_PREAD64)
+	if (!TRACED_ID(id))
 		return 0;
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
@@ -240,6 +264,16 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 		call_enter(SYSCALL_PREAD64, (s32)a0, (s64)a3, a2, 0);
 		return 0;
 	}
+#if INFLIGHT_PLAIN_READS
+	if (id == NR_READ) {
+		call_enter(SYSCALL_READ, (s32)a0, -1, a2, 0);
+		return 0;
+	}
+	if (id == NR_READV) {
+		call_enter(SYSCALL_READV, (s32)a0, -1, iov_bytes((const struct iovec *)a1, a2), 0);
+		return 0;
+	}
+#endif
 	call_enter(id == NR_PREADV2 ? SYSCALL_PREADV2 : SYSCALL_PREADV, (s32)a0, (s64)a3,
 		   iov_bytes((const struct iovec *)a1, a2), a5);
 	return 0;
@@ -302,6 +336,44 @@ TRACEPOINT_PROBE(syscalls, sys_enter_pread64)
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_pread64)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	call_exit(pid_tgid, args->ret);
+	return 0;
+}
+#endif
+
+#if INFLIGHT_PLAIN_READS && HAVE_READ
+TRACEPOINT_PROBE(syscalls, sys_enter_read)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_READ, (s32)args->fd, -1, args->count, 0);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_read)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
+		return 0;
+	call_exit(pid_tgid, args->ret);
+	return 0;
+}
+#endif
+
+#if INFLIGHT_PLAIN_READS && HAVE_READV
+TRACEPOINT_PROBE(syscalls, sys_enter_readv)
+{
+	if (!is_target(bpf_get_current_pid_tgid()))
+		return 0;
+	call_enter(SYSCALL_READV, (s32)args->fd, -1, iov_bytes((const struct iovec *)args->vec, args->vlen), 0);
+	return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_readv)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))

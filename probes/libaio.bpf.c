@@ -5,7 +5,7 @@
  * process's own memory.
  *   syscalls:sys_enter_io_submit (ctx_id, nr, iocbpp): the iocb pointers (user memory) and each
  *       iocb (64 bytes, include/uapi/linux/aio_abi.h) are read; a PREAD/PREADV's fd is followed
- *       to its file in the kernel (probes/targets.h fd_inode(): dev, ino, i_mode, f_flags'
+ *       to its file in the kernel (probes/targets.h fd_file_walk(): dev, ino, i_mode, f_flags'
  *       O_DIRECT) and the iocb goes into the in-flight map, keyed by (tgid, ctx, iocb address) --
  *       the key the kernel's io_event gives back (obj = the iocb's user address).  Other types
  *       are counted apart (other_iocbs); files that are not regular files (a pipe) are counted
@@ -33,8 +33,8 @@
  * (docs/model.md, "libaio: timing").
  *
  * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, AIO_MAX_NR (iocbs read per
- * io_submit), AIO_MAX_EVENTS (io_events read per reap), AIO_MAX_IOV, A_OFF_FILE_FLAGS,
- * A_OFF_INODE_MODE (BTF), O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, HAVE_SETUP, and targets.h's
+ * io_submit), AIO_MAX_EVENTS (io_events read per reap), AIO_MAX_IOV,
+ * O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, HAVE_SETUP, and targets.h's
  * (FD_WALK 1).
  */
 #include <linux/aio_abi.h>  /* aio_context_t, for the syscalls tracepoints' args */
@@ -143,7 +143,7 @@ BPF_PERCPU_ARRAY(aio_totals, struct aio_totals, 1);
 BPF_ARRAY(aio_record_layout, struct aio_record, 1);
 BPF_ARRAY(aio_totals_layout, struct aio_totals, 1);
 
-/* is_target(pid_tgid), is_target_file(dev, ino), fd_inode(fd, ...): probes/targets.h */
+/* is_target(pid_tgid), is_target_file(dev, ino), fd_file_walk(fd, ...): probes/targets.h */
 #include "targets.h"
 #if HAVE_BIO
 /* bio_slots, bio_claim, bio_completed: the in-flight bio table (probes/bios.h) */
@@ -316,33 +316,26 @@ static __always_inline int submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts, 
 	} else {
 		s.size = cb.aio_nbytes;
 	}
-	u64 inode = 0, sb = 0, ino = 0;
-	u64 file = fd_inode(s.fd, &inode, &sb, &ino);
-	if (!file) {
+	struct fd_file ff;
+	if (!fd_file_walk(s.fd, &ff)) {
 		if (t)
 			t->no_file++;
 		return 0;
 	}
-	u16 mode = 0;
-	u32 f_flags = 0;
-	u32 dev = 0;
-	bpf_probe_read_kernel(&mode, sizeof(mode), (void *)(inode + A_OFF_INODE_MODE));
-	if ((mode & S_IFMT_) != S_IFREG_) {
+	if ((ff.mode & S_IFMT_) != S_IFREG_ || ff.pseudo) {
 		if (t)
 			t->not_regular++;
 		return 0;
 	}
-	bpf_probe_read_kernel(&f_flags, sizeof(f_flags), (void *)(file + A_OFF_FILE_FLAGS));
-	bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV));
-	if (!is_target_file(dev, ino)) {  /* --file */
+	if (!is_target_file(ff.dev, ff.ino)) {  /* --file */
 		if (t)
 			t->filtered++;
 		return 0;
 	}
-	if (f_flags & O_DIRECT_BIT)
+	if (ff.flags & O_DIRECT_BIT)
 		s.aflags |= AIO_DIRECT;
-	s.dev = dev;
-	s.ino = ino;
+	s.dev = ff.dev;
+	s.ino = ff.ino;
 	if (t)
 		t->submitted++;
 	struct aio_key k = {.ctx = ctx, .iocb = uiocb, .tgid = pid_tgid >> 32};

@@ -1,4 +1,5 @@
-/* syscalls.bpf.c - per-call preadv2 / preadv / pread64 tracing with each call's cause evidence.
+/* syscalls.bpf.c - per-call preadv2 / preadv / pread64 / read / readv tracing with each call's cause
+ * evidence.
  *
  * Tracepoints only (no kprobes, no fentry).  The enter hook stores the call in task-local
  * storage; evidence hooks that fire in the reading thread's context while the call is in
@@ -8,16 +9,24 @@
  * buffer without waking user space (it drains on a timer) and updates in-kernel totals and
  * per-fd log2 latency histograms.
  *
+ * The file of every call is walked in the kernel at entry (probes/targets.h fd_file_walk: the
+ * fd's file, its inode and superblock): the record carries its device and inode (a path is a name
+ * for that identity, given in user space, never a guess from the fd number, which another file
+ * may have had), whether it was open with O_DIRECT, and for read() / readv() the file position
+ * (the offset).  read() and readv() of anything but a regular file are counted apart
+ * (nonregular_skipped) and not traced.  The --file verdict reuses the same walk.
+ *
  * Constants filled in before load (-D):
  *   TARGET_TGID, TARGET_TID, MATCH_TGIDS, MATCH_CGROUPS, FOLLOW_CHILDREN  which processes,
- *   MATCH_FILES, OFF_*  which files (--file: the call's fd is followed to its inode at entry)
- *                 (probes/targets.h)
+ *   MATCH_FILES   which files (--file) (probes/targets.h)
+ *   OFF_*         the fd -> file -> inode walk's member offsets (engramprof/bpf/btf.py FD_WALK)
+ *   O_DIRECT_BIT  the architecture's O_DIRECT
  *   MIN_NS        record only calls at least this long (all calls are still counted)
  *   RING_PAGES    ring buffer size in pages
  *   BIO_SLOTS, BIO_STALE_NS  the in-flight bio table (probes/bios.h)
  *   USE_RAW_SYSCALLS  1: hook raw_syscalls sys_enter/sys_exit (x86_64 only, cheaper);
- *                     0: the syscalls:sys_{enter,exit}_{preadv2,preadv,pread64} tracepoints
- *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
+ *                     0: the syscalls:sys_{enter,exit}_{preadv2,preadv,pread64,read,readv} tracepoints
+ *   HAVE_PREADV, HAVE_PREAD64, HAVE_READ, HAVE_READV, HAVE_FILEMAP, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
  *   HAVE_SCHED, HAVE_KSWAPD  feature-probed tracepoints; evidence for a missing one is left at 0 and the
  *                 trace says which columns are absent
  *   TID_WORDS     u64 words of call_out_bits, the switched-out-in-a-call bitmap (HAVE_SCHED:
@@ -25,6 +34,9 @@
  */
 #include <linux/fs.h>
 #include "syscalls.h"
+
+#define FD_WALK 1               /* every call's file: its dev, ino, O_DIRECT, read()'s f_pos */
+#define INFLIGHT_PLAIN_READS 1  /* read() and readv() are traced calls */
 
 #if HAVE_BIO
 /* bio_slots, bio_slots_taken: the bios the target's calls queued, until their completion (the
@@ -46,14 +58,34 @@ BPF_ARRAY(vm_event_layout, struct vm_event, 1);
  * bio_latency_log2; the syscall, bio, reclaim and sched_wakeup hooks: probes/inflight.h */
 #include "inflight.h"
 
+static __always_inline void nonregular_skipped(void)
+{
+	int zero = 0;
+	struct call_totals *t = call_totals.lookup(&zero);
+	if (t)
+		t->nonregular_skipped++;
+}
+
+/* A target thread entered a read call (is_target passed): one walk of its fd names the file for
+ * both --file and the record (probes/targets.h).  read() / readv() read from the file position,
+ * and only a regular file's read is a table read: a pipe, socket, tty, or a file of procfs, sysfs
+ * or another pseudo filesystem (PSEUDO_FS) is counted (nonregular_skipped) and not traced.  preadv2 / preadv / pread64 are traced on any file. */
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
-	if (!is_target_fd(fd))
+	struct fd_file f;
+	if (!target_fd_file(fd, &f))
 		return;      /* --file: a read of another file */
+	if (sc == SYSCALL_READ || sc == SYSCALL_READV) {
+		if ((f.mode & S_IFMT) != S_IFREG || f.pseudo) {
+			nonregular_skipped();
+			return;
+		}
+		offset = f.pos;
+	}
 	struct inflight *s = task_state(1);
 	if (!s)
 		return;
-	call_begin(s, sc, fd, offset, size, flags);
+	call_begin(s, sc, fd, offset, size, flags, &f);
 }
 
 static __always_inline void call_exit(u64 pid_tgid, s64 ret)

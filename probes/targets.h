@@ -19,9 +19,15 @@
  *   HAVE_GROUP_DEAD  sched_process_exit has group_dead (else: when the leader exits)
  *   MATCH_FILES      1: only reads of the files in `target_files` (--file: device + inode, the
  *                    kernel's encoding, filled from user space before the recording is armed);
- *                    is_target_fd(fd) follows current->files->fdt->fd[fd]->f_inode with the
- *                    running kernel's member offsets OFF_* (engramprof/bpf/btf.py), is_target_file
- *                    (dev, ino) tests what a tracepoint gives (mm_filemap_fault); both are 1 when 0
+ *                    target_fd_file(fd, &f) follows current->files->fdt->fd[fd] to the file and
+ *                    its inode with the running kernel's member offsets OFF_* (engramprof/bpf/btf.py
+ *                    FD_WALK) and judges it, is_target_fd(fd) the same without keeping the file,
+ *                    is_target_file(dev, ino) tests what a tracepoint gives (mm_filemap_fault);
+ *                    all are 1 when 0
+ *   FD_WALK          1: the probe names the file of every call it traces (the syscall probe: each
+ *                    read event's dev, ino, O_DIRECT, and read()'s f_pos), so the walk is compiled
+ *                    in (OFF_* given) without --file too; --file's verdict then reuses the same
+ *                    walk (one walk per call)
  *   TARGET_TID       one thread, 0 = all          MAX_TARGETS, MAX_CGROUPS, MAX_FILES  map sizes
  *
  * Cost (issue 13: --cgroup and --file within 10% of one --pid's compare; is_target runs in every
@@ -33,14 +39,15 @@
  *             (2026-12-01) measured no cheaper than the lookup; the lookup stays for MATCH_CGROUPS 1.
  *   --file    task->files->fdt->{max_fds, fd} are direct loads through the BTF pointer of
  *             bpf_get_current_task_btf() (verifier-checked against the running kernel's BTF,
- *             no helper call); the fd slot, the file's f_inode, the inode's i_sb..i_ino span and
- *             the superblock's s_dev are four bpf_probe_read_kernel (was nine).  Nothing about an
- *             fd is cached: a closed, reused or dup2'ed fd is followed afresh on every call, to
- *             its inode's (i_sb, i_ino); only the verdict for that pair is memoized per CPU
- *             (`file_memo`: the s_dev read and the hash lookup skipped when the pair repeats).  The
- *             one case it could misjudge: the file's filesystem unmounted and another mounted
- *             whose superblock lands at the same address, with a file of the same inode number,
- *             read on that CPU before any other file.
+ *             no helper call); the fd slot, the file's f_inode..f_pos span, the inode's
+ *             i_mode..i_ino span and the superblock's s_dev are four bpf_probe_read_kernel.
+ *             Nothing about an fd is cached: a closed, reused or dup2'ed fd is followed afresh on
+ *             every call, to its inode's (i_sb, i_ino); only the superblock's s_dev and the
+ *             verdict for the pair are memoized per CPU (`file_memo`: the s_dev read and the hash
+ *             lookup skipped when they repeat).  The one case it could misjudge: the file's
+ *             filesystem unmounted and another mounted whose superblock lands at the same
+ *             address, read on that CPU before any other file (its s_dev, and with a file of the
+ *             same inode number its verdict).
  */
 #if MATCH_TGIDS == 2
 BPF_HASH(target_tgids, u32, u8, MAX_TARGETS);
@@ -52,6 +59,11 @@ BPF_HASH(target_cgroups, u64, u8, MAX_CGROUPS);
 /* slot i (a constant; unused slots compile away) */
 #define IN_CG_SLOT(i) (CGROUP_SLOTS_USED > i && bpf_get_current_ancestor_cgroup_id(CG_LEVEL_##i) == CG_ID_##i)
 #endif
+#ifndef FD_WALK
+#define FD_WALK 0
+#endif
+/* the fd -> file walk is compiled in: --file, or a probe that names every call's file (FD_WALK) */
+#define FD_WALK_ON (FD_WALK || MATCH_FILES)
 #if MATCH_FILES
 struct target_file_key {
 	u32 dev;          /* superblock s_dev: major << 20 | minor */
@@ -59,14 +71,19 @@ struct target_file_key {
 	u64 ino;
 };
 BPF_HASH(target_files, struct target_file_key, u8, MAX_FILES);
-/* per-CPU memo of the last verdict of is_target_fd: (superblock, inode number) -> in target_files
- * or not.  target_files only grows (an overlay file's copy-up, engramprof/bpf/targets.py), and user
- * space clears the memo after adding; only syscall entry hooks (preemption off, they do not nest)
- * call is_target_fd, so an entry is never torn. */
+#endif
+#if FD_WALK_ON
+/* per-CPU memo of the last file walked: its superblock's s_dev (an s_dev read saved while the
+ * superblock repeats) and, with --file, the verdict for (superblock, inode number): in
+ * target_files or not.  target_files only grows (an overlay file's copy-up,
+ * engramprof/bpf/targets.py), and user space clears the memo after adding; only syscall entry
+ * hooks (preemption off, they do not nest) walk an fd, so an entry is never torn. */
 struct file_memo {
 	u64 sb;           /* struct super_block *; 0: empty */
 	u64 ino;
-	u64 in;
+	u32 dev;
+	u16 in;
+	u16 pseudo;
 };
 BPF_PERCPU_ARRAY(file_memo, struct file_memo, 1);
 #endif
@@ -81,20 +98,49 @@ static __always_inline int is_target_file(u32 dev, u64 ino)
 #endif
 }
 
-/* fd (of the current task) -> its struct file and the inode's (i_sb, i_ino):
- * current->files->fdt->fd[fd]->f_inode.  The first three hops are BTF loads (a NULL or bad pointer
- * reads as 0, no fault); the rest are probe reads.  Returns the struct file * (0: a hop failed or
- * was NULL: fd closed meanwhile, a kernel thread); *inode, *sb and *ino are set with it.  Compiled
- * for --file (MATCH_FILES) and for a probe that reads the file of an fd itself (FD_WALK 1, e.g.
- * probes/libaio.bpf.c at io_submit); the OFF_* offsets come from engramprof/bpf/btf.py FD_WALK. */
-#ifndef FD_WALK
-#define FD_WALK 0
+/* The file behind an fd of the current task at this instant (fd_file_walk). */
+struct fd_file {
+	u64 sb;           /* struct super_block * (0: not walked / no file) */
+	u64 ino;          /* inode number */
+	s64 pos;          /* f_pos: where read() / readv() reads from */
+	u32 dev;          /* superblock s_dev, the kernel's encoding: major << 20 | minor */
+	u32 flags;        /* f_flags (O_DIRECT, ...) */
+	u16 mode;         /* i_mode (S_IFREG, ...) */
+	u16 pseudo;       /* on a pseudo filesystem (procfs, sysfs, cgroupfs, ...: PSEUDO_FS) */
+	u32 __pad0;
+};
+
+/* filesystems whose "regular" files are the kernel's own text, never a table: proc, sysfs,
+ * cgroup v1 / v2, debugfs, tracefs, securityfs, bpffs, selinuxfs, pstore, efivarfs, configfs
+ * (their superblock's s_magic, include/uapi/linux/magic.h) */
+#define PSEUDO_FS(m) ((m) == 0x9fa0 || (m) == 0x62656572 || (m) == 0x27e0eb || (m) == 0x63677270 || \
+		      (m) == 0x64626720 || (m) == 0x74726163 || (m) == 0x73636673 || (m) == 0xcafe4a11 || \
+		      (m) == 0xf97cff8c || (m) == 0x6165676c || (m) == 0xde5e81e4 || (m) == 0x62656570)
+
+#if FD_WALK_ON
+#define MIN2(a, b) ((a) < (b) ? (a) : (b))
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+/* the members of struct file and struct inode the walk needs, each read as one span */
+#define FILE_SPAN_FROM MIN2(OFF_FILE_INODE, MIN2(OFF_FILE_FLAGS, OFF_FILE_POS))
+#define FILE_SPAN_TO MAX2(OFF_FILE_INODE + 8, MAX2(OFF_FILE_FLAGS + 4, OFF_FILE_POS + 8))
+#define INODE_SPAN_FROM MIN2(OFF_INODE_MODE, MIN2(OFF_INODE_SB, OFF_INODE_INO))
+#define INODE_SPAN_TO MAX2(OFF_INODE_MODE + 2, MAX2(OFF_INODE_SB + 8, OFF_INODE_INO + 8))
+#define SB_SPAN_FROM MIN2(OFF_SB_DEV, OFF_SB_MAGIC)
+#define SB_SPAN_TO MAX2(OFF_SB_DEV + 4, OFF_SB_MAGIC + 8)
 #endif
-#if MATCH_FILES || FD_WALK
-#define INODE_SPAN_FROM (OFF_INODE_SB < OFF_INODE_INO ? OFF_INODE_SB : OFF_INODE_INO)
-#define INODE_SPAN_TO ((OFF_INODE_SB < OFF_INODE_INO ? OFF_INODE_INO : OFF_INODE_SB) + 8)
-static __always_inline u64 fd_inode(s32 fd, u64 *inode, u64 *sb, u64 *ino)
+
+/* The one walk of an fd: current->files->fdt->fd[fd] -> the file's f_inode, f_flags, f_pos ->
+ * the inode's i_mode, i_ino, i_sb -> the superblock's s_dev and s_magic.  The first three hops are BTF loads
+ * (a NULL or bad pointer reads as 0, no fault); then one probe read of the fd slot, one of the
+ * file's span, one of the inode's span, one of the superblock's s_dev..s_magic unless the
+ * superblock is the memo's (each span is at most 128 bytes on the kernels we know; else member by
+ * member).  Returns 0
+ * (f zeroed) when a hop fails or is NULL (fd closed meanwhile, a kernel thread).  Nothing about
+ * an fd is cached: a closed, reused or dup2'ed fd is followed afresh on every call. */
+static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
 {
+	__builtin_memset(f, 0, sizeof(*f));
+#if FD_WALK_ON
 	if (fd < 0)
 		return 0;
 	char *task = (char *)bpf_get_current_task_btf();
@@ -108,55 +154,114 @@ static __always_inline u64 fd_inode(s32 fd, u64 *inode, u64 *sb, u64 *ino)
 	u64 fds = *(u64 *)(fdt + OFF_FDT_FD);
 	if ((u32)fd >= max_fds || !fds)
 		return 0;
-	u64 file = 0;
+	u64 file = 0, inode = 0, sb = 0, ino = 0;
 	if (bpf_probe_read_kernel(&file, sizeof(file), (void *)(fds + 8 * (u64)(u32)fd)) || !file)
 		return 0;
-	if (bpf_probe_read_kernel(inode, sizeof(*inode), (void *)(file + OFF_FILE_INODE)) || !*inode)
+#if FILE_SPAN_TO - FILE_SPAN_FROM <= 128
+	char fspan[FILE_SPAN_TO - FILE_SPAN_FROM];
+	if (bpf_probe_read_kernel(fspan, sizeof(fspan), (void *)(file + FILE_SPAN_FROM)))
 		return 0;
-#if INODE_SPAN_TO - INODE_SPAN_FROM <= 64
-	/* i_sb and i_ino in one read (they are 24 bytes apart in 6.x's struct inode) */
-	char span[INODE_SPAN_TO - INODE_SPAN_FROM];
-	if (bpf_probe_read_kernel(span, sizeof(span), (void *)(*inode + INODE_SPAN_FROM)))
-		return 0;
-	__builtin_memcpy(sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(*sb));
-	__builtin_memcpy(ino, span + (OFF_INODE_INO - INODE_SPAN_FROM), sizeof(*ino));
+	__builtin_memcpy(&inode, fspan + (OFF_FILE_INODE - FILE_SPAN_FROM), 8);
+	__builtin_memcpy(&f->flags, fspan + (OFF_FILE_FLAGS - FILE_SPAN_FROM), 4);
+	__builtin_memcpy(&f->pos, fspan + (OFF_FILE_POS - FILE_SPAN_FROM), 8);
 #else
-	if (bpf_probe_read_kernel(ino, sizeof(*ino), (void *)(*inode + OFF_INODE_INO)))
-		return 0;
-	if (bpf_probe_read_kernel(sb, sizeof(*sb), (void *)(*inode + OFF_INODE_SB)))
+	if (bpf_probe_read_kernel(&inode, 8, (void *)(file + OFF_FILE_INODE)) ||
+	    bpf_probe_read_kernel(&f->flags, 4, (void *)(file + OFF_FILE_FLAGS)) ||
+	    bpf_probe_read_kernel(&f->pos, 8, (void *)(file + OFF_FILE_POS)))
 		return 0;
 #endif
-	if (!*sb)
+	if (!inode)
 		return 0;
-	return file;
+#if INODE_SPAN_TO - INODE_SPAN_FROM <= 128
+	/* i_mode, i_sb and i_ino in one read (they are within 72 bytes in 6.x's struct inode) */
+	char span[INODE_SPAN_TO - INODE_SPAN_FROM];
+	if (bpf_probe_read_kernel(span, sizeof(span), (void *)(inode + INODE_SPAN_FROM)))
+		return 0;
+	__builtin_memcpy(&f->mode, span + (OFF_INODE_MODE - INODE_SPAN_FROM), 2);
+	__builtin_memcpy(&sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(sb));
+	__builtin_memcpy(&ino, span + (OFF_INODE_INO - INODE_SPAN_FROM), sizeof(ino));
+#else
+	if (bpf_probe_read_kernel(&f->mode, 2, (void *)(inode + OFF_INODE_MODE)) ||
+	    bpf_probe_read_kernel(&ino, sizeof(ino), (void *)(inode + OFF_INODE_INO)) ||
+	    bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)))
+		return 0;
+#endif
+	if (!sb)
+		return 0;
+	f->sb = sb;
+	f->ino = ino;
+	int zero = 0;
+	struct file_memo *m = file_memo.lookup(&zero);
+	if (m && m->sb == sb) {
+		f->dev = m->dev;
+		f->pseudo = m->pseudo;
+		return 1;
+	}
+	u64 magic = 0;
+#if SB_SPAN_TO - SB_SPAN_FROM <= 128
+	char sspan[SB_SPAN_TO - SB_SPAN_FROM];
+	if (bpf_probe_read_kernel(sspan, sizeof(sspan), (void *)(sb + SB_SPAN_FROM)))
+		return 0;
+	__builtin_memcpy(&f->dev, sspan + (OFF_SB_DEV - SB_SPAN_FROM), 4);
+	__builtin_memcpy(&magic, sspan + (OFF_SB_MAGIC - SB_SPAN_FROM), 8);
+#else
+	if (bpf_probe_read_kernel(&f->dev, sizeof(f->dev), (void *)(sb + OFF_SB_DEV)) ||
+	    bpf_probe_read_kernel(&magic, sizeof(magic), (void *)(sb + OFF_SB_MAGIC)))
+		return 0;
+#endif
+	f->pseudo = PSEUDO_FS(magic);
+	if (m) {  /* a new superblock: the verdict memo goes with it */
+		m->sb = sb;
+		m->dev = f->dev;
+		m->pseudo = f->pseudo;
+		m->ino = 0;
+		m->in = 0;
+	}
+	return 1;
+#else
+	return 0;
+#endif
 }
-#endif
 
-/* Is fd (of the current task) one of the target files?  fd_inode(), then the superblock's s_dev.
- * A hop that fails or is NULL is not a target. */
-static __always_inline int is_target_fd(s32 fd)
+/* Is the walked file f one of the target files (--file)?  1 when there is no --file.  The
+ * verdict for (superblock, inode number) is memoized per CPU (file_memo).  The one case it could
+ * misjudge: the file's filesystem unmounted and another mounted whose superblock lands at the
+ * same address, with a file of the same inode number, read on that CPU before any other file. */
+static __always_inline int is_target_fd_file(struct fd_file *f)
 {
 #if MATCH_FILES
-	u64 inode = 0, sb = 0, ino = 0;
-	u32 dev = 0;
-	if (!fd_inode(fd, &inode, &sb, &ino))
+	if (!f->sb)
 		return 0;
 	int zero = 0;
 	struct file_memo *m = file_memo.lookup(&zero);
-	if (m && m->sb == sb && m->ino == ino)
+	if (m && m->sb == f->sb && m->ino == f->ino)
 		return m->in;
-	if (bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + OFF_SB_DEV)))
-		return 0;
-	int in = is_target_file(dev, ino);
-	if (m) {
-		m->sb = sb;
-		m->ino = ino;
-		m->in = in;
+	int in = is_target_file(f->dev, f->ino);
+	if (m && m->sb == f->sb) {
+		m->ino = f->ino;
+		m->in = in;      /* (m->ino 0 after a new superblock: no file has inode number 0) */
 	}
 	return in;
 #else
 	return 1;
 #endif
+}
+
+/* Walk fd into f and say whether it is a target file: the one walk of a call serves both the
+ * --file filter and the record (f: the file's identity, flags, position; zeroed when neither
+ * --file nor FD_WALK asked for the walk). */
+static __always_inline int target_fd_file(s32 fd, struct fd_file *f)
+{
+	if (!fd_file_walk(fd, f))
+		return !MATCH_FILES;
+	return is_target_fd_file(f);
+}
+
+/* Is fd (of the current task) one of the target files (--file)?  1 when there is no --file. */
+static __always_inline int is_target_fd(s32 fd)
+{
+	struct fd_file f;
+	return target_fd_file(fd, &f);
 }
 
 static __always_inline int is_target(u64 pid_tgid)

@@ -508,7 +508,7 @@ def _libaio_tracefs(fake, drop=(), drop_fields=()):
             f"\tfield:u64 {f};\toffset:{8 * (i + 1)};\tsize:8;\tsigned:0;\n" for i, f in enumerate(fields)))
 
 
-_LIBAIO_BTF_OK = {"offsets": {"A_OFF_FILE_FLAGS": 64, "A_OFF_INODE_MODE": 0}, "missing": []}
+_LIBAIO_BTF_OK = {"offsets": {"OFF_FILE_FLAGS": 64, "OFF_INODE_MODE": 0}, "missing": []}
 
 
 def test_libaio_row_names_what_is_missing(fake):
@@ -541,4 +541,19 @@ def test_libaio_row_on_this_kernel():
     if not os.path.exists("/sys/kernel/btf/vmlinux"):
         assert st["missing"]
         return
-    assert st["missing"] == [] and set(st["offsets"]) == {"A_OFF_FILE_FLAGS", "A_OFF_INODE_MODE"}, st
+    assert st["missing"] == [] and {"OFF_FILE_FLAGS", "OFF_INODE_MODE"} <= set(st["offsets"]), st
+
+
+def test_read_files_row_names_what_the_fd_walk_lacks(tmp_path):
+    """The syscall probe's fd walk (probes/targets.h): this kernel has every member; a BTF file
+    that cannot be read, or a walk naming a member the kernel lacks, fails naming it."""
+    from engramprof.host import btf as kbtf
+
+    if not os.path.exists(kbtf.VMLINUX):
+        pytest.skip("this kernel has no BTF: the row's failure is checked below")
+    row = doc.check_read_files()
+    assert row.status == "pass" and "12 BTF members" in row.detail and "super_block" in row.detail, row
+    bad = doc.check_read_files(tmp_path / "no-btf")
+    assert bad.status == "fail" and "no-btf" in bad.detail and bad.fix, bad
+    walk = kbtf.FD_WALK + [("OFF_X", "file", "f_no_such_member", 8), ("OFF_Y", "inode", "i_mode", 8)]
+    assert kbtf.walk_problems(kbtf.load(), walk) == ["file.f_no_such_member", "inode.i_mode is 2 bytes"]

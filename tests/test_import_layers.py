@@ -22,7 +22,7 @@ PKG = Path(__file__).resolve().parent.parent / "engramprof"
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "errors", "extras", "markers", "jsonable", "units", "validate"),  # base: stdlib + numpy only
     ("tables",),  # table layouts: file + offset -> tensor + row
-    ("host",),  # this machine: residency, cachestat, fd map, tracepoints, doctor's checks
+    ("host",),  # this machine: residency, cachestat, files, tracepoints, doctor's checks
     ("trace",),  # the one owner of the bundle format
     ("sampling",),  # PSI / vmstat / process samplers
     ("target",),  # what is traced: processes, cgroups, files, mounts

@@ -3,8 +3,8 @@
 BCC compiles against whatever kernel headers are installed, which need not be the running
 kernel's (here: 6.1 headers on a 6.18 kernel), so a probe that walks kernel structs must not
 take their layout from the headers.  :func:`fd_walk_offsets` gives the byte offsets of the
-members on the path ``current->files->fdt->fd[fd]->f_inode->{i_ino, i_sb->s_dev}`` as the
-running kernel laid them out; probes/targets.h reads each hop with bpf_probe_read_kernel.
+members on the path ``current->files->fdt->fd[fd]->{f_flags, f_pos, f_inode->{i_mode, i_ino,
+i_sb->s_dev}}`` as the running kernel laid them out; probes/targets.h reads each hop with bpf_probe_read_kernel.
 
 The BTF reader is engramprof/host/btf.py (the doctor reads the same facts).
 """
@@ -14,19 +14,7 @@ import struct
 from functools import lru_cache
 
 from engramprof.errors import UserError
-from engramprof.host.btf import BTF, VMLINUX  # noqa: F401  (re-exported: the loaders' import)
-
-# (macro, struct, member, size in bytes the probe reads)
-FD_WALK = [
-    ("OFF_TASK_FILES", "task_struct", "files", 8),
-    ("OFF_FILES_FDT", "files_struct", "fdt", 8),
-    ("OFF_FDT_MAX_FDS", "fdtable", "max_fds", 4),
-    ("OFF_FDT_FD", "fdtable", "fd", 8),
-    ("OFF_FILE_INODE", "file", "f_inode", 8),
-    ("OFF_INODE_INO", "inode", "i_ino", 8),
-    ("OFF_INODE_SB", "inode", "i_sb", 8),
-    ("OFF_SB_DEV", "super_block", "s_dev", 4),
-]
+from engramprof.host.btf import BTF, FD_WALK, VMLINUX  # noqa: F401  (re-exported: the loaders' import)
 
 
 def offsets(btf: BTF, walk=FD_WALK) -> dict[str, int]:
@@ -45,17 +33,17 @@ def offsets(btf: BTF, walk=FD_WALK) -> dict[str, int]:
     return out
 
 
-@lru_cache(maxsize=1)
-def fd_walk_offsets(path: str = VMLINUX) -> dict[str, int]:
-    """The offsets for probes/targets.h's fd -> inode walk; UserError (exit 1) when the kernel
-    has no BTF or its structs are not as expected."""
+@lru_cache(maxsize=4)
+def fd_walk_offsets(why: str = "--file", path: str = VMLINUX) -> dict[str, int]:
+    """The offsets for probes/targets.h's fd -> file -> inode walk; UserError (exit 1, naming
+    ``why`` the walk is needed) when the kernel has no BTF or its structs are not as expected."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise UserError(f"--file needs the kernel's BTF to read file descriptors in the kernel: {path}: "
+        raise UserError(f"{why} needs the kernel's BTF to read file descriptors in the kernel: {path}: "
                         f"{exc.strerror or exc} (a kernel built with CONFIG_DEBUG_INFO_BTF=y has it)", code=1) from None
     try:
         return offsets(BTF(data))
     except (ValueError, struct.error) as exc:
-        raise UserError(f"--file: cannot follow a file descriptor to its inode on this kernel ({exc})", code=1) from None
+        raise UserError(f"{why}: cannot follow a file descriptor to its inode on this kernel ({exc})", code=1) from None

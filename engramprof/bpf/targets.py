@@ -103,7 +103,8 @@ def _group_dead() -> bool:
 
 def defines(selection, tgid: int, tid: int, fd_walk: bool = False) -> dict[str, int]:
     """probes/targets.h's constants.  ``fd_walk``: the probe reads an fd's file itself
-    (targets.h fd_inode(), FD_WALK 1), so the walk's offsets are filled without --file too."""
+    (targets.h fd_file_walk(), FD_WALK 1), so the walk's offsets are filled without --file too
+    (a probe that always walks may define FD_WALK in its own source instead: syscalls.bpf.c)."""
     slots = cgroup_slots(selection)
     if selection is None:
         mode, cg, children, files = 1, 0, 0, 0
@@ -114,7 +115,7 @@ def defines(selection, tgid: int, tid: int, fd_walk: bool = False) -> dict[str, 
     out = {"TARGET_TGID": tgid, "TARGET_TID": tid, "TRACER_TGID": os.getpid(), "MATCH_TGIDS": mode,
            "MATCH_CGROUPS": cg, "FOLLOW_CHILDREN": children, "HAVE_GROUP_DEAD": int(bool(children) and _group_dead()),
            "MATCH_FILES": files, "MAX_TARGETS": MAX_TARGETS, "MAX_CGROUPS": MAX_CGROUPS, "MAX_FILES": MAX_FILES,
-           "CGROUP_SLOTS_USED": len(slots or ()), "FD_WALK": int(fd_walk)}
+           "CGROUP_SLOTS_USED": len(slots or ()), **({"FD_WALK": 1} if fd_walk else {})}
     for i in range(CGROUP_SLOTS):
         level, ino = (slots or [])[i] if i < len(slots or ()) else (0, 0)
         out[f"CG_LEVEL_{i}"], out[f"CG_ID_{i}"] = level, ino

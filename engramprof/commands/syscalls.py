@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         no_fault_address: bool = typer.Option(False, "--no-fault-address", help="Trace page faults without exceptions:page_fault_user (the x86-only tracepoint giving the address): the generic path, as on arm64."),
         layout_file: Optional[str] = typer.Option(None, "--layout", metavar="FILE", help=LAYOUT_HELP),
     ):
-        """Trace every preadv2/preadv/pread64 call of PID with its latency, file, offset and
+        """Trace every preadv2/preadv/pread64/read/readv call of PID with its latency, file, offset and
         in-kernel evidence (page-cache misses, bio time, reclaim, off-CPU and run-queue time).
 
         Prints a line starting with `Tracing` on stderr once the probes are attached. Ends on
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
             tracer.start()
             for line in selection.waiting():  # not an error: the trace waits for it
                 print(f"engramprof: {line}", file=sys.stderr, flush=True)
-            paths = ["preadv2/preadv/pread64"] + (["io_uring reads"] if tracer.uring is not None else []) \
+            paths = ["preadv2/preadv/pread64/read/readv"] + (["io_uring reads"] if tracer.uring is not None else []) \
                 + (["libaio reads"] if tracer.libaio is not None else []) \
                 + (["page faults"] if tracer.faults is not None else [])
             print(f"Tracing {', '.join(paths[:-1]) + ' and ' + paths[-1] if len(paths) > 1 else paths[0]} of {selection.describe()}"

@@ -133,6 +133,39 @@ class BTF:
         return off, self.size_of(mtype)
 
 
+# The syscall probe's fd -> file -> inode walk (probes/targets.h fd_file_walk): (macro, struct,
+# member, size in bytes the probe reads).  Every syscall read names its file through it, and
+# --file matches through it; engramprof/bpf/btf.py turns it into the probe's OFF_* constants.
+FD_WALK = [
+    ("OFF_TASK_FILES", "task_struct", "files", 8),
+    ("OFF_FILES_FDT", "files_struct", "fdt", 8),
+    ("OFF_FDT_MAX_FDS", "fdtable", "max_fds", 4),
+    ("OFF_FDT_FD", "fdtable", "fd", 8),
+    ("OFF_FILE_INODE", "file", "f_inode", 8),
+    ("OFF_FILE_FLAGS", "file", "f_flags", 4),  # O_DIRECT
+    ("OFF_FILE_POS", "file", "f_pos", 8),  # where read() / readv() read from
+    ("OFF_INODE_MODE", "inode", "i_mode", 2),  # S_ISREG: read() of a pipe, socket or tty is no table read
+    ("OFF_INODE_INO", "inode", "i_ino", 8),
+    ("OFF_INODE_SB", "inode", "i_sb", 8),
+    ("OFF_SB_DEV", "super_block", "s_dev", 4),
+    ("OFF_SB_MAGIC", "super_block", "s_magic", 8),  # procfs, sysfs...: no table is read there
+]
+
+
+def walk_problems(btf: BTF, walk=FD_WALK) -> list[str]:
+    """What of ``walk`` the kernel's BTF lacks or lays out otherwise than the probe reads it
+    ("struct.member" or "struct.member is N bytes"); [] when the walk can be compiled."""
+    out = []
+    for _macro, sname, mname, size in walk:
+        sid = btf.struct_id(sname)
+        m = btf.member(sid, mname) if sid is not None else None
+        if m is None:
+            out.append(f"{sname}.{mname}")
+        elif btf.size_of(m[1]) != size:
+            out.append(f"{sname}.{mname} is {btf.size_of(m[1])} bytes")
+    return out
+
+
 @lru_cache(maxsize=2)
 def load(path: str = VMLINUX) -> BTF:
     """The kernel's BTF, parsed once.  OSError when the file is missing, ValueError when it is

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from engramprof.host import btf as kbtf
 from engramprof.host import tracepoints as tp
 from engramprof.host import libaio as libaio_needs
 from engramprof.host import uring as uring_needs
@@ -319,7 +320,7 @@ def check_tracepoints(root: Path | None, tracepoints: Mapping[str, bool] | None 
                    else f"use a kernel that has the {cat} tracepoints")
             rows.append(Check(f"tracepoint {n}", FAIL, f"{n} is missing from {root}/events ({purpose})", fix))
     groups = [
-        ("tracepoints: preadv/pread64", [n for n, r in tracepoints.items() if not r and n.startswith("syscalls:")],
+        ("tracepoints: other read calls", [n for n, r in tracepoints.items() if not r and n.startswith("syscalls:")],
          "these calls will not be traced", "use a kernel built with CONFIG_FTRACE_SYSCALLS=y"),
         ("tracepoints: evidence", [n for n, r in tracepoints.items() if not r and not n.startswith("syscalls:")],
          "traces will lack the matching evidence columns",
@@ -447,6 +448,24 @@ def check_libaio(root: Path | None, btf: Callable[[], dict] | None = None) -> li
     return [Check(name, PASS, detail)]
 
 
+def check_read_files(btf_path: str | os.PathLike = kbtf.VMLINUX) -> Check:
+    """The syscall probe's fd -> file -> inode walk (probes/targets.h): every struct member it
+    reads is in the kernel's BTF with the size it reads.  Without it the probe cannot name the
+    file of a read (dev, ino), its O_DIRECT flag or read()'s position: a failure."""
+    name = "read files"
+    structs = ", ".join(dict.fromkeys(s for _mac, s, _m, _sz in kbtf.FD_WALK))
+    try:
+        problems = kbtf.walk_problems(kbtf.load(str(btf_path)))
+    except (OSError, ValueError) as exc:
+        return Check(name, FAIL, f"cannot read the kernel's BTF ({btf_path}: {exc}): the file of a read cannot be "
+                                 "taken in the kernel", "use a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    if problems:
+        return Check(name, FAIL, f"the kernel's BTF lacks {', '.join(problems)}: the file of a read cannot be taken "
+                                 "in the kernel", "report this kernel version: the fd walk needs these members")
+    return Check(name, PASS, f"each read's file taken in the kernel (dev, ino, O_DIRECT, read()'s f_pos): "
+                             f"{len(kbtf.FD_WALK)} BTF members of {structs}")
+
+
 def read_paths(checks: Iterable[Check]) -> list[str]:
     """The read paths this machine can trace, from the rows: 'syscalls' when syscalls can run,
     'faults' when the fault tracepoints are there too."""
@@ -465,9 +484,9 @@ def check_read_paths(checks: Iterable[Check]) -> Check:
         return Check("read paths", FAIL, "none: `engramprof syscalls` cannot run here (see the failed rows)",
                      "fix the failed rows above")
     if READ_PATH_FAULTS in paths:
-        return Check("read paths", PASS, "syscalls (preadv2/preadv/pread64 readers) and page faults "
+        return Check("read paths", PASS, "syscalls (preadv2/preadv/pread64/read/readv readers) and page faults "
                                          "(memory-mapped readers)")
-    return Check("read paths", WARN, "syscalls only (preadv2/preadv/pread64 readers); page faults of "
+    return Check("read paths", WARN, "syscalls only (preadv2/preadv/pread64/read/readv readers); page faults of "
                                      "memory-mapped readers are not traced here",
                  "see the `tracepoints: page faults` row")
 
@@ -869,7 +888,8 @@ def run_checks(path: str | os.PathLike = ".", *,
         euid=euid, proc_status=proc_status, tracefs_candidates=tracefs_candidates, tracepoints=tracepoints,
         bcc_import=bcc_import, release=release, modules_root=modules_root, mountinfo=mountinfo,
         kheaders=kheaders)
-    rows = [priv, check_kernel(release), check_btf(btf_path), tfs, *tps, *check_faults(root, fault_tracepoints),
+    rows = [priv, check_kernel(release), check_btf(btf_path), check_read_files(btf_path), tfs, *tps,
+            *check_faults(root, fault_tracepoints),
             *check_uring(root, uring_btf), *check_libaio(root, libaio_btf),
             check_kprobes(root, release, kernel_config_paths), bcc, hdr]
 

@@ -36,11 +36,9 @@ FEATURE_EFFECT = {
     "HAVE_BIO": "no bios: bio_count / bio_ns of libaio reads are null",
     "HAVE_IOMAP": "bios are credited only to the iocb of a one-iocb io_submit",
 }
-#: (macro, struct, member path, bytes the probe reads), besides the fd walk's
-BTF_FIELDS = [
-    ("A_OFF_FILE_FLAGS", "file", "f_flags", 4),  # O_DIRECT
-    ("A_OFF_INODE_MODE", "inode", "i_mode", 2),  # a regular file (a pipe's iocb is not a read event)
-]
+#: (macro, struct, member path, bytes the probe reads): the fd walk's (probes/targets.h
+#: fd_file_walk: an iocb's file, its O_DIRECT flag, whether it is a regular file)
+BTF_FIELDS = list(kbtf.FD_WALK)
 
 
 def btf_status(btf_path: str = kbtf.VMLINUX) -> dict[str, object]:

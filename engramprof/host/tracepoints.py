@@ -20,6 +20,10 @@ SYSCALL_VARIANTS = {
     "syscalls:sys_exit_preadv": "preadv exit",
     "syscalls:sys_enter_pread64": "pread64 entry",
     "syscalls:sys_exit_pread64": "pread64 exit",
+    "syscalls:sys_enter_read": "read() entry (a regular file's read: the file position is the offset)",
+    "syscalls:sys_exit_read": "read() exit",
+    "syscalls:sys_enter_readv": "readv() entry",
+    "syscalls:sys_exit_readv": "readv() exit",
 }
 EVIDENCE = {
     "filemap:mm_filemap_add_to_page_cache": "page-cache insertions (misses) inside a call",

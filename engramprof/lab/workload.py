@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
+import numpy.ma  # noqa: F401  (np.unique imports it on first use: its .pyc reads would be read() events
+#                  of a traced run, beside the table's; imported here, before the run starts)
 
 from engramprof.errors import UserError
 from engramprof.lab import readers, table

@@ -6,8 +6,9 @@ Followed as data, a drained batch of ring-buffer records goes straight through:
    structured arrays, decoded in bulk by engramprof/bpf/ringbuf.py) into a :class:`ReadBatch`
    (``CallDecoder``: struct call_record -> read events of kind ``syscall``) or into sample rows
    (``VmEventDecoder``: struct vm_event -> ``kswapd_events``);
-2. :mod:`.enrich` -- enrichers add columns the kernel cannot know: ``FdPathEnricher``
-   (fd -> path, path_stale), ``TensorEnricher`` (path + offset -> tensor, row);
+2. :mod:`.enrich` -- enrichers add columns the kernel cannot know: a path enricher (the file
+   the kernel read, device + inode -> path, path_stale), ``TensorEnricher`` (path + offset ->
+   tensor, row);
 3. :mod:`.columns` -- the batch as an Arrow table of the trace's EVENT_SCHEMA, built from the
    column list in engramprof/trace/schema.py;
 4. :mod:`.sink` -- the tables go to the TraceWriter from a background thread.

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from engramprof import trace
 from engramprof.bpf import structs as layout
+from engramprof.host.files import st_dev_of
 
 
 @dataclass
@@ -56,6 +57,18 @@ def syscall_names() -> list[str]:
     return names
 
 
+def file_columns(recs: np.ndarray) -> dict[str, np.ndarray]:
+    """The trace's ``dev`` (st_dev form), ``ino`` and ``direct`` of call records: the file the
+    kernel walked to at entry (0/0 when it could not: a closed fd; written null)."""
+    known = recs["ino"] != 0
+    dev = st_dev_of(recs["dev"].astype(np.int64))
+    ino = recs["ino"].astype(np.int64)
+    if known.all():
+        return {"dev": dev, "ino": ino, "direct": recs["direct"] != 0}
+    masked = lambda v: np.ma.masked_array(v, mask=~known)  # noqa: E731  (null in the table)
+    return {"dev": masked(dev), "ino": masked(ino), "direct": masked(recs["direct"] != 0)}
+
+
 class CallDecoder:
     """``struct call_record`` -> :class:`ReadBatch` of kind ``syscall``.
 
@@ -78,7 +91,7 @@ class CallDecoder:
         recs = self.window.keep(recs)
         if len(recs) == 0:
             return None
-        return ReadBatch(self.kind, recs)
+        return ReadBatch(self.kind, recs, file_columns(recs))
 
     @property
     def partial_at_start(self) -> int:

@@ -1,43 +1,23 @@
 """Enrichers: columns the kernel cannot know, added to a :class:`~.decode.ReadBatch` in bulk.
 
-Each has one job and works per distinct file / fd of the batch (a process has few), never per
+Each has one job and works per distinct file of the batch (a process has few), never per
 event:
 
-* :class:`FdPathEnricher`: fd (at the call's entry time) -> ``path`` code and ``path_stale``;
-* :class:`TensorEnricher`: path + offset -> ``tensor`` code and ``row`` (safetensors headers).
+* :class:`TensorEnricher`: path + offset -> ``tensor`` code and ``row`` (safetensors headers);
+* :class:`PerPid`: one enricher per traced process (open files, mappings are per process).
 
-A later page-fault decoder brings a mapping (device, inode) instead of an fd: it gets its own
-path enricher and shares the tensor enricher.
+A read event's path is a name for the file (device, inode) the kernel took at the read, never a
+guess from an fd number: the path enrichers are the sources' own
+(:class:`~.sources.uring.FilePathEnricher` for syscall and io_uring reads,
+:class:`~.sources.faults.MappingPathEnricher` for faults).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from engramprof.host.fdmap import FdResolver
 from engramprof.record.decode import ReadBatch
 from engramprof.record.strings import Interner
 from engramprof.tables import safetensors as layout
-
-
-class FdPathEnricher:
-    """Adds ``path`` (codes into ``paths``) and ``path_stale`` from the target's fd table."""
-
-    def __init__(self, fds: FdResolver, paths: Interner):
-        self.fds = fds
-        self.paths = paths
-        self.fds_seen: set[int] = set()
-
-    def enrich(self, batch: ReadBatch) -> None:
-        recs = batch.recs
-        fds = recs["fd"]
-        codes, stale = self.fds.resolve_codes(fds, recs["ts_ns"].astype(np.int64), self.paths.code)
-        batch.cols["path"] = codes
-        batch.cols["path_stale"] = stale
-        self.fds_seen.update(np.unique(fds).tolist())
-
-    def path_of_slot(self, fdslot: int) -> str:
-        """The last path seen for an fd (the kernel's per-fd histogram slots)."""
-        return self.fds.history.get(fdslot, [(0, "")])[-1][1]
 
 
 class TensorEnricher:
@@ -144,75 +124,3 @@ def _distinct(values: np.ndarray) -> list[int]:
     if len(values) and (values == values[0]).all():
         return [int(values[0])]
     return np.unique(values).tolist()
-
-
-class FdPaths(PerPid):
-    """:class:`FdPathEnricher` per traced process, with its per-fd views over all of them."""
-
-    REFRESH_S = 1.0
-
-    def __init__(self, paths: Interner, resolver=FdResolver):
-        super().__init__(lambda pid: FdPathEnricher(resolver(pid), paths))
-        self._refreshed: dict[int, float] = {}
-        self.started = False  # set once the processes known at start have their resolvers
-
-    def of(self, pid: int):
-        e = self.by_pid.get(pid)
-        if e is None and self.started:
-            e = super().of(pid)
-            _date_changes_back(e.fds)
-        return e if e is not None else super().of(pid)
-
-    def enrich(self, batch: ReadBatch) -> None:
-        # a process seen from its start (a fork followed by --children, a newcomer to a cgroup)
-        # opens and reuses fds as it goes: its fd table is read again at most once a second, so
-        # an fd known from before is not resolved to its old file for longer than that
-        import time
-
-        now = time.monotonic()
-        for pid in np.unique(batch.recs["pid"]).tolist() if len(batch) else ():
-            e = self.by_pid.get(pid)
-            if e is not None and now - self._refreshed.setdefault(pid, now) >= self.REFRESH_S:
-                e.fds.refresh()
-                self._refreshed[pid] = now
-        super().enrich(batch)
-
-    @property
-    def fds_seen(self) -> set[int]:
-        return set().union(*(e.fds_seen for e in self.by_pid.values())) if self.by_pid else set()
-
-    def path_of_slot(self, fdslot: int) -> str:
-        """The kernel's per-fd histograms are per fd number over every traced process: the
-        first process's path for that fd (most traces have one process)."""
-        for e in self.by_pid.values():
-            p = e.path_of_slot(fdslot)
-            if p:
-                return p
-        return ""
-
-    def history(self) -> dict[int, dict[int, list]]:
-        return {pid: e.fds.history for pid, e in self.by_pid.items()}
-
-
-def _date_changes_back(fds: FdResolver) -> None:
-    """A process first seen while recording (a fork, a newcomer) reuses fds at once: a path
-    change found at a refresh is dated from the refresh before (when the old path was last
-    seen), not from now, so the records in between get the new file."""
-    plain = fds.refresh
-    state = {"last": time_ns()}
-
-    def refresh(initial: bool = False) -> None:
-        before = {fd: len(h) for fd, h in fds.history.items()}
-        plain(initial)
-        for fd, h in fds.history.items():
-            if len(h) > before.get(fd, 0) and h[-1][0]:
-                h[-1] = (state["last"], h[-1][1])
-        state["last"] = time_ns()
-
-    fds.refresh = refresh
-
-
-def time_ns() -> int:
-    import time
-
-    return time.monotonic_ns()

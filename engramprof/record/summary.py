@@ -88,6 +88,8 @@ def summarize_run(run: RunFacts, s: LiveState, totals: dict, hists: dict, end_ns
         "lost_records": int(totals.get("lost_records", 0)),
         "bios_untracked": int(totals.get("bios_untracked", 0)),  # in bio_count, not in bio time (probes/bios.h)
         "filtered_short": int(totals.get("filtered", 0)),
+        # read() / readv() of a pipe, socket, tty or pseudo-filesystem file: not table reads, not events
+        "nonregular_skipped": int(totals.get("nonregular_skipped", 0)),
         "partial_at_start": run.partial_at_start,
         "kswapd_events": run.kswapd_events,
         "kswapd_events_lost": int(totals.get("vm_events_lost", 0)),

@@ -145,7 +145,7 @@ def _short(path: str, width: int = 48) -> str:
 
 def print_summary(console: Console, s: dict) -> None:
     lat = s["latency_us"]
-    what = "preadv2/preadv/pread64 and page faults" if s.get("faults") else "preadv2/preadv/pread64"
+    what = "read calls and page faults" if s.get("faults") else "read calls"
     t = Table(title=f"{what} of pid {s['pid']} over {s['duration_s']:.1f} s ({s['end_reason']})",
               title_justify="left", show_header=False, box=None)
     t.add_column(style="bold")
@@ -161,6 +161,12 @@ def print_summary(console: Console, s: dict) -> None:
     if s.get("bios_untracked"):
         t.add_row("untracked bios", Text(f"{s['bios_untracked']:,} queued by calls, counted in bio_count, not timed "
                                          "(the probe's in-flight bio table had their slot taken)", style="yellow"))
+    if s.get("unnamed_file_reads"):
+        t.add_row("unnamed files", Text(f"{s['unnamed_file_reads']:,} reads of files no scan of the process's open "
+                                        "files and mappings named (path empty; dev/ino are the kernel's)", style="yellow"))
+    if s.get("nonregular_skipped"):
+        t.add_row("not table reads", f"{s['nonregular_skipped']:,} read()/readv() of pipes, sockets, ttys or "
+                  "procfs/sysfs files: counted, not traced")
     t.add_row("latency", f"p50 {_fmt_us(lat['p50'])}  p99 {_fmt_us(lat['p99'])}  max {_fmt_us(lat['max'])}"
               + (f"  ({s['latency_source']})" if s["latency_source"] != "records" else ""))
     t.add_row("EAGAIN / NOWAIT", f"{pct(s['eagain_rate'])} of calls returned EAGAIN; {pct(s['nowait_share'])} used RWF_NOWAIT")
@@ -216,7 +222,7 @@ def print_summary(console: Console, s: dict) -> None:
         if u is not None:
             parts.append(f"no io_uring read request completed ({u.get('nonregular', 0):,} of pipes, sockets or "
                          "procfs left out)" if u.get("nonregular") else "no io_uring read request")
-        console.print(f"[yellow]note:[/yellow] pid {s['pid']} made no preadv2/preadv/pread64 call and no major "
+        console.print(f"[yellow]note:[/yellow] pid {s['pid']} made no preadv2/preadv/pread64/read/readv call of a file and no major "
                       f"page fault in this window: {'; '.join(parts)}")
     for n in s.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {n}")

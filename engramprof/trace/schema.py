@@ -56,12 +56,12 @@ CALL_SCHEMA = pa.schema(
         ("pid", pa.int32()),
         ("tid", pa.int32()),
         ("path", pa.string()),  # fd -> path at the time of the call ("" when unknown)
-        ("offset", pa.int64()),  # file offset (-1: current position, preadv2 only)
+        ("offset", pa.int64()),  # file offset (-1: current position, preadv2 only; read/readv: f_pos at entry)
         ("size", pa.int64()),  # bytes requested (sum of iov_len)
         ("ret", pa.int64()),  # bytes read, or -errno
         ("flags", pa.int64()),  # RWF_* bits (0 for preadv / pread64)
         # evidence gathered in the kernel while the call was in flight on its thread
-        ("syscall", pa.string()),  # preadv2 | preadv | pread64
+        ("syscall", pa.string()),  # preadv2 | preadv | pread64 | read | readv (fault, io_uring, libaio: other kinds)
         ("fd", pa.int32()),
         ("pages_added", pa.int32()),  # page-cache insertions on this thread during the call
         ("bio_count", pa.int32()),  # bios queued by this thread during the call
@@ -121,10 +121,12 @@ CODED_COLUMNS = ("syscall",)
 
 def check_record_columns(record: np.dtype) -> None:
     """Raise RuntimeError unless the probe's record struct and CALL_SCHEMA describe the same
-    columns: every struct field (but ``__pad*``) is a column, and every column is a struct field
-    or an enriched column.  Run when a probe is loaded, so neither list can drift."""
+    columns: every struct field (but ``__pad*``) is a column (of CALL_SCHEMA, or an optional one
+    the decoder fills: the file identity, ``direct``), and every column is a struct field or an
+    enriched column.  Run when a probe is loaded, so neither list can drift."""
     fields = [f for f in record.names if not f.startswith("__")]
-    extra = [f for f in fields if f not in CALL_SCHEMA.names]
+    optional = {f.name for f in OPTIONAL_FIELDS}
+    extra = [f for f in fields if f not in CALL_SCHEMA.names and f not in optional]
     lacking = [c for c in CALL_SCHEMA.names if c not in fields and c not in ENRICHED_COLUMNS]
     enriched_in_record = [c for c in ENRICHED_COLUMNS if c in fields]
     if extra or lacking or enriched_in_record:

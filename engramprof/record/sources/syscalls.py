@@ -2,8 +2,13 @@
 loaded by engramprof/bpf/syscalls.py) -> read events of kind ``syscall``.
 
 The probe writes one fixed-size record per call into a ring buffer without waking user space;
-each drain sends the records down the pipeline of engramprof/record: decoder -> enrichers
-(fd -> path; the file's identity; path + offset -> tensor / row) -> Arrow table -> sink, and
+each record carries the file the call read as the kernel had it at entry (device, inode,
+O_DIRECT: probes/targets.h fd_file_walk), so a path is a name for that identity and never a guess
+from the fd number, which another file may have had before or since.  Each drain sends the records
+down the pipeline of engramprof/record: decoder -> enrichers ((device, inode) -> path, from the
+process's open files and mappings as scanned, the io_uring source's
+:class:`~.uring.FilePathEnricher`; the file's fingerprint; path + offset -> tensor / row) -> Arrow
+table -> sink, and
 into the running aggregates of the live view and the summary (:class:`~engramprof.record.live.LiveAccount`).
 The kernel keeps exact totals and per-fd log2 histograms so the summary stays right when
 records are lost; they are snapshot into ``tables/`` about once a second (kill -9 safety).
@@ -20,13 +25,16 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from engramprof import trace
 from engramprof.bpf import syscalls as syscalls_probe
 from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, LostRecords, VmEventDecoder
-from engramprof.record.enrich import FdPaths, TensorEnricher
+from engramprof.record.enrich import PerPid, TensorEnricher
 from engramprof.record.live import LiveAccount
 from engramprof.record.sources.base import YES, Availability, Recording, Source, sync_probe_targets
+from engramprof.record.sources.uring import FilePathEnricher
 from engramprof.record.summary import RunFacts, summarize_run
 from engramprof.target.identity import FileIdentities
 
@@ -35,7 +43,7 @@ class SyscallsSource(Source):
     """The call probe wired to the pipeline: the recording's required source."""
 
     name = "syscalls"
-    title = "preadv2/preadv/pread64 calls"
+    title = "preadv2/preadv/pread64/read/readv calls"
     required = True
 
     def __init__(self, rec: Recording):
@@ -47,7 +55,11 @@ class SyscallsSource(Source):
         self.calls: CallDecoder | None = None
         self.vm_events = VmEventDecoder()
         self.lost = LostRecords("lost_records")  # the call ring's (checked from its arming on)
-        self.fd_paths: FdPaths | None = None
+        self.file_paths: PerPid | None = None
+        self.fd_names = FdSlotNames()
+        #: read events whose file (device, inode) no scan of the process's open files and mappings
+        #: named: path "" (counted, never guessed from the fd number)
+        self.unnamed = 0
         self.detached = False
         #: the kernel's totals, per-fd histograms and bio histogram, read once after the last drain
         self.final: tuple[dict, dict, object] | None = None
@@ -70,18 +82,19 @@ class SyscallsSource(Source):
         return "raw_syscalls" if self.plan.raw_syscalls else "syscalls tracepoints"
 
     def load(self) -> None:
-        """The targets' fd tables now (a later process's: at its first call), then the probe:
-        compiled and attached at once (BCC attaches while it loads)."""
-        rec = self.rec
-        self.fd_paths = FdPaths(rec.paths)
-        for t in rec.selection.pids:
-            self.fd_paths.of(t)
-        self.fd_paths.started = True
+        """The targets' open files and mappings now (a later process's: at its first call), then
+        the probe: compiled and attached at once (BCC attaches while it loads)."""
+        rec, sel = self.rec, self.rec.selection
+        known = {(d, i): (p, False) for d, i, p in sel.files}
+        paths = rec.paths
+        self.file_paths = PerPid(lambda pid: FilePathEnricher(pid, paths, known))
+        for t in sel.pids:
+            self.file_paths.of(t)
         self.probe = syscalls_probe.SyscallsProbe(self.plan)
         # probe -> decoder -> enrichers -> table -> sink, plus the live aggregates
         self.calls = CallDecoder(self.probe.record_dtype, self.probe.armed_ns)
         self.identities = FileIdentities(rec.pid, rec.paths)
-        self.enrichers = [self.fd_paths, self.identities,
+        self.enrichers = [self.file_paths, self.identities,
                           TensorEnricher(rec.paths, rec.tensors, headers=self.identities.header_of)]
         self.tables = EventTableBuilder(self.calls.syscall_dictionary, rec.paths, rec.tensors,
                                         missing=self.plan.missing_columns)
@@ -110,6 +123,8 @@ class SyscallsSource(Source):
         if batch is not None:
             for e in self.enrichers:
                 e.enrich(batch)
+            self.unnamed += unnamed_count(batch, self.rec.paths.code(""))
+            self.fd_names.add(batch, self.rec.paths)
             self.rec.files_read(batch.recs, batch.cols["path"])  # a file read for the first time
             if self.identities.changed:  # a file seen for the first time: tables/files.parquet again
                 sink.put_table("files", self.identities.table())
@@ -130,10 +145,10 @@ class SyscallsSource(Source):
                 continue
             if h is not None:
                 bio = h.copy() if bio is None else bio + h[:len(bio)]
-        return p.totals(), p.histograms(self.fd_paths.fds_seen), bio
+        return p.totals(), p.histograms(self.fd_names.fds_seen), bio
 
     def _put_kernel_tables(self, sink, hists: dict, bio_hist) -> None:
-        sink.put_table("latency_log2_by_fd", trace.fd_latency_table(hists, self.fd_paths.path_of_slot))
+        sink.put_table("latency_log2_by_fd", trace.fd_latency_table(hists, self.fd_names.path_of_slot))
         if bio_hist is not None:
             sink.put_table("bio_latency_log2", trace.bio_latency_table(bio_hist))
 
@@ -154,8 +169,8 @@ class SyscallsSource(Source):
         targets = getattr(self.probe, "targets", None)
         if targets is not None and targets.tgids is not None:
             out.update(targets.live_tgids())
-        if self.fd_paths is not None:
-            out.update(list(self.fd_paths.by_pid))
+        if self.file_paths is not None:
+            out.update(list(self.file_paths.by_pid))
         return out
 
     def totals(self) -> dict[str, int]:
@@ -180,22 +195,46 @@ class SyscallsSource(Source):
                        kswapd_events=self.vm_events.events,
                        missing_evidence=self.plan.missing_columns if self.probe else [],
                        syscall_hook=self.hook_name(), output=rec.output, notes=rec.notes)
-        return summarize_run(run, rec.state, totals, hists, rec.end_ns, bio)
+        out = summarize_run(run, rec.state, totals, hists, rec.end_ns, bio)
+        out["unnamed_file_reads"] = self.unnamed
+        return out
 
     def closing_meta(self, summary: dict | None) -> dict:
         totals = (self.final or ({}, {}, None))[0]
         return {"totals": totals, "lost_records": totals.get("lost_records", 0),
                 "lost_record_intervals": self.lost.intervals, "partial_at_start": self.partial_at_start,
-                **self._fd_history()}
-
-    def _fd_history(self) -> dict:
-        h = self.fd_paths.history() if self.fd_paths is not None else {}
-        first = h.get(self.rec.pid, {})
-        out = {"fd_history": {str(k): v for k, v in first.items()}}
-        if len(h) > 1:
-            out["fd_history_by_pid"] = {str(p): {str(k): v for k, v in fh.items()} for p, fh in h.items()}
-        return out
+                "unnamed_file_reads": self.unnamed}
 
     def close(self) -> None:
         if self.probe is not None:
             self.probe.close()
+
+
+def unnamed_count(batch, empty_code: int) -> int:
+    """Read events of the batch whose file the kernel named (inode known) but no scan did."""
+    return int(((batch.cols["path"] == empty_code) & (batch.recs["ino"] != 0)).sum())
+
+
+class FdSlotNames:
+    """A name for each of the kernel's per-fd latency histogram slots (keyed by fd number, over
+    every traced process): the path of the last read event on that fd, first process first.
+    Only the histogram table's label; read events are named by their (device, inode)."""
+
+    def __init__(self):
+        self.last: dict[int, str] = {}
+        self.fds_seen: set[int] = set()
+
+    def add(self, batch, paths) -> None:
+        fds = batch.recs["fd"]
+        if not len(fds):
+            return
+        codes = batch.cols["path"]
+        uniq, last = np.unique(fds[::-1], return_index=True)
+        for fd, i in zip(uniq.tolist(), last.tolist()):
+            self.fds_seen.add(fd)
+            name = paths.values[codes[len(fds) - 1 - i]]
+            if name:
+                self.last[fd] = name
+
+    def path_of_slot(self, fdslot: int) -> str:
+        return self.last.get(fdslot, "")
