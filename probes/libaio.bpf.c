@@ -278,64 +278,78 @@ static __always_inline void ring_mark(u32 tgid, u64 ctx)
 	aio_ring_seen.update(&rk, &hdr[2]);
 }
 
+/* submit_one's working state, per CPU: the iocb, its in-flight state and its file (targets.h
+ * fd_file_walk) do not fit the BPF stack beside the walk's spans and the ring scan */
+struct submit_scratch {
+	struct user_iocb cb;
+	struct aio_state s;
+	struct fd_file f;
+};
+BPF_PERCPU_ARRAY(aio_submit_scratch, struct submit_scratch, 1);
+
 /* the i-th iocb of an io_submit: a read of a regular file goes into the in-flight map (returns 1) */
 static __always_inline int submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts, u32 i, struct aio_totals *t)
 {
-	struct user_iocb cb = {};
-	if (bpf_probe_read_user(&cb, sizeof(cb), (void *)uiocb))
+	int zero = 0;
+	struct submit_scratch *w = aio_submit_scratch.lookup(&zero);
+	if (!w)
 		return 0;
-	u16 op = cb.aio_lio_opcode;
+	struct user_iocb *cb = &w->cb;
+	struct aio_state *s = &w->s;
+	struct fd_file *f = &w->f;
+	if (bpf_probe_read_user(cb, sizeof(*cb), (void *)uiocb))
+		return 0;
+	u16 op = cb->aio_lio_opcode;
 	if (op != IOCB_CMD_PREAD && op != IOCB_CMD_PREADV) {
 		if (t)
 			t->other_iocbs++;
 		return 0;
 	}
-	struct aio_state s = {};
-	s.ts = ts;
-	s.offset = cb.aio_offset;
-	s.flags = (u32)cb.aio_rw_flags;
-	s.aio_data = cb.aio_data;
-	s.tid = (u32)pid_tgid;
-	s.fd = (s32)cb.aio_fildes;
-	s.opcode = op;
-	s.idx = i;
+	__builtin_memset(s, 0, sizeof(*s));
+	s->ts = ts;
+	s->offset = cb->aio_offset;
+	s->flags = (u32)cb->aio_rw_flags;
+	s->aio_data = cb->aio_data;
+	s->tid = (u32)pid_tgid;
+	s->fd = (s32)cb->aio_fildes;
+	s->opcode = op;
+	s->idx = i;
 	if (op == IOCB_CMD_PREADV) {
 		u64 total = 0;
-		s.aflags |= AIO_VECTORED;
+		s->aflags |= AIO_VECTORED;
 		for (int v = 0; v < AIO_MAX_IOV; v++) {
-			if (v >= cb.aio_nbytes)
+			if (v >= cb->aio_nbytes)
 				break;
 			u64 iov[2] = {};
-			if (bpf_probe_read_user(iov, sizeof(iov), (void *)(cb.aio_buf + 16 * v)))
+			if (bpf_probe_read_user(iov, sizeof(iov), (void *)(cb->aio_buf + 16 * v)))
 				break;
 			total += iov[1];
 		}
-		if (cb.aio_nbytes > AIO_MAX_IOV)
-			s.aflags |= AIO_IOV_TRUNC;
-		s.size = total;
+		if (cb->aio_nbytes > AIO_MAX_IOV)
+			s->aflags |= AIO_IOV_TRUNC;
+		s->size = total;
 	} else {
-		s.size = cb.aio_nbytes;
+		s->size = cb->aio_nbytes;
 	}
-	struct fd_file ff;
-	if (!fd_file_walk(s.fd, &ff)) {
+	if (!fd_file_walk(s->fd, f)) {
 		if (t)
 			t->no_file++;
 		return 0;
 	}
-	if ((ff.mode & S_IFMT_) != S_IFREG_ || ff.pseudo) {
+	if ((f->mode & S_IFMT_) != S_IFREG_ || f->pseudo) {
 		if (t)
 			t->not_regular++;
 		return 0;
 	}
-	if (!is_target_file(ff.dev, ff.ino)) {  /* --file */
+	if (!is_target_file(f->dev, f->ino)) {  /* --file */
 		if (t)
 			t->filtered++;
 		return 0;
 	}
-	if (ff.flags & O_DIRECT_BIT)
-		s.aflags |= AIO_DIRECT;
-	s.dev = ff.dev;
-	s.ino = ff.ino;
+	if (f->flags & O_DIRECT_BIT)
+		s->aflags |= AIO_DIRECT;
+	s->dev = f->dev;
+	s->ino = f->ino;
 	if (t)
 		t->submitted++;
 	struct aio_key k = {.ctx = ctx, .iocb = uiocb, .tgid = pid_tgid >> 32};
@@ -343,18 +357,18 @@ static __always_inline int submit_one(u64 pid_tgid, u64 ctx, u64 uiocb, u64 ts, 
 	if (old) {
 		if (t)
 			t->replaced++;
-		*old = s;
-	} else if (aio_inflight.update(&k, &s)) {
+		*old = *s;
+	} else if (aio_inflight.update(&k, s)) {
 		if (t)
 			t->no_state++;
 		return 0;
 	}
 #if HAVE_BIO
-	struct aio_id id = {.owner = ts + i, .tid = s.tid};
+	struct aio_id id = {.owner = ts + i, .tid = s->tid};
 	aio_ids.update(&id, &k);
 #if HAVE_IOMAP
-	if (s.aflags & AIO_DIRECT) {
-		struct aio_pos ap = {.pos = s.offset, .ino = ino, .dev = dev, .tgid = pid_tgid >> 32};
+	if (s->aflags & AIO_DIRECT) {
+		struct aio_pos ap = {.pos = s->offset, .ino = f->ino, .dev = f->dev, .tgid = pid_tgid >> 32};
 		aio_by_pos.update(&ap, &id);
 	}
 #endif

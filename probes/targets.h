@@ -157,9 +157,12 @@ static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
 	u64 file = 0, inode = 0, sb = 0, ino = 0;
 	if (bpf_probe_read_kernel(&file, sizeof(file), (void *)(fds + 8 * (u64)(u32)fd)) || !file)
 		return 0;
+	/* one buffer for the three spans (a caller may run the walk in an unrolled loop: the BPF
+	 * stack has 512 bytes in all) */
+	char buf[128];
 #if FILE_SPAN_TO - FILE_SPAN_FROM <= 128
-	char fspan[FILE_SPAN_TO - FILE_SPAN_FROM];
-	if (bpf_probe_read_kernel(fspan, sizeof(fspan), (void *)(file + FILE_SPAN_FROM)))
+	char *fspan = buf;
+	if (bpf_probe_read_kernel(fspan, FILE_SPAN_TO - FILE_SPAN_FROM, (void *)(file + FILE_SPAN_FROM)))
 		return 0;
 	__builtin_memcpy(&inode, fspan + (OFF_FILE_INODE - FILE_SPAN_FROM), 8);
 	__builtin_memcpy(&f->flags, fspan + (OFF_FILE_FLAGS - FILE_SPAN_FROM), 4);
@@ -174,8 +177,8 @@ static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
 		return 0;
 #if INODE_SPAN_TO - INODE_SPAN_FROM <= 128
 	/* i_mode, i_sb and i_ino in one read (they are within 72 bytes in 6.x's struct inode) */
-	char span[INODE_SPAN_TO - INODE_SPAN_FROM];
-	if (bpf_probe_read_kernel(span, sizeof(span), (void *)(inode + INODE_SPAN_FROM)))
+	char *span = buf;
+	if (bpf_probe_read_kernel(span, INODE_SPAN_TO - INODE_SPAN_FROM, (void *)(inode + INODE_SPAN_FROM)))
 		return 0;
 	__builtin_memcpy(&f->mode, span + (OFF_INODE_MODE - INODE_SPAN_FROM), 2);
 	__builtin_memcpy(&sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(sb));
@@ -199,8 +202,8 @@ static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
 	}
 	u64 magic = 0;
 #if SB_SPAN_TO - SB_SPAN_FROM <= 128
-	char sspan[SB_SPAN_TO - SB_SPAN_FROM];
-	if (bpf_probe_read_kernel(sspan, sizeof(sspan), (void *)(sb + SB_SPAN_FROM)))
+	char *sspan = buf;
+	if (bpf_probe_read_kernel(sspan, SB_SPAN_TO - SB_SPAN_FROM, (void *)(sb + SB_SPAN_FROM)))
 		return 0;
 	__builtin_memcpy(&f->dev, sspan + (OFF_SB_DEV - SB_SPAN_FROM), 4);
 	__builtin_memcpy(&magic, sspan + (OFF_SB_MAGIC - SB_SPAN_FROM), 8);
