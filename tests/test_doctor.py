@@ -301,7 +301,7 @@ def test_cli_json_shape_and_exit_code(cli_json):
     p, d = cli_json
     out = json.loads(p.stdout)
     assert set(out) == {"ok", "read_paths", "checks"} and isinstance(out["ok"], bool)
-    assert set(out["read_paths"]) <= {"syscalls", "faults"}
+    assert set(out["read_paths"]) <= {"syscalls", "faults", "io_uring", "libaio"}
     assert out["checks"], out
     for c in out["checks"]:
         assert set(c) == {"name", "status", "detail", "fix"}
@@ -323,7 +323,8 @@ def test_this_machine_passes(cli_json):
     assert not not_pass, not_pass
     assert "saw" in rows["bpf: tracepoint program loads"]["detail"]
     assert doc.can_trace() == (True, "")
-    assert out["read_paths"] == ["syscalls", "faults"]  # x86 6.18: every fault tracepoint is there
+    # x86 6.18: every fault tracepoint is there, io_uring's and the AIO syscalls' too
+    assert out["read_paths"] == ["syscalls", "faults", "io_uring", "libaio"]
     assert "exceptions:page_fault_user" in rows["tracepoints: page faults"]["detail"]
 
 

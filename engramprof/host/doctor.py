@@ -357,7 +357,9 @@ FAULT_TRACEPOINTS = {
     "mmap_lock:mmap_lock_released": (False, "which pass of a fault held the mmap lock"),
     "exceptions:page_fault_kernel": (False, "faults a syscall takes on the target's mappings (x86 only)"),
 }
-READ_PATH_SYSCALLS, READ_PATH_FAULTS = "syscalls", "faults"
+READ_PATH_SYSCALLS, READ_PATH_FAULTS, READ_PATH_URING, READ_PATH_LIBAIO = "syscalls", "faults", "io_uring", "libaio"
+#: the request read paths and the row that says each is fully traced here (status pass)
+REQUEST_PATH_ROWS = {READ_PATH_URING: "io_uring reads", READ_PATH_LIBAIO: "libaio reads"}
 
 
 def check_faults(root: Path | None, tracepoints: Mapping[str, tuple[bool, str]] | None = None) -> list[Check]:
@@ -468,13 +470,15 @@ def check_read_files(btf_path: str | os.PathLike = kbtf.VMLINUX) -> Check:
 
 def read_paths(checks: Iterable[Check]) -> list[str]:
     """The read paths this machine can trace, from the rows: 'syscalls' when syscalls can run,
-    'faults' when the fault tracepoints are there too."""
+    'faults' when the fault tracepoints are there too, 'io_uring' / 'libaio' when their rows pass."""
     rows = list(checks)
     if any(c.status == FAIL for c in rows):
         return []
     out = [READ_PATH_SYSCALLS]
     if any(c.name == "tracepoints: page faults" and c.detail.startswith(("all ", "faults traced")) for c in rows):
         out.append(READ_PATH_FAULTS)
+    passed = {c.name for c in rows if c.status == PASS}
+    out += [path for path, row in REQUEST_PATH_ROWS.items() if row in passed]
     return out
 
 
@@ -483,11 +487,12 @@ def check_read_paths(checks: Iterable[Check]) -> Check:
     if not paths:
         return Check("read paths", FAIL, "none: `engramprof syscalls` cannot run here (see the failed rows)",
                      "fix the failed rows above")
+    requests = "".join(f", {p} read requests" for p in paths if p in REQUEST_PATH_ROWS)
     if READ_PATH_FAULTS in paths:
-        return Check("read paths", PASS, "syscalls (preadv2/preadv/pread64/read/readv readers) and page faults "
-                                         "(memory-mapped readers)")
-    return Check("read paths", WARN, "syscalls only (preadv2/preadv/pread64/read/readv readers); page faults of "
-                                     "memory-mapped readers are not traced here",
+        return Check("read paths", PASS, "syscalls (preadv2/preadv/pread64/read/readv readers), page faults "
+                                         f"(memory-mapped readers){requests}")
+    return Check("read paths", WARN, f"syscalls (preadv2/preadv/pread64/read/readv readers){requests}; page faults "
+                                     "of memory-mapped readers are not traced here",
                  "see the `tracepoints: page faults` row")
 
 

@@ -27,8 +27,9 @@ def render(report: doc.Report) -> None:
     counts = {s: sum(1 for c in report.checks if c.status == s) for s in doc.STATUSES}
     tally = ", ".join(f"{counts[s]} {s}" for s in doc.STATUSES if counts[s])
     if report.ok:
-        paths = " and ".join({"syscalls": "syscalls", "faults": "page faults (memory-mapped readers)"}[p]
-                             for p in report.read_paths)
+        names = {"syscalls": "syscalls", "faults": "page faults (memory-mapped readers)",
+                 "io_uring": "io_uring", "libaio": "libaio"}
+        paths = ", ".join(names[p] for p in report.read_paths)
         console.print(f"[green]OK[/]: engramprof syscalls can run here ({tally}); read paths: {paths}.")
     else:
         names = ", ".join(c.name for c in report.failed)
