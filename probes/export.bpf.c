@@ -5,7 +5,7 @@
  * the read kind (syscall / fault), holding counters and a log2(ns) latency histogram.  User
  * space reads the maps when Prometheus scrapes.
  *
- * Syscall reads (preadv2 / preadv / pread64) use the mechanism of syscalls.bpf.c, one header
+ * Syscall reads (preadv2 / preadv / pread64, and read / readv of regular files) use the mechanism of syscalls.bpf.c, one header
  * for both (probes/inflight.h): the call in task-local storage from enter to exit; evidence hooks that fire in the reading thread while
  * the call is in flight (page-cache insertions, bios queued and their queue -> complete time,
  * direct / memcg reclaim, being switched out and waiting for a CPU) add to it.  The bios are
@@ -13,10 +13,10 @@
  * request-based devices, block_bio_complete for bio-based ones); the hooks that fire for every
  * task or I/O of the machine (sched_switch's next task, sched_wakeup, the completions) test a
  * bit of call_out_bits or the count of taken bio slots before any hash lookup or clock read.
- * The file of a call is the inode of mm_filemap_get_pages, which fires in the reader inside
- * every buffered read that finds pages; a call that finds none (an RWF_NOWAIT miss returns
- * EAGAIN before it) takes the inode its (process, fd) had at its last read (`inode_by_fd`),
- * else inode 0.
+ * The file of a call is the one its fd names at entry (the fd walk of probes/targets.h: device
+ * and inode); where the walk fails (the fd closed meanwhile), the inode of mm_filemap_get_pages,
+ * which fires in the reader inside every buffered read that finds pages, then the inode its
+ * (process, fd) had at its last read (`inode_by_fd`), else inode 0.
  *
  * Page faults (kind fault).  There is no fault-exit tracepoint.  With FAULT_SPANS (x86's
  * exceptions:page_fault_user and the raw_syscalls hook) a fault is a span, as in faults.bpf.c
@@ -48,6 +48,9 @@
  */
 #include <linux/fs.h>
 #include "export.h"
+
+#define FD_WALK 1               /* every call's file, from its fd (probes/targets.h) */
+#define INFLIGHT_PLAIN_READS 1  /* read() and readv() of regular files are reads too */
 
 #define FAULT_SPANS (HAVE_PFU && USE_RAW_SYSCALLS && HAVE_FAULT)
 
@@ -256,16 +259,29 @@ static __always_inline void every_syscall(u64 pid_tgid)
 }
 #endif
 
+/* A target thread entered a read call: one walk of its fd (probes/targets.h) names its file, for
+ * --file and for the per-file key.  read() / readv() read from the file position, and only a
+ * regular file's read is a table read: a pipe, socket, tty or pseudo-filesystem file is counted
+ * (nonregular_skipped) and not aggregated (as the recorder's probe, syscalls.bpf.c). */
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
-	struct fd_file f;   /* walked with --file only (the exporter takes a call's file from its pages) */
+	struct fd_file f;
 	if (!armed() || !target_fd_file(fd, &f))
 		return;      /* not armed yet; --file: a read of another file (targets.h) */
+	if (sc == SYSCALL_READ || sc == SYSCALL_READV) {
+		if ((f.mode & S_IFMT) != S_IFREG || f.pseudo) {
+			struct export_totals *t = totals();
+			if (t)
+				t->nonregular_skipped++;
+			return;
+		}
+		offset = f.pos;
+	}
 	struct inflight *s = task_state(1);
 	if (!s)
 		return;
-	s->ino = 0;
-	s->dev = 0;
+	s->ino = f.ino;      /* the walk's file (0 when the fd could not be followed: its pages name it) */
+	s->dev = f.dev;
 	s->fault_open = 0;   /* a syscall ends the thread's last fault */
 	call_begin(s, sc, fd, offset, size, flags, &f);
 }

@@ -46,6 +46,8 @@ struct export_totals {
 	u64 files_overflow; /* read_stats_by_file full: read counted here only */
 	u64 bios_untracked; /* bios queued in a syscall read whose bio-table slot another bio held
 			     * (probes/bios.h): in the read's bio_count, not in its bio_ns */
+	u64 nonregular_skipped; /* read() / readv() of a pipe, socket, tty or pseudo-filesystem file:
+				 * not a table read, not aggregated */
 };
 
 #endif

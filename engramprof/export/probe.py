@@ -18,6 +18,7 @@ import numpy as np
 
 from engramprof.bpf import bios, targets
 from engramprof.bpf import uring as uring_probe
+from engramprof.bpf import btf as kbtf
 from engramprof.bpf import structs as layout
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.syscalls import EVIDENCE_FEATURES, tracefs_unusable
@@ -33,6 +34,8 @@ READ_KINDS = ("syscall", "fault", "io_uring")  # READ_KIND_* of probes/export.h,
 FEATURES = {
     "HAVE_PREADV": ["syscalls:sys_enter_preadv", "syscalls:sys_exit_preadv"],
     "HAVE_PREAD64": ["syscalls:sys_enter_pread64", "syscalls:sys_exit_pread64"],
+    "HAVE_READ": ["syscalls:sys_enter_read", "syscalls:sys_exit_read"],
+    "HAVE_READV": ["syscalls:sys_enter_readv", "syscalls:sys_exit_readv"],
     "HAVE_FILEMAP": ["filemap:mm_filemap_add_to_page_cache"],
     "HAVE_GET_PAGES": ["filemap:mm_filemap_get_pages"],
     "HAVE_FAULT": ["filemap:mm_filemap_fault"],
@@ -97,6 +100,8 @@ def program_text(p: ExportPlan) -> str:
         "MAX_READ_FILES": c.max_files,
         "USE_RAW_SYSCALLS": int(p.raw_syscalls),
         "TID_WORDS": c.tid_words,
+        # the fd -> file walk of every call (probes/targets.h: its device and inode, read()'s position)
+        **kbtf.fd_walk_offsets("naming the file of each read in the kernel"),
         "O_DIRECT_BIT": os.O_DIRECT,
         **{k: int(v) for k, v in p.features.items()},
     }
