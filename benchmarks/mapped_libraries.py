@@ -1,6 +1,7 @@
 """`diagnose` on mapped libraries nobody here wrote (issue 23): faiss (IVF-Flat, IO_FLAG_MMAP,
 OpenMP search) and LMDB (random gets), each evicted every step, warm, and (LMDB) on the lab's
-throttled loop device; a table of verdict, shares and counts against the kernel's.
+throttled loop device and in a memory cgroup of 16 MiB of page cache (the database dropped from the
+cache first); a table of verdict, shares and counts against the kernel's.
 
     sudo .venv/bin/python benchmarks/mapped_libraries.py [--seconds 5] [--cases faiss:evicted,...]
 
@@ -22,16 +23,25 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(REPO, ".venv", "bin", "python")
-CASES = ["faiss:evicted", "faiss:warm", "lmdb:evicted", "lmdb:warm", "lmdb:throttled"]
+CASES = ["faiss:evicted", "faiss:warm", "lmdb:evicted", "lmdb:warm", "lmdb:throttled", "lmdb:memcg"]
 
 
 def run_case(tmp: str, lib: str, case: str, seconds: float) -> dict:
-    from engramprof.lab.impairments import StorageImpairment
+    from engramprof.lab.impairments import ReclaimImpairment, StorageImpairment
 
     name = f"{lib}-{case}"
     imp = StorageImpairment(iops=200) if case == "throttled" else None
+    mem = ReclaimImpairment(memory_mib=16) if case == "memcg" else None
     data = os.path.join(tmp, lib)
     try:
+        if mem is not None:
+            data = os.path.join(tmp, f"{lib}-memcg")
+            subprocess.run([PY, "-m", "tests.mapped_libs", lib, data, os.devnull, "--build-only"], check=True, cwd=REPO)
+            sys.path.insert(0, REPO)
+            from tests.mapped_libs import evict
+            for f in os.listdir(data):  # out of the cache: the reader's faults charge its group
+                evict(os.path.join(data, f))
+            mcg = mem._make_cgroup("memory", "no memory cgroup controller")
         if imp is not None:
             imp.loop.create(tmp, 96 << 20)
             data = os.path.join(imp.loop.mountpoint, lib)
@@ -41,12 +51,22 @@ def run_case(tmp: str, lib: str, case: str, seconds: float) -> dict:
                      f"{imp.loop.devno} 200" if cg.hier.version == 1 else f"{imp.loop.devno} riops=200")
         markers = os.path.join(tmp, f"{name}.markers")
         reader = subprocess.Popen([PY, "-m", "tests.mapped_libs", lib, data, markers, "--seconds", str(seconds + 4)]
-                                  + (["--evict"] if case != "warm" else []), cwd=REPO,
+                                  + (["--evict"] if case not in ("warm", "memcg") else []), cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         pid = int(reader.stderr.readline().split()[1])
         if imp is not None:
             with open(imp.cgroups["blkio"].procs, "w") as f:
                 f.write(str(pid))
+        if mem is not None:  # the reader's own memory + 16 MiB of page cache (the lab's reclaim rule)
+            with open(mcg.procs, "w") as f:
+                f.write(str(pid))
+            st = mcg.stat()
+            if mcg.hier.version == 1:
+                base = max(0, int(mcg.read("memory.usage_in_bytes")) - st.get("total_cache", st.get("cache", 0)))
+                mcg.write("memory.limit_in_bytes", str(base + (16 << 20)))
+            else:
+                base = max(0, int(mcg.read("memory.current")) - st.get("file", 0))
+                mcg.write("memory.max", str(base + (16 << 20)))
         out = os.path.join(tmp, name)
         diag = subprocess.Popen([PY, "-m", "engramprof", "diagnose", "--pid", str(pid), "--duration", str(seconds),
                                  "--json", "--markers", markers, "--output", out], cwd=REPO,
@@ -67,6 +87,9 @@ def run_case(tmp: str, lib: str, case: str, seconds: float) -> dict:
             for c in imp.cgroups.values():
                 c.remove()
             imp.loop.remove()
+        if mem is not None:
+            for c in mem.cgroups.values():
+                c.remove()
 
 
 def counts(out: str) -> dict:

@@ -132,7 +132,7 @@ def test_replay_and_residency_rows_refuse_a_relaid_table_in_one_line(tmp_path):
     table = _make_table(tmp_path / "t.safetensors", "--seed", "1")
     tr = _bundle(tmp_path, table)
     _change(table, "relayout")
-    replay = ("replay", tr, "--batches", "1", "--repeat", "1", "--strategies", "serial", "--json")
+    replay = ("replay", tr, "--batches", "1", "--rounds", "1", "--strategies", "serial", "--json")
     resid = ("residency", "--rows", tr, "--json")
     for args in (replay, resid):
         r = _run(*args)

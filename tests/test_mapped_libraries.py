@@ -6,9 +6,12 @@ back with IO_FLAG_MMAP, searched by its OpenMP threads) and LMDB (random gets), 
   size (analysis/baseline.py), not with a 1000 us cap;
 * faiss warm -> ``healthy``, not ``python-scheduling``: faiss's OpenMP threads are native (they are
   not in the interpreter's thread list the markers carry), so their waits are a native pool's;
-* LMDB on the lab's throttled loop device (blkio IOPS limit) -> ``storage``.
+* LMDB on the lab's throttled loop device (blkio IOPS limit) -> ``storage``;
+* LMDB in a memory cgroup whose page cache is far below the database (the reader's own memory
+  plus 16 MiB, the database 64 MiB, dropped from the cache first so its faults charge the group)
+  -> ``reclaim``.
 
-Three recordings (faiss evicted, faiss warm, LMDB throttled), each carrying several assertions:
+Four recordings (faiss evicted, faiss warm, LMDB throttled, LMDB in a memory cgroup), each carrying several assertions:
 about 20 s each, most of it the probes' compile and attach (LMDB evicted and warm are in
 benchmarks/mapped_libraries.py and benchmarks/RESULTS.md).
 """
@@ -30,7 +33,8 @@ pytest.importorskip("lmdb", reason="lmdb is a dev dependency (pip install -e .[d
 SECONDS = 3
 
 
-def _record(tmp: str, lib: str, data: str, name: str, evict: bool, procs: str | None = None) -> dict:
+def _record(tmp: str, lib: str, data: str, name: str, evict: bool, procs: str | None = None,
+            joined=None) -> dict:
     """Run the reader, diagnose it for SECONDS with its markers; the diagnosis (plus the reader's
     own report under ``reader``)."""
     markers = os.path.join(tmp, f"{name}.markers")
@@ -41,6 +45,8 @@ def _record(tmp: str, lib: str, data: str, name: str, evict: bool, procs: str | 
         if procs:
             with open(procs, "w") as f:
                 f.write(str(pid))
+        if joined is not None:
+            joined(pid)
         diag = Proc(engramprof("diagnose", "--pid", pid, "--duration", SECONDS, "--json", "--markers", markers,
                                "--output", os.path.join(tmp, name)))
         diag.wait_line("Tracing")
@@ -149,3 +155,40 @@ def test_lmdb_on_a_throttled_loop_device_is_storage(workdir):
     assert d["reader"]["majflt"] > 0, d["reader"]
     assert d["verdict"] == "storage", (sh, d["batch_tail"]["notes"])
     assert sh["storage"] > sh["residency"], sh
+
+
+def test_lmdb_in_a_small_memory_cgroup_is_reclaim(workdir):
+    """The page cache the group may hold is a quarter of the database: every step's gets fault
+    pages back in and the group's limit makes room by reclaiming the pages of the step before
+    (memcg reclaim inside the faults, refaults), on a healthy disk: ``reclaim``."""
+    from engramprof.lab.impairments import ReclaimImpairment
+    from tests.mapped_libs import evict
+
+    data = os.path.join(workdir, "lmdb-memcg")
+    build = Proc([PY, "-m", "tests.mapped_libs", "lmdb", data, os.path.join(workdir, "unused"), "--build-only"])
+    assert build.finish(timeout=120)[0] == 0
+    imp = ReclaimImpairment(memory_mib=16)
+    cg = None
+
+    def limit(_pid: int) -> None:  # as the lab's reclaim scenario: the reader's own memory + the budget
+        st = cg.stat()
+        if cg.hier.version == 1:
+            base = max(0, int(cg.read("memory.usage_in_bytes")) - st.get("total_cache", st.get("cache", 0)))
+            cg.write("memory.limit_in_bytes", str(base + (16 << 20)))
+        else:
+            base = max(0, int(cg.read("memory.current")) - st.get("file", 0))
+            cg.write("memory.max", str(base + (16 << 20)))
+
+    try:
+        cg = imp._make_cgroup("memory", "no memory cgroup controller")
+        for f in os.listdir(data):  # out of the cache: the reader's faults charge its group
+            evict(os.path.join(data, f))
+        d = _record(workdir, "lmdb", data, "lmdb-memcg", False, procs=cg.procs, joined=limit)
+        stats = ReclaimImpairment._stats_v1(cg) if cg.hier.version == 1 else ReclaimImpairment._stats_v2(cg)
+    finally:
+        for c in imp.cgroups.values():  # the reader has exited (_record waits for it)
+            c.remove()
+    sh = _shares(d)
+    assert d["reader"]["majflt"] > 0, d["reader"]
+    assert (stats.get("workingset_refault_file") or 0) > 0, stats  # the group evicted pages it needed again
+    assert d["verdict"] == "reclaim", (sh, d["batch_tail"]["notes"])

@@ -111,7 +111,7 @@ class ExporterCollector:
                         "Every read the probe saw, by kind (files beyond the file map included)", ("kind",))
         reads.add_metric(lv + ["syscall"], tot["syscall_reads"], timestamp=at)
         reads.add_metric(lv + ["fault"], tot["faults"], timestamp=at)
-        if s.probe.uring is not None:
+        if "uring_reads" in tot:  # io_uring requests traced (the export probe's totals say)
             reads.add_metric(lv + ["io_uring"], tot["uring_reads"], timestamp=at)
         yield reads
         smp = self._f(CounterMetricFamily, "engramprof_window_sampled_reads_total",

@@ -176,7 +176,9 @@ class ExportProbe(LoadedBpf):
         completed requests), and its unsampled / lost / overflowed / untracked counts added to
         the export probe's fields of the same meaning."""
         t = super().totals()
-        u = self.uring.totals() if self.uring is not None else {}
+        if self.uring is None:
+            return t
+        u = self.uring.totals()
         t["uring_reads"] = u.get("completed", 0)
         for mine, theirs in (("unsampled", "unsampled"), ("sample_lost", "lost_records"),
                              ("files_overflow", "files_overflow"), ("bios_untracked", "bios_untracked")):
