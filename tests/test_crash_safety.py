@@ -222,7 +222,7 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
     for k in range(kills):
         lab, seed = nxt, k
         out = tmp_path / f"t{k}"
-        tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--output", out))
+        tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--output", out, "--stack-hz", "0"))  # no py-spy: every record kept
         try:
             nxt = _lab(table, "--seed", str(k + 1), *delay) if k + 1 < kills else None
             tracer.wait_line("Tracing")

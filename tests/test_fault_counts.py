@@ -54,8 +54,11 @@ COMMON = textwrap.dedent("""
     import json, os, signal, sys, threading
 
     def majflt(stat_path):
-        with open(stat_path) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[9])
+        try:
+            with open(stat_path) as f:
+                return int(f.read().rsplit(")", 1)[1].split()[9])
+        except FileNotFoundError:  # a thread (an OpenMP worker) exited after the listing
+            return None
 
     def wait_for_window():
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
@@ -77,7 +80,8 @@ COMMON = textwrap.dedent("""
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def report(exited):
-        live = {int(t): majflt(f"/proc/self/task/{t}/stat") for t in os.listdir("/proc/self/task")}
+        live = {int(t): m for t in os.listdir("/proc/self/task")
+                if (m := majflt(f"/proc/self/task/{t}/stat")) is not None}
         print(json.dumps({"live": live, "exited": exited, "process": majflt("/proc/self/stat")}), flush=True)
 """)
 

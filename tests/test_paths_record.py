@@ -148,7 +148,12 @@ def test_read_reader(runs, cache, verdict):
     assert len(_syscall_rows(r["calls"], "read")) == r["lab"]["rows"]
     assert bt["verdict"] == verdict, bt["share"]
     assert bt["share"]["python-scheduling"] < 0.10, bt["share"]
-    assert {(p["kind"], p["syscall"], p["direct"]) for p in bt["read_paths"]} == {("syscall", "read", False)}
+    # the table is read by read() alone (a stray fault of the process's own, on a file the
+    # recorder could not name before it was unmapped, may show as a path of its own: not the table)
+    assert {(p["kind"], p["syscall"], p["direct"]) for p in bt["read_paths"] if p["kind"] != "fault"} == \
+        {("syscall", "read", False)}
+    faults = r["calls"][r["calls"]["kind"].astype(str) == "fault"]
+    assert not (faults["path"].astype(str) == str(r["lab"]["table"])).any(), faults["path"].value_counts()
 
 
 def test_aio_reader_cold_is_residency(runs):

@@ -64,7 +64,7 @@ def test_batch_tail_at_80(lab):
 
 
 def test_replay_at_80(lab):
-    out = run("replay", lab["trace"], "--markers", lab["markers"], "--repeat", "1", "--threads", "4")
+    out = run("replay", lab["trace"], "--markers", lab["markers"], "--rounds", "1", "--threads", "4")
     fits(out)
     for arm in ("pool", "nowait", "serial"):
         assert re.search(rf"│ {arm}\s+│", out), f"arm {arm} not whole:\n{out}"
@@ -83,7 +83,7 @@ def test_replay_and_batch_tail_agree_on_the_batch_count(lab, tmp_path):
     w.close()
     bt = json.loads(run("batch-tail", tmp_path / "t", "--json"))
     assert bt["batches"] == 3  # of 4: the first may have been cut by the recording's start
-    rp = json.loads(run("replay", tmp_path / "t", "--repeat", "1", "--threads", "2", "--batches", "100", "--json"))
+    rp = json.loads(run("replay", tmp_path / "t", "--rounds", "1", "--threads", "2", "--batches", "100", "--json"))
     assert rp["batches"] == bt["batches"], (rp["batches"], bt["batches"], rp["notes"])
 
 

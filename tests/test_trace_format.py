@@ -29,7 +29,10 @@ def test_record_struct_and_call_schema_are_one_list():
     rec = layout.struct_dtype("call_record")
     trace.check_record_columns(rec)  # the shipped header agrees
     fields = [f for f in rec.names if not f.startswith("__")]
-    assert sorted(fields + list(trace.ENRICHED_COLUMNS)) == sorted(trace.CALL_SCHEMA.names)
+    optional = {f.name for f in trace.OPTIONAL_FIELDS}  # format 5: the file identity and direct, decoded apart
+    assert sorted([f for f in fields if f not in optional] + list(trace.ENRICHED_COLUMNS)) == \
+        sorted(trace.CALL_SCHEMA.names)
+    assert {"dev", "ino", "direct"} <= set(fields)
 
 
 def test_record_check_fails_on_drift():

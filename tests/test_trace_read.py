@@ -33,7 +33,7 @@ def test_selected_columns_with_categories_equal_the_full_load(tmp_path):
     full = trace.load(tmp_path / "t")
     part = trace.load_bundle(tmp_path / "t", columns=trace.EVENT_READ_COLUMNS, compact=True).calls
     assert list(part.columns) == [c for c in trace.EVENT_READ_COLUMNS if c in full.columns]
-    assert "size" not in part.columns and "syscall" not in part.columns
+    assert "size" not in part.columns and "fd" not in part.columns
     for c in ("path", "tensor", "kind"):
         assert isinstance(part[c].dtype, pd.CategoricalDtype), c
         assert part[c].astype(object).tolist() == full[c].astype(object).tolist(), c
