@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from engramprof.host.files import kernel_dev
+from tests.fio_runs import write_data_file
 
 FILE_MB = 512
 RUNTIME_S = 2
@@ -26,16 +27,7 @@ def data_file() -> str:
     on the root disk; made once, kept between runs (FILE_MB)."""
     if subprocess.run(["which", "fio"], capture_output=True).returncode != 0:
         raise AssertionError("fio is not installed (scripts/setup.sh installs it: apt-get install -y fio)")
-    os.makedirs(DATA_DIR, exist_ok=True)
-    path = os.path.join(DATA_DIR, "data.bin")
-    if not os.path.exists(path) or os.path.getsize(path) != FILE_MB << 20:
-        with open(path, "wb") as f:
-            block = os.urandom(1 << 20)
-            for _ in range(FILE_MB):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-    return path
+    return write_data_file(os.path.join(DATA_DIR, "data.bin"), FILE_MB)
 
 
 def fio_argv(path: str, engine: str, out: str, *opts: str) -> list[str]:
