@@ -70,3 +70,58 @@ def bpf_ok() -> bool:
 def python_exe() -> str:
     """The project's interpreter (.venv, where BCC imports), else the running one."""
     return str(VENV_PY) if VENV_PY.exists() else sys.executable
+
+
+def _descendants() -> dict[int, str]:
+    """This test process's descendants now: pid -> "starttime cmdline" (the start time tells a
+    reused pid apart)."""
+    parent: dict[int, int] = {}
+    info: dict[int, str] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] in ("Z", "X"):  # exited, not yet waited for: holds no CPU
+                continue
+            parent[int(d)] = int(fields[1])
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            info[int(d)] = f"{fields[19]} {cmd.strip()}"
+        except (OSError, ValueError, IndexError):
+            continue
+    me, out = os.getpid(), {}
+    for pid in parent:
+        p, seen = pid, 0
+        while p in parent and p != me and seen < 64:
+            p, seen = parent[p], seen + 1
+        if p == me and pid != me:
+            out[pid] = info[pid]
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_stray_processes():
+    """A process a test started and left running (a lab reader, a recorder, fio) competes with
+    the next tests for the 2 CPUs and the disk, and bends their verdicts: after each test, the
+    ones it left are killed and named on stderr.  Processes of wider-scoped fixtures (set up
+    before this one) are left alone."""
+    before = _descendants()
+    yield
+    import signal
+    import time
+
+    stray = {p: c for p, c in _descendants().items() if before.get(p) != c}
+    if not stray:
+        return
+    deadline = time.monotonic() + 2
+    while stray and time.monotonic() < deadline:  # a process being reaped by its test's finally
+        time.sleep(0.1)
+        now = _descendants()
+        stray = {p: c for p, c in stray.items() if now.get(p) == c}
+    for p, c in stray.items():
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            continue
+        print(f"\nconftest: killed a process the test left running: {p} {c.split(' ', 1)[-1]}", file=sys.stderr)

@@ -193,6 +193,12 @@ def test_full_disk_stops_the_recording_and_keeps_every_part(tmp_path, table):
         assert not [n for n in t.notes if "skipped" in n], t.notes
 
 
+def _is_subsequence(seq: list, plan: list) -> bool:
+    """Every element of ``seq`` appears in ``plan`` in the same order (gaps allowed)."""
+    it = iter(plan)
+    return all(any(x == y for y in it) for x in seq)
+
+
 def _planned_sequence(table: Path, n: int, seed: int) -> list[tuple[int, int]]:
     from engramprof.lab.workload import Plan, batch_reads
     from engramprof.tables import safetensors as layout
@@ -219,6 +225,7 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
     rng.shuffle(waits)
     nxt = _lab(table, "--seed", "0", *delay)
     results = []
+    losses: list[int] = []
     for k in range(kills):
         lab, seed = nxt, k
         out = tmp_path / f"t{k}"
@@ -238,11 +245,18 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
         assert meta["complete"] is False
         for name in t.sample_names:
             t.samples(name)  # never raises (a series whose only part was being written is None)
-        assert t.samples("lost_records") is None  # nothing was lost: the comparison below is exact
         # the reader's preadv2 calls on the table (page faults on libraries may be recorded too)
         c = t.calls[(t.calls["kind"] == "syscall") & (t.calls["path"] == os.path.realpath(table))]
         seq = list(zip(c["offset"].tolist(), c["size"].tolist()))
-        assert seq == _planned_sequence(table, len(seq), seed), f"kill {k} after {wait:.2f} s: not a prefix"
+        lost = t.samples("lost_records")
+        if lost is None:  # nothing was lost: the trace is exactly the plan's first reads
+            assert seq == _planned_sequence(table, len(seq), seed), f"kill {k} after {wait:.2f} s: not a prefix"
+        else:  # a drain starved of CPU lost records: the trace says so, and what it kept is in order
+            n_lost = int(lost["lost"].sum())
+            assert n_lost > 0  # the trace's own count of what it missed, and when
+            assert _is_subsequence(seq, _planned_sequence(table, len(seq) + n_lost, seed)), \
+                f"kill {k} after {wait:.2f} s: what was kept is not the plan's order, less the lost records"
+            losses.append(k)
         assert c["tid"].nunique() <= 1
         # what was flushed about a second before the kill is there (samples and the running totals)
         results.append((k, round(wait, 2), len(seq), meta.get("totals", {}).get("calls", 0),
@@ -257,6 +271,8 @@ def test_kill_9_at_any_moment_leaves_a_loadable_prefix(tmp_path, table):
     # not vacuous: a fair part of the kills land once reads are recorded (on a loaded machine the
     # reader starts later after SIGUSR1, so fewer of the early kills do: 9 of 20 at load 10)
     assert sum(1 for r in results if r[2] > 0) >= kills // 4, results
+    # the exact prefix comparison carries the test: most kills lost nothing
+    assert len(losses) <= kills // 4, (losses, results)
 
 
 @pytest.mark.bpf

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from engramprof.errors import UserError
 
@@ -53,6 +54,24 @@ def compile_program(BPF, text: str, what: str, hint: str = ""):
         raise UserError(f"cannot load the {what} ({exc}); run `engramprof doctor`{hint}", code=1) from None
 
 
+#: threads closing a probe's hooks together (see :func:`detach_together`)
+DETACH_THREADS = 32
+
+
+def detach_together(b, raw: list = (), tracepoints: list = ()) -> None:
+    """Detach BCC programs from raw tracepoints, then from tracepoints, each group closed from
+    threads at once.  Closing a hook's perf event or link waits for an RCU grace period (about
+    60 ms on this kernel): one after the other, a recorder's 99 hooks took 6 s to end; closed
+    together (ctypes and os.close release the GIL) their grace periods overlap."""
+    for group, detach in ((list(raw), b.detach_raw_tracepoint), (list(tracepoints), b.detach_tracepoint)):
+        if len(group) <= 1:
+            for n in group:
+                detach(n)
+            continue
+        with ThreadPoolExecutor(max_workers=min(DETACH_THREADS, len(group))) as ex:
+            list(ex.map(detach, group))  # list(): the first failure is raised here
+
+
 class LoadedBpf:
     """A compiled BCC object (``self.bpf``) with its record ring (``self.ring``) and a per-CPU
     totals array of one struct.  ``bpf`` is None once closed."""
@@ -90,10 +109,7 @@ class LoadedBpf:
         b = self.bpf
         if b is None:
             return None
-        for n in list(getattr(b, "raw_tracepoint_fds", {})):
-            b.detach_raw_tracepoint(n)
-        for n in list(getattr(b, "tracepoint_fds", {})):
-            b.detach_tracepoint(n)
+        detach_together(b, list(getattr(b, "raw_tracepoint_fds", {})), list(getattr(b, "tracepoint_fds", {})))
         return time.monotonic_ns()
 
     def rings(self) -> list:

@@ -18,7 +18,7 @@ import numpy as np
 
 from engramprof.bpf import bios, btf, targets
 from engramprof.bpf import structs as layout
-from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc  # noqa: F401  (import_bcc: also used from here)
+from engramprof.bpf.base import LoadedBpf, compile_program, detach_together, import_bcc  # noqa: F401  (import_bcc: also used from here)
 from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words
 from engramprof.errors import UserError
@@ -218,15 +218,10 @@ class SyscallsProbe(LoadedBpf):
         tps = list(getattr(b, "tracepoint_fds", {}))
         raws = list(getattr(b, "raw_tracepoint_fds", {}))
         name = lambda n: n.decode() if isinstance(n, bytes) else n  # noqa: E731
-        for n in raws:
-            b.detach_raw_tracepoint(n)
         sys_tps = [n for n in tps if name(n).startswith("syscalls:")]
-        for n in sys_tps:
-            b.detach_tracepoint(n)
+        detach_together(b, raws, sys_tps)
         ended = time.monotonic_ns()
-        for n in tps:
-            if n not in sys_tps:
-                b.detach_tracepoint(n)
+        detach_together(b, (), [n for n in tps if n not in sys_tps])
         return ended
 
     def rings(self) -> list:

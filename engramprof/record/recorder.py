@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
@@ -291,10 +292,13 @@ class Recorder:
         """Detach, drain what is left, write the closing metadata; return the summary."""
         end_ns = time.monotonic_ns()
         if self.primary is not None:
-            for s in self._end_order():
-                ended = s.detach()
-                if s.required and ended:
-                    end_ns = ended
+            first, *rest = self._end_order()
+            ended = first.detach()  # the required source first: its hooks gone, the recording ends
+            if first.required and ended:
+                end_ns = ended
+            if rest:  # the others together: each close waits for RCU grace periods (bpf/base.py)
+                with ThreadPoolExecutor(max_workers=len(rest)) as ex:
+                    list(ex.map(lambda s: s.detach(), rest))
         self.rec.end_ns = end_ns
         if self.primary is not None:
             self.drain()  # the last: everything the probes wrote
