@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
-
 import numpy as np
 
 from engramprof.host.files import kernel_dev
-from tests.fio_runs import write_data_file
+from tests.fio_runs import PausedFio, write_data_file
 
 FILE_MB = 512
 RUNTIME_S = 2
@@ -42,47 +40,32 @@ def run_fio(load_probe, path: str, engine: str, *opts: str, watch_workers: bool 
     stats, the probe's records, its totals, fio's pid, {tid: comm} of fio's threads seen while it
     ran, the probe object's ``summary_totals()`` when it has one)."""
     out = path + f".{engine}.json"
-    argv = fio_argv(path, engine, out, *opts)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(w)
-            os.read(r, 1)
-            fd = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(fd, 1)
-            os.execvp("fio", argv)
-        finally:
-            os._exit(127)
-    os.close(r)
+    fio = PausedFio(fio_argv(path, engine, out, *opts))
     probe = None
-    try:
-        probe = load_probe(pid)
-        probe.arm()
-        os.write(w, b"x")
-        parts, threads = [], {}
-        deadline = time.monotonic() + RUNTIME_S + 60
-        status = None
-        while status is None and time.monotonic() < deadline:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
-            parts.append(probe.drain())
-            if watch_workers and status is None:
-                for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
-                    try:
-                        threads[int(tid)] = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
-                    except OSError:
-                        pass
-            time.sleep(0.05)
+    parts, threads = [], {}
+
+    def drain() -> None:
         parts.append(probe.drain())
-        assert status is not None and os.waitstatus_to_exitcode(status) == 0, f"fio failed ({status})"
+        if watch_workers and fio.status is None and os.path.isdir(f"/proc/{fio.pid}/task"):
+            for tid in os.listdir(f"/proc/{fio.pid}/task"):
+                try:
+                    threads[int(tid)] = open(f"/proc/{fio.pid}/task/{tid}/comm").read().strip()
+                except OSError:
+                    pass
+
+    try:
+        probe = load_probe(fio.pid)
+        probe.arm()
+        fio.go()
+        fio.wait(RUNTIME_S + 60, every=drain)
+        parts.append(probe.drain())
         totals = probe.summary_totals() if hasattr(probe, "summary_totals") else probe.totals()
         recs = np.concatenate(parts)
     finally:
-        os.close(w)
+        fio.close()
         if probe is not None:
             probe.close()
+    pid = fio.pid
     with open(out) as f:
         stats = json.load(f)["jobs"][0]["read"]
     return stats, recs, totals, pid, threads
