@@ -95,15 +95,20 @@ def _shares(d: dict) -> dict:
 
 
 def _assert_counts_are_the_kernels(d: dict, min_major: int = 0, min_reads: int = 0) -> dict:
-    """Over the steps recorded whole: the trace's major faults and read syscalls of the reader
-    equal the growth of its majflt and syscr, within 1%."""
+    """Over the steps recorded whole: the trace's major faults of the reader equal the growth of
+    its majflt, within 1%; with ``min_reads`` (a reader that reads by syscalls) its read
+    syscalls equal the growth of its syscr too.  (Not asked of the mapped readers: a new OpenMP
+    thread of faiss reads sysfs once, /sys/devices/system/cpu/online, which the kernel counts
+    and the trace leaves out as a pseudo-filesystem read.)"""
     from tests.mapped_libs import counts_against_the_kernel
 
     c = counts_against_the_kernel(d["output"], d["reader"])
     assert c["steps"] >= 3, c
-    assert c["kernel_majflt"] >= min_major and c["kernel_syscr"] >= min_reads, c
+    assert c["kernel_majflt"] >= min_major, c
     assert abs(c["major_faults"] - c["kernel_majflt"]) <= 0.01 * c["kernel_majflt"], c
-    assert abs(c["read_syscalls"] - c["kernel_syscr"]) <= 0.01 * c["kernel_syscr"], c
+    if min_reads:
+        assert c["kernel_syscr"] >= min_reads, c
+        assert abs(c["read_syscalls"] - c["kernel_syscr"]) <= 0.01 * c["kernel_syscr"], c
     return c
 
 
@@ -187,7 +192,7 @@ def _in_a_memory_cgroup(workdir: str, lib: str) -> tuple[dict, dict]:
     from engramprof.lab.impairments import ReclaimImpairment
     from tests.mapped_libs import evict
 
-    data = os.path.join(workdir, f"{lib}-memcg")
+    data = os.path.join(workdir, f"{lib}-memcg-table")
     build = Proc([PY, "-m", "tests.mapped_libs", lib, data, os.devnull, "--build-only", "--mib", str(MEMCG_TABLE_MIB)])
     assert build.finish(timeout=300)[0] == 0
     imp = ReclaimImpairment(memory_mib=MEMCG_MIB)
