@@ -117,14 +117,14 @@ def main() -> int:
             print(json.dumps(r), file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'library:case':16} {'verdict':10} {'resid':>5} {'recl':>5} {'stor':>5} {'steps':>5} "
+    print(f"{'library:case':17} {'verdict':10} {'resid':>5} {'recl':>5} {'stor':>5} {'steps':>5} "
           f"{'major':>6} {'majflt':>6} {'reads':>6} {'syscr':>6}")
     for r in rows:
         if "error" in r:
-            print(f"{r['case']:16} error: {r['error']}")
+            print(f"{r['case']:17} error: {r['error']}")
             continue
         s = r["share"]
-        print(f"{r['case']:16} {r['verdict']:10} {s['residency']:5.0%} {s['reclaim']:5.0%} {s['storage']:5.0%} "
+        print(f"{r['case']:17} {r['verdict']:10} {s['residency']:5.0%} {s['reclaim']:5.0%} {s['storage']:5.0%} "
               f"{r['steps']:5d} {r['major_faults']:6,d} {r['kernel_majflt']:6,d} "
               f"{r['read_syscalls']:6,d} {r['kernel_syscr']:6,d}")
     return 0
