@@ -237,3 +237,8 @@ def test_rocksdict_in_a_300_mib_memory_cgroup_is_reclaim(workdir):
     _assert_reclaim_by_its_own_group(d, stats)
     c = _assert_counts_are_the_kernels(d, min_reads=1000)
     assert c["major_faults"] == 0, c
+    # most pages were evicted by the group's limit before the window (no eviction record): not
+    # first touches, since the group refaulted (misses.own_group_refaulted); the kernel's count
+    # of refaults per page brought in moves their time to reclaim
+    assert d["batch_tail"]["miss_causes"]["first_touch"] == 0, d["batch_tail"]["miss_causes"]
+    assert d["batch_tail"]["evidence"]["refault_frac_of_misses_est"] > 0.5, d["batch_tail"]["evidence"]
