@@ -143,6 +143,25 @@ def test_unknown_pages_keep_the_refault_estimate():
     assert s["verdict"] == "reclaim"  # the estimate (all refaults) still decides
 
 
+@pytest.mark.parametrize("limit, cause, verdict", [(300 << 20, "unknown", "reclaim"),
+                                                   ((1 << 63) - 4096, "first_touch", "residency")])
+def test_pages_never_seen_resident_are_refaults_when_the_targets_own_group_refaulted(limit, cause, verdict):
+    """A page evicted by the group's limit before the trace began has no eviction record: in a
+    group with a limit of its own whose refault counter rose, it is unknown (the kernel's refault
+    count decides), not a first touch; in a group without one (v1's root: every process's
+    refaults) it stays a first touch."""
+    from engramprof.analysis.attribution import analyse
+
+    calls, markers = decode_trace("residency", n_batches=12)
+    calls["offset"] = np.arange(len(calls)) * PAGE
+    t0, t1 = int(calls["ts_ns"].min()), int(calls["ts_ns"].max())
+    cg = pd.DataFrame({"ts_ns": [t0 - S, t1 + S], "refault_file": [0, 10 ** 6], "limit_bytes": [limit, limit],
+                       "usage_bytes": [limit, limit]})
+    _, s = analyse(calls, markers, samples={"evictions": _evictions([]), "cgroup": cg}, meta={"evictions": {}})
+    assert s["miss_causes"][cause] == pytest.approx(1.0), s["miss_causes"]
+    assert s["verdict"] == verdict, s["share"]
+
+
 def test_miss_story_and_fix_name_the_evictor():
     from engramprof.analysis.advice import advice_for, miss_story
 

@@ -159,8 +159,12 @@ def miss_story(bt: dict) -> str | None:
         return (f"residency: {pct(causes['first_touch'])} of the {causes['pages']:,.0f} missed pages were first touches "
                 "(never seen resident in the trace)")
     if main == "unknown" or not by:
+        ev = bt.get("evidence") or {}
+        est = ev.get("refault_frac_of_misses_est")
+        kernel = (f"; the kernel counted {pct(est)} of the pages brought in as refaults ({ev.get('refault_source')}: "
+                  "pages reclaim had evicted)" if est else "")
         return (f"{pct(causes['unknown'])} of the {causes['pages']:,.0f} missed pages could not be matched to an "
-                "eviction (evicted before the trace or while records were lost)")
+                "eviction (evicted before the trace or while records were lost)" + kernel)
     want = (("kswapd", "direct-reclaim", "memcg-reclaim", "proactive-reclaim") if main == "reclaim"
             else ("fadvise", "drop-caches", "truncate", "madvise"))
     top = next((e for e in by if e.get("context") in want), by[0])

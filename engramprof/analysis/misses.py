@@ -13,7 +13,11 @@ the last event on the same (file, page) before it, from the ``evictions`` sample
 * an earlier miss of the same page with no eviction between -> **unknown** (an eviction the
   probe did not see, or a page of the range that was in fact resident);
 * nothing -> **first touch** (never seen resident in the trace), unless the file was watched
-  only after the read or eviction records were lost before it (then **unknown**).
+  only after the read or eviction records were lost before it, or the target's memory cgroup
+  has a limit of its own and its refault counter rose over the window (then **unknown**: the
+  page may have been evicted by the group's limit before the trace began; reclaim leaves a
+  shadow entry and the kernel counts the page's return as a refault, which the time split's
+  estimate weighs).
 
 Reclaim-evicted pages count as reclaim in the time split; first touches and dropped pages as
 residency; unknown pages keep the proportional refault estimate (engramprof.analysis.calibrate).
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from engramprof.errors import UserError
 from engramprof.trace.schema import sample_schema
 
 PAGE = 4096
@@ -37,6 +42,8 @@ RECLAIM_CONTEXTS = ("kswapd", "direct-reclaim", "memcg-reclaim", "proactive-recl
 DROP_CONTEXTS = ("fadvise", "drop-caches", "truncate", "madvise")
 MAX_PAGES_PER_EVENT = 4096  # a read of more than 16 MiB: its first 16 MiB are classified
 METHOD_EVICTIONS = "eviction records (probes/evictions.bpf.c)"
+#: a memory cgroup limit at or above this is no limit (cgroup v1's root reports 2**63 - 4096)
+NO_LIMIT_BYTES = 1 << 62
 METHOD_ESTIMATE = "refault estimate (refaults per page inserted in each sample interval)"
 
 
@@ -224,9 +231,28 @@ def summary_keys(mp: MissPages | None, evictors: pd.DataFrame | None = None) -> 
             "miss_cause_method": METHOD_EVICTIONS}
 
 
+def own_group_refaulted(cgroup: pd.DataFrame | None) -> bool:
+    """The target's memory cgroup (``samples/cgroup``) has a limit of its own and its refault
+    counter rose over the window: its members brought back pages its reclaim had evicted (a
+    root group's counter is every process's)."""
+    if cgroup is None or not len(cgroup) or not {"limit_bytes", "refault_file"} <= set(cgroup.columns):
+        return False
+    limit = pd.to_numeric(cgroup["limit_bytes"], errors="coerce")
+    return bool((limit < NO_LIMIT_BYTES).any() and pd.to_numeric(cgroup["refault_file"], errors="coerce").sum() > 0)
+
+
+def _cgroup_samples(getter) -> pd.DataFrame | None:
+    try:
+        return getter("cgroup") if getter else None
+    except UserError:  # unreadable: the analysis's context notes it
+        return None
+
+
 def from_trace(calls: pd.DataFrame, getter, table, meta: dict) -> MissPages | None:
     """:func:`classify` of a bundle: its ``evictions`` / ``evictions_lost`` samples and
-    ``eviction_files`` table (``getter``: samples by name, ``table``: tables by name, or None)."""
+    ``eviction_files`` table (``getter``: samples by name, ``table``: tables by name, or None).
+    Where the target's own memory cgroup refaulted (:func:`own_group_refaulted`), a page never
+    seen resident is unknown, not a first touch."""
     ev = getter("evictions") if getter else None
     if ev is None:
         if not (meta or {}).get("evictions"):
@@ -236,4 +262,7 @@ def from_trace(calls: pd.DataFrame, getter, table, meta: dict) -> MissPages | No
     files = table("eviction_files") if table else None
     lost = getter("evictions_lost") if getter else None
     start = (meta or {}).get("start_ns")
-    return classify(calls, ev, files, lost, start_ns=start)
+    mp = classify(calls, ev, files, lost, start_ns=start)
+    if mp is not None and own_group_refaulted(_cgroup_samples(getter)):
+        mp.cause[mp.cause == FIRST_TOUCH] = UNKNOWN
+    return mp
