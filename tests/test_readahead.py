@@ -216,8 +216,15 @@ def test_diagnose_flags_amplification_above_4x_and_leads_the_fix_with_turning_re
     assert step["step"] == "readahead" and "1228x on t.bin" in step["finding"] and step["value"] == {"/d/t.bin": 1228.0}
     rec = {"fix": "Keep the hot rows resident.", "confirm": "c"}
     fixed = diagnose.readahead_fix("residency", rec, bt)["fix"]
-    assert fixed.startswith(readahead.FIX) and "MADV_RANDOM" in fixed and "read_ahead_kb" in fixed
+    assert fixed.startswith("Turn readahead off for t.bin: posix_fadvise(") and "read_ahead_kb" in fixed
+    assert fixed.endswith("Keep the hot rows resident.")
     assert diagnose.readahead_fix("python-scheduling", rec, bt) == rec  # not about misses: left alone
+    # the switch fits the reader: a mapping's faults -> MADV_RANDOM; an LMDB file -> MDB_NORDAHEAD
+    mapped = {**bt, "readahead": [{**e, "read_kind": "fault"}]}
+    assert "MADV_RANDOM" in diagnose.readahead_fix("residency", rec, mapped)["fix"]
+    lmdb = {**bt, "readahead": [{**e, "path": "/srv/db/data.mdb", "read_kind": "fault"}]}
+    fix = diagnose.readahead_fix("storage", rec, lmdb)["fix"]
+    assert "MDB_NORDAHEAD" in fix and "readahead=False" in fix and "MADV_RANDOM" not in fix, fix
     quiet = {"readahead": [{**e, "amplification": 3.9, "flagged": False}], "prefetch": {"hints": 0}}
     assert diagnose.pagecache_steps(quiet) == [] and diagnose.readahead_fix("residency", rec, quiet) == rec
     hinted = {"readahead": [], "prefetch": {"hints": 12, "hinted_pages": 40, "read_pages": 30, "hit_rate": 0.1,

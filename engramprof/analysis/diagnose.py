@@ -374,8 +374,9 @@ def readahead_cost(bt: dict) -> float | None:
 def readahead_fix(verdict: str, rec: dict, bt: dict) -> dict:
     """The fix, led by turning readahead off when a file's readahead was flagged and the
     verdict is about misses."""
-    if verdict in ("residency", "reclaim", "storage") and readahead.finding(bt.get("readahead") or []):
-        rec = {**rec, "fix": f"{readahead.FIX} {rec['fix']}"}
+    ra_fix = readahead.fix(bt.get("readahead") or [])
+    if verdict in ("residency", "reclaim", "storage") and ra_fix:
+        rec = {**rec, "fix": f"{ra_fix} {rec['fix']}"}
     return rec
 
 

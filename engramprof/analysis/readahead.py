@@ -189,7 +189,7 @@ def per_file(inp: PagecacheInputs) -> list[dict]:
                  "wasted_pages": _wasted(inp, path, ahead, first_touch),
                  "missing_reads": int(len(missing)), "touched_pages": touched_pages, "inserted_pages": inserted,
                  "readahead_pages": int(len(ahead)), "used_pages": used,
-                 "readahead_events": _ra_counts(ra, path)}
+                 "readahead_events": _ra_counts(ra, path), "read_kind": _read_kind(calls, missing)}
         entry["flagged"] = flagged(entry)
         out.append(entry)
     return out
@@ -237,8 +237,44 @@ def finding(entries: list[dict]) -> str | None:
             f"{e['used_pages']:,} of them ever read")
 
 
-FIX = ("Turn readahead off for the table: madvise(MADV_RANDOM) on the mapping, posix_fadvise(fd, 0, 0, "
-       "POSIX_FADV_RANDOM) on the fd, or lower the device's read_ahead_kb (/sys/block/DEV/queue/read_ahead_kb).")
+def _read_kind(calls: pd.DataFrame, missing: np.ndarray) -> str:
+    """How the missing reads reached the file: ``fault`` (a mapping) when most of them were page
+    faults, else ``syscall`` (read / pread / io_uring / libaio through the page cache)."""
+    if "kind" not in calls or not len(missing):
+        return "syscall"
+    kinds = calls["kind"].to_numpy()[missing]
+    return "fault" if (kinds == "fault").mean() > 0.5 else "syscall"
+
+
+#: the device-wide switch, named in every readahead fix
+DEVICE_SWITCH = "lower the device's read_ahead_kb (/sys/block/DEV/queue/read_ahead_kb)"
+#: file formats whose library has its own readahead switch: (test on the file name, the switch)
+LIBRARY_SWITCHES = (
+    (lambda name: name.endswith(".mdb"), "LMDB",
+     "open the LMDB environment with MDB_NORDAHEAD (py-lmdb: lmdb.open(path, readahead=False))"),
+)
+MAPPING_SWITCH = ("madvise(MADV_RANDOM) on the mapping (numpy.memmap: m._mmap.madvise(mmap.MADV_RANDOM); "
+                  "torch, faiss and other mappings: madvise on the mapped range)")
+FD_SWITCH = "posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM) on the fd (Python: os.posix_fadvise)"
+
+
+def fix(entries: list[dict]) -> str | None:
+    """Readahead off, with the switch that fits the reader of the worst flagged file: the
+    library's own (LMDB's MDB_NORDAHEAD), else MADV_RANDOM on a mapping or POSIX_FADV_RANDOM on
+    an fd, whichever way its missing reads came; and the device's read_ahead_kb.  None when no
+    file is flagged."""
+    bad = [e for e in entries if e.get("flagged")]
+    if not bad:
+        return None
+    e = max(bad, key=lambda x: x["inserted_pages"])
+    name = os.path.basename(e["path"])
+    lib = next(((lib, switch) for test, lib, switch in LIBRARY_SWITCHES if test(name)), None)
+    if lib is not None:
+        how = f"{lib[1]} ({name} is an {lib[0]} file)"
+    else:
+        how = MAPPING_SWITCH if e.get("read_kind") == "fault" else FD_SWITCH
+    return f"Turn readahead off for {name}: {how}, or {DEVICE_SWITCH}."
+
 
 
 def note(inp: PagecacheInputs) -> str | None:
