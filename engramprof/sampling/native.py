@@ -282,3 +282,13 @@ class NativeStacks:
 
     def summary(self) -> dict:
         return {"stacks": len(self.rows), "not_unwound": self.failed, "over_limit": self.dropped}
+
+
+def native_table(rows: list[dict]):
+    """The ``native_stacks`` series (engramprof.trace.SAMPLE_SCHEMAS)."""
+    import pyarrow as pa
+
+    from engramprof.trace.schema import sample_schema
+
+    sch = sample_schema("native_stacks")
+    return pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in sch}, schema=sch)
