@@ -206,18 +206,26 @@ def demangle(name: str) -> str:
 
 
 def short_name(name: str) -> str:
-    """A C++ / Rust function without its argument list (``rocksdb::BlockFetcher::ReadBlock``),
-    and a Rust symbol without its hash suffix."""
-    depth, cut = 0, len(name)
-    for i, c in enumerate(name):  # the last top-level "(" starts the parameters
-        if c in "<":
+    """A C++ / Rust function as a reader names it: no argument list, no return type, template
+    arguments as ``<...>``, no Rust hash suffix
+    (``rocksdb::BlockBasedTable::RetrieveBlock<...>``)."""
+    out, depth, word = [], 0, []
+    for c in name:
+        if c == "<":
+            if depth == 0:
+                word.append("<...>")
             depth += 1
-        elif c == ">":
+        elif c == ">" and depth:
             depth -= 1
-        elif c == "(" and depth == 0 and i > 0:
-            cut = i
+        elif depth:
+            continue
+        elif c == "(" and word:  # the parameters (an operator() keeps its name: rare here)
             break
-    name = name[:cut]
+        elif c == " ":  # a return type before the name
+            out, word = [], []
+        else:
+            word.append(c)
+    name = "".join(word) or name
     parts = name.rsplit("::", 1)
     if len(parts) == 2 and len(parts[1]) == 17 and parts[1].startswith("h"):
         name = parts[0]
