@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,8 +61,16 @@ def test_site_is_the_first_user_frame_and_the_state_follows_frames_then_kernel()
     assert sf.state_of(busy, False, False, False, (50_000_000, False)) == sf.BLOCKED
     assert sf.state_of(busy, False, True, False, (2_000_000, True)) == sf.RUNQ
     assert sf.state_of(busy, False, True, False, (0, False)) == sf.NATIVE
-    # a site-packages library is the user's code, not machinery
+    # a site-packages library is not machinery (its waits are not the interpreter's), but the site
+    # is the user's line that called it: numpy's take wrapper names the gather
     assert not sf.is_machinery(sf.Frame("get", f"{STDLIB}/site-packages/rocksdict/__init__.py", 5))
+    take = _frames(("_wrapfunc", f"{STDLIB}/site-packages/numpy/_core/fromnumeric.py", 54),
+                   ("take", f"{STDLIB}/site-packages/numpy/_core/fromnumeric.py", 200),
+                   ("_gather", "/srv/app/reader.py", 9), ("step", "/srv/app/server.py", 10))
+    assert sf.site_of(take) == sf.Site(take[2], ("_wrapfunc", "take"))
+    # an application installed as a package: its innermost frame outside the standard library
+    app = _frames(("Condition.wait", f"{STDLIB}/threading.py", 320), ("serve", f"{STDLIB}/site-packages/app/s.py", 3))
+    assert sf.site_of(app).key == "serve (app/s.py:3)"
 
 
 def test_py_spy_output_and_errors_read():
@@ -176,6 +185,28 @@ def test_sampler_names_lines_and_gil_holder_and_one_line_for_a_non_python_proces
     assert native.isdisjoint(python) and {k["pid"] for k in kinds} == {py.pid}
     if (os.cpu_count() or 1) > 1:
         assert native, kinds
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (util-linux)")
+def test_a_python_process_whose_frames_cannot_be_read_is_one_note(tmp_path):
+    """A CPython process py-spy may not read (run as nobody against root's process: no permission):
+    one note with the reason, the process is not asked again, no rows."""
+    wrapper = tmp_path / "py-spy-as-nobody"
+    wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {find_py_spy()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    py = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"])
+    try:
+        notes: list[str] = []
+        s = StackSampler(lambda: [py.pid], hz=20, notes=notes, binary=str(wrapper))
+        for _ in range(3):
+            s.sample_round()
+        s.flush()
+    finally:
+        py.kill()
+        py.wait()
+    assert notes == [f"Python stacks not sampled: pid {py.pid}: Permission Denied (py-spy may not read its memory) "
+                     "(not a CPython process, or its frames cannot be read); the rest of the recording is unchanged"], notes
+    assert s.dumps == 1 and not s.rows and s.summary()["not_sampled"] == {py.pid: notes[0].split(": ", 1)[1].split(" (not")[0]}
 
 
 # ---- real: two lab readers recorded at once, with eBPF ----------------------------------

@@ -86,6 +86,8 @@ def dump_error(stderr: str, pid: int) -> str:
     lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
     err = [ln for ln in lines if ln.lower().startswith("error")]
     why = (err[-1] if err else (lines[-1] if lines else "no output")).removeprefix("Error:").strip()
+    if why.lower().startswith("permission denied"):  # py-spy's advice is to rerun it with sudo
+        why = "Permission Denied (py-spy may not read its memory)"
     return f"pid {pid}: {why}"
 
 
