@@ -111,9 +111,10 @@ def main() -> None:
     p90 = {k: statistics.quantiles(v, n=10)[-1] for k, v in steps.items()}
     print(f"lab pool reader, cached, {a.threads} threads; {a.windows} windows of {a.window:g} s alternating, "
           f"stack sampling at {a.hz:g} Hz when on, py-spy at nice {stacks.DUMP_NICE}")
-    print(f"{'arm':<7}{'steps':>8}{'p50 ms':>10}{'p90 ms':>10}")
+    secs = {k: sum(t1 - t0 - SETTLE_NS for t0, t1, arm in arms if arm == k) / 1e9 for k in steps}
+    print(f"{'arm':<7}{'steps':>8}{'steps/s':>9}{'p50 ms':>10}{'p90 ms':>10}")
     for k in steps:
-        print(f"{k:<7}{len(steps[k]):>8}{med[k]:>10.3f}{p90[k]:>10.3f}")
+        print(f"{k:<7}{len(steps[k]):>8}{len(steps[k]) / secs[k]:>9.0f}{med[k]:>10.3f}{p90[k]:>10.3f}")
     for k in steps:
         if k != "off":
             print(f"{k} / off: p50 x{med[k] / med['off']:.3f}, p90 x{p90[k] / p90['off']:.3f}")
@@ -131,10 +132,10 @@ def _record_window(pid: int, hz: float, seconds: float, tmp: str) -> tuple[float
     before = _children_cpu()
     p = subprocess.Popen([stacks.find_py_spy(), "record", "--pid", str(pid), "--rate", str(int(hz)), "--nonblocking",
                           "--idle", "--threads", "--format", "chrometrace", "--output", out],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(seconds)
     p.send_signal(signal.SIGINT)  # py-spy writes its file when it is interrupted
-    _, err = p.communicate(timeout=60)
+    err, _ = p.communicate(timeout=60)
     cpu = _children_cpu() - before
     m = re.search(r"Samples: (\d+)", err or "")
     return cpu, int(m.group(1)) if m else 0
