@@ -232,35 +232,12 @@ def short_name(name: str) -> str:
     return name
 
 
-class NativeStacks:
-    """A worker thread that unwinds and symbolizes the probe's stack copies while the targets run.
+class Unwinder:
+    """Unwinds and symbolizes stack copies, a module's CFI and symbols parsed once."""
 
-    :meth:`add` (the drain): ``(pid, tid, ts_ns, ip, sp, bp, bytes)``; :meth:`stop` waits for the
-    queue; :attr:`rows`: ``pid, tid, ts_ns, frames, depth``."""
-
-    def __init__(self, notes: list[str] | None = None):
-        self.rows: list[dict] = []
-        self.notes = notes if notes is not None else []
-        self.dropped = 0
-        self.failed = 0
-        self._q: queue.Queue = queue.Queue(maxsize=MAX_STACKS)
-        self._maps: dict[int, list[Mapping]] = {}
+    def __init__(self):
+        self.maps: dict[int, list[Mapping]] = {}
         self._modules: dict[str, Module | None] = {}
-        self._taken = 0
-        self._thread = threading.Thread(target=self._loop, name="engramprof-native", daemon=True)
-        self._thread.start()
-
-    def add(self, pid: int, tid: int, ts_ns: int, ip: int, sp: int, bp: int, data: bytes) -> None:
-        if self._taken >= MAX_STACKS:
-            self.dropped += 1
-            return
-        self._taken += 1
-        if pid not in self._maps:  # while it runs (a later library: the walk stops there)
-            try:
-                self._maps[pid] = read_maps(pid)
-            except OSError:
-                self._maps[pid] = []
-        self._q.put((pid, tid, ts_ns, ip, sp, bp, data))
 
     def module(self, path: str) -> Module | None:
         if path not in self._modules:
@@ -270,26 +247,131 @@ class NativeStacks:
                 self._modules[path] = None
         return self._modules[path]
 
-    def _loop(self) -> None:
+    def frames(self, pid: int, ip: int, sp: int, bp: int, data: bytes) -> tuple[str, int]:
+        maps = self.maps.get(pid, [])
+        frames = unwind(ip, sp, bp, data, maps, self.module)
+        return symbolize(frames, self.module, maps), len(frames)
+
+
+def worker_main() -> None:
+    """The unwinding process: pickled ``("maps", pid, maps)`` / ``("stack", pid, tid, ts, ip, sp,
+    bp, data)`` items on stdin until EOF, then the pickled rows and the failure count on stdout."""
+    import pickle
+    import sys
+
+    u = Unwinder()
+    rows, failed = [], 0
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            item = pickle.load(inp)
+        except EOFError:
+            break
+        if item[0] == "maps":
+            u.maps[item[1]] = [Mapping(*m) for m in item[2]]
+            continue
+        _, pid, tid, ts, ip, sp, bp, data = item
+        try:
+            text, depth = u.frames(pid, ip, sp, bp, data)
+        except Exception:
+            failed += 1
+            continue
+        rows.append({"ts_ns": ts, "pid": pid, "tid": tid, "frames": text, "depth": depth})
+    pickle.dump((rows, failed), sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+
+
+#: how long the recording's end waits for the unwinding process to finish its queue
+STOP_WAIT_S = 60.0
+WORKER_NICE = 10
+
+
+class NativeStacks:
+    """The probe's stack copies, unwound and symbolized in a process of their own (parsing a big
+    module's CFI takes seconds of CPU: in the recorder it would hold the GIL from the drain).
+
+    :meth:`add` (the drain): a copy, with the process's mappings read at its first (while it
+    runs; a later library: the walk stops there); a writer thread feeds the process; :meth:`stop`
+    ends its input and takes its rows (``ts_ns, pid, tid, frames, depth``: :attr:`rows`)."""
+
+    def __init__(self, notes: list[str] | None = None):
+        import subprocess
+        import sys
+
+        self.rows: list[dict] = []
+        self.notes = notes if notes is not None else []
+        self.dropped = 0
+        self.failed = 0
+        self._taken = 0
+        self._maps_sent: set[int] = set()
+        self._q: queue.Queue = queue.Queue()
+        self._proc = subprocess.Popen([sys.executable, "-c", "from engramprof.sampling.native import worker_main; "
+                                       "worker_main()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      preexec_fn=_nice)
+        self._writer = threading.Thread(target=self._feed, name="engramprof-native", daemon=True)
+        self._writer.start()
+
+    def add(self, pid: int, tid: int, ts_ns: int, ip: int, sp: int, bp: int, data: bytes) -> None:
+        if self._taken >= MAX_STACKS:
+            self.dropped += 1
+            return
+        self._taken += 1
+        if pid not in self._maps_sent:
+            self._maps_sent.add(pid)
+            try:
+                maps = [(m.start, m.end, m.offset, m.path) for m in read_maps(pid)]
+            except OSError:
+                maps = []
+            self._q.put(("maps", pid, maps))
+        self._q.put(("stack", pid, tid, ts_ns, ip, sp, bp, data))
+
+    def _feed(self) -> None:
+        import pickle
+
         while True:
             item = self._q.get()
             if item is None:
-                return
-            pid, tid, ts, ip, sp, bp, data = item
+                break
             try:
-                frames = unwind(ip, sp, bp, data, self._maps.get(pid, []), self.module)
-                text = symbolize(frames, self.module, self._maps.get(pid, []))
-            except Exception:
-                self.failed += 1
-                continue
-            self.rows.append({"ts_ns": ts, "pid": pid, "tid": tid, "frames": text, "depth": len(frames)})
+                pickle.dump(item, self._proc.stdin)
+            except (BrokenPipeError, OSError):
+                break
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
+        import pickle
+        import subprocess
+
         self._q.put(None)
-        self._thread.join()
+        self._writer.join(timeout=wait_s)  # it closes the worker's input
+        out: list[bytes] = []
+        reader = threading.Thread(target=lambda: out.append(self._proc.stdout.read()), daemon=True)
+        reader.start()
+        reader.join(timeout=wait_s)
+        if reader.is_alive():
+            self._proc.kill()
+            self.notes.append(f"native stacks not unwound: the unwinding took over {wait_s:g} s")
+        try:
+            self._proc.wait(timeout=5)
+            if out and out[0]:
+                self.rows, self.failed = pickle.loads(out[0])
+        except (subprocess.TimeoutExpired, Exception) as exc:  # no native frames; nothing else changes
+            self.notes.append(f"native stacks not unwound: {type(exc).__name__}")
 
     def summary(self) -> dict:
         return {"stacks": len(self.rows), "not_unwound": self.failed, "over_limit": self.dropped}
+
+
+def _nice() -> None:
+    import os
+
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass
 
 
 def native_table(rows: list[dict]):
