@@ -119,6 +119,27 @@ def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
     assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
 
 
+def test_native_frames_join_their_own_read_and_name_the_caller_of_libc():
+    import pandas as pd
+
+    from engramprof.sampling.native import short_name
+
+    assert short_name("std::enable_if<(rocksdb::X)||(true), rocksdb::Status>::type "
+                      "rocksdb::BlockBasedTable::RetrieveBlock<rocksdb::Block_kData>(a, b) const") == \
+        "rocksdb::BlockBasedTable::RetrieveBlock<...>"
+    assert short_name("rocksdict::rdict::Rdict::get::he65d45948b134986") == "rocksdict::rdict::Rdict::get"
+    libc, so = "/usr/lib/x86_64-linux-gnu/libc.so.6", "/srv/librocksdb.so"
+    text = f"pread64\t{libc}\t0\nrocksdb::A::Read\t{so}\t0\nrocksdb::B::Get\t{so}\t0"
+    assert codeview.native_path(text) == "rocksdb::A::Read < rocksdb::B::Get"
+    calls = pd.DataFrame({"pid": [1, 1, 1], "tid": [2, 2, 3], "ts_ns": [10, 20, 10], "dur_ns": [5, 5_000_000, 5]})
+    native = pd.DataFrame({"pid": [1], "tid": [2], "ts_ns": [20], "frames": [text], "depth": [3]})
+    got = codeview.native_frames(native, calls)
+    assert got.tolist() == [None, text, None]  # only the read whose own stack was copied
+    sites = codeview.native_sites(calls, got, slow_ms=4.0)
+    assert sites == [{"path": "rocksdb::A::Read < rocksdb::B::Get", "function": "rocksdb::A::Read", "stacks": 1,
+                      "share": 1.0, "read_ms": 5.0}]
+
+
 # ---- real: py-spy against live processes, no eBPF ---------------------------------------
 
 SCRIPT = """
@@ -229,8 +250,13 @@ def two_readers(tmp_path_factory):
                                        "--markers", tmp / f"{reader}.jsonl", "--json"))
     for p in labs.values():
         p.wait_line("lab: ready")
+    # and a reader that is not CPython: fio's psync job as a thread of its one process, paced
+    fio = subprocess.Popen(["fio", "--name=codeview", f"--filename={tmp / 'fio.dat'}", "--size=8m", "--rw=randread",
+                            "--bs=4k", "--ioengine=psync", "--rate_iops=300", "--time_based", "--runtime=120",
+                            "--thread"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if shutil.which("fio") else None
     out = tmp / "trace"
-    tracer = Proc(engramprof("syscalls", *sum((["--pid", str(p.pid)] for p in labs.values()), []),
+    pids = [p.pid for p in labs.values()] + ([fio.pid] if fio is not None else [])
+    tracer = Proc(engramprof("syscalls", *sum((["--pid", str(p)] for p in pids), []),
                              "--output", out, "--json", "--stack-hz", "20"))
     tracer.wait_line("Tracing")
     for p in labs.values():
@@ -239,6 +265,9 @@ def two_readers(tmp_path_factory):
         rc, _, err = p.finish()
         assert rc == 0, err
     rc, tout, terr = tracer.finish()
+    if fio is not None:
+        fio.kill()
+        fio.wait()
     assert rc == 0, terr
     from engramprof import trace
     from engramprof.analysis import batches
@@ -249,8 +278,12 @@ def two_readers(tmp_path_factory):
     for reader, pid in pids.items():
         mdf, _ = batches.read_markers(tmp / f"{reader}.jsonl")
         views[reader] = codeview.code_view(tr.samples("stacks"), tr.calls, mdf, 4.0, pid=pid, meta=tr.meta,
-                                           offcpu=tr.samples("offcpu"))
+                                           offcpu=tr.samples("offcpu"), native=tr.samples("native_stacks"))
+    if fio is not None:
+        views["fio"] = codeview.code_view(tr.samples("stacks"), tr.calls, None, 4.0, pid=fio.pid, meta=tr.meta,
+                                          native=tr.samples("native_stacks"))
     return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views,
+            "fio": fio.pid if fio is not None else None,
             "read_tids": {k: set(tr.calls.loc[tr.calls["pid"] == pid, "tid"]) for k, pid in pids.items()},
             "kinds": tr.table("thread_kinds")}
 
@@ -321,6 +354,23 @@ def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers):
     assert text.startswith(f"code view (pid {cv['pid']}") and "reads issued at" in text, text
     assert ("at the code: " in text) == bool(cv["fix"]), text  # a fix whenever a step thread was seen in batches
     assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 80, text
+
+
+@pytest.mark.bpf
+def test_a_reader_that_is_not_cpython_is_one_note_and_its_native_frames(two_readers):
+    """fio (C) recorded beside the two lab readers: one note with py-spy's reason, the lab readers'
+    views as above (the rest unchanged), and fio's reads still get native call paths."""
+    fio = two_readers["fio"]
+    if fio is None:
+        pytest.skip("fio is not installed")
+    stacks = two_readers["summary"]["stacks"]
+    assert str(fio) in stacks["not_sampled"] and fio not in stacks["processes"], stacks
+    v = two_readers["views"]["fio"]
+    assert v["note"].startswith(f"no Python stacks of pid {fio} (pid {fio}: ") and "\n" not in v["note"], v
+    nat = v["native_read_sites"]
+    assert nat and sum(r["stacks"] for r in nat) > 0, v
+    # the C library's read is not the site: fio's own code that called it is (fio is stripped: an address)
+    assert not nat[0]["function"].startswith(("pread", "__libc")), nat
 
 
 def test_a_trace_without_stacks_says_why_in_one_line():

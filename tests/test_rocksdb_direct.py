@@ -130,7 +130,7 @@ def test_native_frames_name_rocksdbs_read_path(diagnosed):
     top = cv["read_sites"][0]
     assert top["native"] is not None, top
     assert top["native"]["path"].split(" < ")[:3] == ROCKSDB_READ_PATH, top["native"]
-    assert top["native"]["stacks"] >= 20 and top["native"]["stacks"] == top["native"]["of"], top["native"]
+    assert top["native"]["stacks"] >= 5 and top["native"]["stacks"] == top["native"]["of"], top["native"]
     nat = cv["native_read_sites"][0]
     assert nat["function"] == ROCKSDB_READ_PATH[0] and nat["share"] > 0.95, cv["native_read_sites"]
     # every stack is a read event's own: (pid, tid, ts_ns) joins exactly

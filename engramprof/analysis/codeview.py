@@ -367,7 +367,10 @@ def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.Data
     stacks = stacks[stacks["pid"] == pid]
     calls = calls[calls["pid"] == pid] if "pid" in calls.columns else calls
     if not len(stacks):
-        return {"note": f"no Python stacks of pid {pid}", "python_threads": {}}
+        why = ((sampled or {}).get("not_sampled") or {}) if isinstance(sampled, dict) else {}
+        reason = why.get(pid, why.get(str(pid)))  # meta.json keys are strings
+        out = {"note": f"no Python stacks of pid {pid}" + (f" ({reason})" if reason else ""), "python_threads": {}}
+        return out | ({"native_read_sites": nsites} if nsites else {})
     samples = prepare_samples(stacks, calls, offcpu)
     start = batches["start_ns"].to_numpy(np.int64) if batches is not None and len(batches) else np.zeros(0, np.int64)
     end = batches["end_ns"].to_numpy(np.int64) if batches is not None and len(batches) else np.zeros(0, np.int64)
