@@ -6,7 +6,8 @@
  * libc and RocksDB keep none (every stack of rocksdict's reads ended at pread64).
  *
  * Cost: a 32 KiB copy and ring record per stack, so at most one call per CPU every
- * NATIVE_EVERY_NS is taken (a per-CPU clock); the others join the nearest stack of their thread.
+ * NATIVE_EVERY_NS is taken (a per-CPU clock); the other reads carry none (a code site names the
+ * native path of its reads that have one).
  * Constants (-D): NATIVE_STACKS (0: compiled out), NATIVE_EVERY_NS, NATIVE_RING_PAGES.
  */
 #ifndef ENGRAMPROF_NATIVE_H

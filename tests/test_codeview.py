@@ -250,10 +250,16 @@ def two_readers(tmp_path_factory):
                                        "--markers", tmp / f"{reader}.jsonl", "--json"))
     for p in labs.values():
         p.wait_line("lab: ready")
-    # and a reader that is not CPython: fio's psync job as a thread of its one process, paced
-    fio = subprocess.Popen(["fio", "--name=codeview", f"--filename={tmp / 'fio.dat'}", "--size=8m", "--rw=randread",
-                            "--bs=4k", "--ioengine=psync", "--rate_iops=300", "--time_based", "--runtime=120",
-                            "--thread"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if shutil.which("fio") else None
+    # and a reader that is not CPython: fio's psync job as a thread of its one process, paced, on
+    # a file written (and cached) before: no write-back, no eviction (--invalidate=0), so the disk
+    # stays idle for the lab readers
+    fio = None
+    if shutil.which("fio"):
+        (tmp / "fio.dat").write_bytes(os.urandom(8 << 20))
+        fio = subprocess.Popen(["fio", "--name=codeview", f"--filename={tmp / 'fio.dat'}", "--size=8m",
+                                "--rw=randread", "--bs=4k", "--ioengine=psync", "--rate_iops=300", "--invalidate=0",
+                                "--time_based", "--runtime=120", "--thread"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp / "trace"
     pids = [p.pid for p in labs.values()] + ([fio.pid] if fio is not None else [])
     tracer = Proc(engramprof("syscalls", *sum((["--pid", str(p)] for p in pids), []),
