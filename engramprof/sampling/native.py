@@ -63,18 +63,25 @@ class Module:
         self.elf = ELFFile(self._f)
         self.loads = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in self.elf.iter_segments()
                       if s["p_type"] == "PT_LOAD"]
-        self.starts: list[int] = []
+        self._starts: list[int] | None = None  # parsed at the first walk through this module
         self.fdes: list = []
         self._rows: dict[int, tuple[list[int], list[dict]]] = {}
         self._syms: tuple[list[int], list] | None = None
-        dw = self.elf.get_dwarf_info(follow_links=False) if self.elf.has_dwarf_info() else None
-        if dw is None or not dw.has_EH_CFI():
-            return
-        from elftools.dwarf.callframe import FDE
 
-        fdes = sorted((e for e in dw.EH_CFI_entries() if isinstance(e, FDE)), key=lambda e: e.header["initial_location"])
-        self.starts = [e.header["initial_location"] for e in fdes]
-        self.fdes = fdes
+    @property
+    def starts(self) -> list[int]:
+        """The FDEs' first addresses, sorted (the CFI parsed on first use: a module only named,
+        such as the interpreter where the walk stops, is never parsed)."""
+        if self._starts is None:
+            self._starts = []
+            dw = self.elf.get_dwarf_info(follow_links=False) if self.elf.has_dwarf_info() else None
+            if dw is not None and dw.has_EH_CFI():
+                from elftools.dwarf.callframe import FDE
+
+                self.fdes = sorted((e for e in dw.EH_CFI_entries() if isinstance(e, FDE)),
+                                   key=lambda e: e.header["initial_location"])
+                self._starts = [e.header["initial_location"] for e in self.fdes]
+        return self._starts
 
     def symbol(self, va: int) -> str | None:
         """The function symbol holding ``va`` (its table read on first use)."""
