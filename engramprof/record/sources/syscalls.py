@@ -95,7 +95,16 @@ class SyscallsSource(Source):
         self.file_paths = PerPid(lambda pid: FilePathEnricher(pid, paths, known))
         for t in sel.pids:
             self.file_paths.of(t)
-        self.probe = syscalls_probe.SyscallsProbe(self.plan)
+        try:
+            self.probe = syscalls_probe.SyscallsProbe(self.plan)
+        except Exception as exc:
+            if not self.config.native_every_ns:
+                raise
+            # the stack copy needs bpf_task_pt_regs (Linux 5.15): without it, the reads alone
+            self.rec.notes.append(f"native frames not recorded: the probe with stack copies did not load "
+                                  f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})")
+            self.config.native_every_ns = 0
+            self.probe = syscalls_probe.SyscallsProbe(self.plan)
         if self.probe.native_ring is not None:
             from engramprof.sampling.native import NativeStacks
 
