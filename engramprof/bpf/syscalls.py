@@ -256,6 +256,16 @@ class SyscallsProbe(LoadedBpf):
         return {"taken": int(sum(t[ctypes.c_int(0)])), "ring_full": int(sum(t[ctypes.c_int(1)]))}
 
 
+def native_every_ns(stack_hz: float) -> int:
+    """The stack copies' per-CPU interval at ``--stack-hz`` (0: compiled out): x86_64 registers,
+    and pyelftools to unwind them."""
+    import importlib.util
+
+    if not stack_hz or platform.machine() != "x86_64" or importlib.util.find_spec("elftools") is None:
+        return 0
+    return int(1e9 / stack_hz)
+
+
 def native_stack_dtype() -> np.dtype:
     """``struct native_stack`` (probes/native.h): its fixed part and the stack copy's bytes."""
     text = (layout.probe_dir() / "native.h").read_text()

@@ -48,11 +48,10 @@ class SyscallsSource(Source):
 
     def __init__(self, rec: Recording):
         super().__init__(rec)
-        hz = getattr(rec.options, "stack_hz", 0) or 0
         self.config = syscalls_probe.SyscallsConfig(tgid=rec.pid, tid=rec.tid, min_ns=int(rec.options.min_us * 1000),
                                          syscall_hook=rec.options.syscall_hook, selection=rec.selection,
                                          # the code view's native frames, at the Python stacks' rate
-                                         native_every_ns=int(1e9 / hz) if hz > 0 and native_stacks_usable() else 0)
+                                         native_every_ns=syscalls_probe.native_every_ns(rec.options.stack_hz))
         #: the native stacks' unwinder (engramprof/sampling/native.py), with the probe's ring
         self.native = None
         self.plan: syscalls_probe.SyscallsPlan | None = None
@@ -251,14 +250,6 @@ class SyscallsSource(Source):
     def close(self) -> None:
         if self.probe is not None:
             self.probe.close()
-
-
-def native_stacks_usable() -> bool:
-    """The native frames' unwinder reads x86_64 registers and needs pyelftools."""
-    import importlib.util
-    import platform
-
-    return platform.machine() == "x86_64" and importlib.util.find_spec("elftools") is not None
 
 
 def unnamed_count(batch, empty_code: int) -> int:
