@@ -11,12 +11,20 @@ steps' median and p90 time per arm and their ratio, and the sampler's own cost: 
 (RUSAGE_CHILDREN) per second sampled and its mean wall time per dump.  No eBPF (the probes'
 cost is measured elsewhere); root only for py-spy's priority (nice -10).
 
+With ``--arms on,off,record`` a third arm runs one long-lived ``py-spy record --nonblocking
+--idle --threads --rate HZ --format chrometrace`` for the window instead of repeated dumps (a
+sampler that parses the target's binaries once; it reports neither the GIL holder nor the run
+state per sample, and writes its samples only when it exits), so the two samplers' costs are
+measured side by side in one run.
+
 Usage: benchmarks/stacks_overhead.py [--windows 10] [--window 3] [--hz 20] [--threads 32] [--nice N]
+                                     [--arms on,off]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import shutil
 import signal
@@ -41,6 +49,7 @@ def main() -> None:
     ap.add_argument("--hz", type=float, default=20.0, help="stack rounds a second when on")
     ap.add_argument("--threads", type=int, default=32, help="the pool's threads")
     ap.add_argument("--nice", type=int, default=None, help="py-spy's nice value (default: the sampler's)")
+    ap.add_argument("--arms", default="on,off", help="the arms' cycle: on (dumps), off, record (py-spy record)")
     a = ap.parse_args()
     if a.nice is not None:
         stacks.DUMP_NICE = a.nice
@@ -58,13 +67,21 @@ def main() -> None:
     os.kill(lab.pid, signal.SIGUSR1)
     time.sleep(1.0)
     arms: list[tuple[int, int, str]] = []  # (start ns, end ns, arm)
+    cycle = a.arms.split(",")
     cpu = wall_on = 0.0
+    rec_cpu = rec_wall = 0.0
+    rec_samples = 0
     dumps = dump_ns = 0
     try:
         for w in range(a.windows):
-            arm = "on" if w % 2 == 0 else "off"
+            arm = cycle[w % len(cycle)]
             t0 = time.monotonic_ns()
-            if arm == "on":
+            if arm == "record":
+                c, n = _record_window(lab.pid, a.hz, a.window, tmp)
+                rec_cpu += c
+                rec_samples += n
+                rec_wall += a.window
+            elif arm == "on":
                 s = StackSampler(lambda: [lab.pid], hz=a.hz)
                 s.start()
                 time.sleep(a.window)
@@ -80,7 +97,7 @@ def main() -> None:
     finally:
         lab.send_signal(signal.SIGTERM)
         lab.wait(timeout=60)
-    steps = {"on": [], "off": []}
+    steps = {k: [] for k in dict.fromkeys(cycle)}
     try:
         with open(markers) as f:
             for line in f:
@@ -94,12 +111,41 @@ def main() -> None:
     p90 = {k: statistics.quantiles(v, n=10)[-1] for k, v in steps.items()}
     print(f"lab pool reader, cached, {a.threads} threads; {a.windows} windows of {a.window:g} s alternating, "
           f"stack sampling at {a.hz:g} Hz when on, py-spy at nice {stacks.DUMP_NICE}")
-    print(f"{'arm':<5}{'steps':>8}{'p50 ms':>10}{'p90 ms':>10}")
-    for k in ("off", "on"):
-        print(f"{k:<5}{len(steps[k]):>8}{med[k]:>10.3f}{p90[k]:>10.3f}")
-    print(f"on / off: p50 x{med['on'] / med['off']:.3f}, p90 x{p90['on'] / p90['off']:.3f}")
-    print(f"sampler: {dumps} dumps, {dump_ns / max(dumps, 1) / 1e6:.1f} ms wall a dump, py-spy CPU "
-          f"{cpu / wall_on * 100:.1f}% of a core while on ({cpu / max(dumps, 1) * 1e3:.1f} ms a dump)")
+    secs = {k: sum(t1 - t0 - SETTLE_NS for t0, t1, arm in arms if arm == k) / 1e9 for k in steps}
+    print(f"{'arm':<7}{'steps':>8}{'steps/s':>9}{'p50 ms':>10}{'p90 ms':>10}")
+    for k in steps:
+        print(f"{k:<7}{len(steps[k]):>8}{len(steps[k]) / secs[k]:>9.0f}{med[k]:>10.3f}{p90[k]:>10.3f}")
+    for k in steps:
+        if k != "off":
+            print(f"{k} / off: p50 x{med[k] / med['off']:.3f}, p90 x{p90[k] / p90['off']:.3f}")
+    if "on" in steps:
+        print(f"dumps: {dumps} dumps, {dump_ns / max(dumps, 1) / 1e6:.1f} ms wall a dump, py-spy CPU "
+              f"{cpu / wall_on * 100:.1f}% of a core while on ({cpu / max(dumps, 1) * 1e3:.1f} ms a dump)")
+    if "record" in steps:
+        print(f"record: {rec_samples} samples (py-spy's count), py-spy CPU {rec_cpu / rec_wall * 100:.1f}% of a core while on")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _record_window(pid: int, hz: float, seconds: float, tmp: str) -> tuple[float, int]:
+    """One ``py-spy record`` for ``seconds``: (its CPU seconds, the thread samples it wrote)."""
+    out = os.path.join(tmp, "record.json")
+    before = _children_cpu()
+    p = subprocess.Popen([stacks.find_py_spy(), "record", "--pid", str(pid), "--rate", str(int(hz)), "--nonblocking",
+                          "--idle", "--threads", "--format", "chrometrace", "--output", out],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(seconds)
+    p.send_signal(signal.SIGINT)  # py-spy writes its file when it is interrupted
+    err, _ = p.communicate(timeout=60)
+    cpu = _children_cpu() - before
+    m = re.search(r"Samples: (\d+)", err or "")
+    return cpu, int(m.group(1)) if m else 0
+
+
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 if __name__ == "__main__":

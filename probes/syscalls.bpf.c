@@ -29,11 +29,15 @@
  *   HAVE_PREADV, HAVE_PREAD64, HAVE_READ, HAVE_READV, HAVE_FILEMAP, HAVE_BIO, HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG,
  *   HAVE_SCHED, HAVE_KSWAPD  feature-probed tracepoints; evidence for a missing one is left at 0 and the
  *                 trace says which columns are absent
+ *   NATIVE_STACKS, NATIVE_EVERY_NS, NATIVE_RING_PAGES  a read's user stack for its native frames
+ *                 (probes/native.h; 0: compiled out)
  *   TID_WORDS     u64 words of call_out_bits, the switched-out-in-a-call bitmap (HAVE_SCHED:
  *                 tids < 64 * TID_WORDS; probes/tidbits.h)
  */
 #include <linux/fs.h>
 #include "syscalls.h"
+/* NATIVE_STACKS: a read's user stack, copied at its exit for the native frames (probes/native.h) */
+#include "native.h"
 
 #define FD_WALK 1               /* every call's file: its dev, ino, O_DIRECT, read()'s f_pos */
 #define INFLIGHT_PLAIN_READS 1  /* read() and readv() are traced calls */
@@ -119,6 +123,9 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 	if (h)
 		(*h)++;
 
+#if NATIVE_STACKS
+	native_stack_take(s->ts, pid_tgid, now);
+#endif
 	if (dur >= MIN_NS) {
 		struct call_record *r = call_records.ringbuf_reserve(sizeof(struct call_record));
 		if (r) {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,8 +61,16 @@ def test_site_is_the_first_user_frame_and_the_state_follows_frames_then_kernel()
     assert sf.state_of(busy, False, False, False, (50_000_000, False)) == sf.BLOCKED
     assert sf.state_of(busy, False, True, False, (2_000_000, True)) == sf.RUNQ
     assert sf.state_of(busy, False, True, False, (0, False)) == sf.NATIVE
-    # a site-packages library is the user's code, not machinery
+    # a site-packages library is not machinery (its waits are not the interpreter's), but the site
+    # is the user's line that called it: numpy's take wrapper names the gather
     assert not sf.is_machinery(sf.Frame("get", f"{STDLIB}/site-packages/rocksdict/__init__.py", 5))
+    take = _frames(("_wrapfunc", f"{STDLIB}/site-packages/numpy/_core/fromnumeric.py", 54),
+                   ("take", f"{STDLIB}/site-packages/numpy/_core/fromnumeric.py", 200),
+                   ("_gather", "/srv/app/reader.py", 9), ("step", "/srv/app/server.py", 10))
+    assert sf.site_of(take) == sf.Site(take[2], ("_wrapfunc", "take"))
+    # an application installed as a package: its innermost frame outside the standard library
+    app = _frames(("Condition.wait", f"{STDLIB}/threading.py", 320), ("serve", f"{STDLIB}/site-packages/app/s.py", 3))
+    assert sf.site_of(app).key == "serve (app/s.py:3)"
 
 
 def test_py_spy_output_and_errors_read():
@@ -108,6 +117,27 @@ def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
         "pool_read (app/reader.py)", "pool_read (app/reader.py)", None, "pool_read (app/reader.py)"]
     sites = codeview.read_sites(calls, j, slow_ms=4.0)
     assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
+
+
+def test_native_frames_join_their_own_read_and_name_the_caller_of_libc():
+    import pandas as pd
+
+    from engramprof.sampling.native import short_name
+
+    assert short_name("std::enable_if<(rocksdb::X)||(true), rocksdb::Status>::type "
+                      "rocksdb::BlockBasedTable::RetrieveBlock<rocksdb::Block_kData>(a, b) const") == \
+        "rocksdb::BlockBasedTable::RetrieveBlock<...>"
+    assert short_name("rocksdict::rdict::Rdict::get::he65d45948b134986") == "rocksdict::rdict::Rdict::get"
+    libc, so = "/usr/lib/x86_64-linux-gnu/libc.so.6", "/srv/librocksdb.so"
+    text = f"pread64\t{libc}\t0\nrocksdb::A::Read\t{so}\t0\nrocksdb::B::Get\t{so}\t0"
+    assert codeview.native_path(text) == "rocksdb::A::Read < rocksdb::B::Get"
+    calls = pd.DataFrame({"pid": [1, 1, 1], "tid": [2, 2, 3], "ts_ns": [10, 20, 10], "dur_ns": [5, 5_000_000, 5]})
+    native = pd.DataFrame({"pid": [1], "tid": [2], "ts_ns": [20], "frames": [text], "depth": [3]})
+    got = codeview.native_frames(native, calls)
+    assert got.tolist() == [None, text, None]  # only the read whose own stack was copied
+    sites = codeview.native_sites(calls, got, slow_ms=4.0)
+    assert sites == [{"path": "rocksdb::A::Read < rocksdb::B::Get", "function": "rocksdb::A::Read", "stacks": 1,
+                      "share": 1.0, "read_ms": 5.0}]
 
 
 # ---- real: py-spy against live processes, no eBPF ---------------------------------------
@@ -178,6 +208,28 @@ def test_sampler_names_lines_and_gil_holder_and_one_line_for_a_non_python_proces
         assert native, kinds
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (util-linux)")
+def test_a_python_process_whose_frames_cannot_be_read_is_one_note(tmp_path):
+    """A CPython process py-spy may not read (run as nobody against root's process: no permission):
+    one note with the reason, the process is not asked again, no rows."""
+    wrapper = tmp_path / "py-spy-as-nobody"
+    wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {find_py_spy()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    py = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"])
+    try:
+        notes: list[str] = []
+        s = StackSampler(lambda: [py.pid], hz=20, notes=notes, binary=str(wrapper))
+        for _ in range(3):
+            s.sample_round()
+        s.flush()
+    finally:
+        py.kill()
+        py.wait()
+    assert notes == [f"Python stacks not sampled: pid {py.pid}: Permission Denied (py-spy may not read its memory) "
+                     "(not a CPython process, or its frames cannot be read); the rest of the recording is unchanged"], notes
+    assert s.dumps == 1 and not s.rows and s.summary()["not_sampled"] == {py.pid: notes[0].split(": ", 1)[1].split(" (not")[0]}
+
+
 # ---- real: two lab readers recorded at once, with eBPF ----------------------------------
 
 @pytest.fixture(scope="module")
@@ -198,8 +250,19 @@ def two_readers(tmp_path_factory):
                                        "--markers", tmp / f"{reader}.jsonl", "--json"))
     for p in labs.values():
         p.wait_line("lab: ready")
+    # and a reader that is not CPython: fio's psync job as a thread of its one process, paced, on
+    # a file written (and cached) before: no write-back, no eviction (--invalidate=0), so the disk
+    # stays idle for the lab readers
+    fio = None
+    if shutil.which("fio"):
+        (tmp / "fio.dat").write_bytes(os.urandom(8 << 20))
+        fio = subprocess.Popen(["fio", "--name=codeview", f"--filename={tmp / 'fio.dat'}", "--size=8m",
+                                "--rw=randread", "--bs=4k", "--ioengine=psync", "--rate_iops=300", "--invalidate=0",
+                                "--time_based", "--runtime=120", "--thread"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp / "trace"
-    tracer = Proc(engramprof("syscalls", *sum((["--pid", str(p.pid)] for p in labs.values()), []),
+    pids = [p.pid for p in labs.values()] + ([fio.pid] if fio is not None else [])
+    tracer = Proc(engramprof("syscalls", *sum((["--pid", str(p)] for p in pids), []),
                              "--output", out, "--json", "--stack-hz", "20"))
     tracer.wait_line("Tracing")
     for p in labs.values():
@@ -208,6 +271,9 @@ def two_readers(tmp_path_factory):
         rc, _, err = p.finish()
         assert rc == 0, err
     rc, tout, terr = tracer.finish()
+    if fio is not None:
+        fio.kill()
+        fio.wait()
     assert rc == 0, terr
     from engramprof import trace
     from engramprof.analysis import batches
@@ -218,8 +284,12 @@ def two_readers(tmp_path_factory):
     for reader, pid in pids.items():
         mdf, _ = batches.read_markers(tmp / f"{reader}.jsonl")
         views[reader] = codeview.code_view(tr.samples("stacks"), tr.calls, mdf, 4.0, pid=pid, meta=tr.meta,
-                                           offcpu=tr.samples("offcpu"))
+                                           offcpu=tr.samples("offcpu"), native=tr.samples("native_stacks"))
+    if fio is not None:
+        views["fio"] = codeview.code_view(tr.samples("stacks"), tr.calls, None, 4.0, pid=fio.pid, meta=tr.meta,
+                                          native=tr.samples("native_stacks"))
     return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views,
+            "fio": fio.pid if fio is not None else None,
             "read_tids": {k: set(tr.calls.loc[tr.calls["pid"] == pid, "tid"]) for k, pid in pids.items()},
             "kinds": tr.table("thread_kinds")}
 
@@ -290,6 +360,23 @@ def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers):
     assert text.startswith(f"code view (pid {cv['pid']}") and "reads issued at" in text, text
     assert ("at the code: " in text) == bool(cv["fix"]), text  # a fix whenever a step thread was seen in batches
     assert max(len(ln.rstrip()) for ln in text.splitlines()) <= 80, text
+
+
+@pytest.mark.bpf
+def test_a_reader_that_is_not_cpython_is_one_note_and_its_native_frames(two_readers):
+    """fio (C) recorded beside the two lab readers: one note with py-spy's reason, the lab readers'
+    views as above (the rest unchanged), and fio's reads still get native call paths."""
+    fio = two_readers["fio"]
+    if fio is None:
+        pytest.skip("fio is not installed")
+    stacks = two_readers["summary"]["stacks"]
+    assert str(fio) in stacks["not_sampled"] and fio not in stacks["processes"], stacks
+    v = two_readers["views"]["fio"]
+    assert v["note"].startswith(f"no Python stacks of pid {fio} (pid {fio}: ") and "\n" not in v["note"], v
+    nat = v["native_read_sites"]
+    assert nat and sum(r["stacks"] for r in nat) > 0, v
+    # the C library's read is not the site: fio's own code that called it is (fio is stripped: an address)
+    assert not nat[0]["function"].startswith(("pread", "__libc")), nat
 
 
 def test_a_trace_without_stacks_says_why_in_one_line():

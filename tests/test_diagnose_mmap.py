@@ -29,6 +29,16 @@ CASES = [
 ]
 
 
+def _gather_line() -> int:
+    """The line of the lab's numpy.memmap gather (np.take through the mapping)."""
+    import inspect
+
+    from engramprof.lab import readers
+
+    src, first = inspect.getsourcelines(readers._gather)
+    return first + next(i for i, ln in enumerate(src) if "np.take(" in ln)
+
+
 @pytest.mark.bpf
 @pytest.mark.parametrize("scenario, reader, verdict", CASES, ids=[f"{s}-{r}" for s, r, _ in CASES])
 def test_mmap_readers_diagnosed(scenario, reader, verdict):
@@ -56,6 +66,11 @@ def test_mmap_readers_diagnosed(scenario, reader, verdict):
         assert "calling thread" in d["recommendation"]["fix"]
     if verdict == "residency":
         assert "MADV_RANDOM" in d["recommendation"]["fix"]
+        # the code view (issue 24): the faults' site is the gather line, on the calling thread or
+        # on the pool's workers
+        site = d["code_view"]["read_sites"][0]
+        assert site["site"] == f"_gather (lab/readers.py:{_gather_line()})", d["code_view"]["read_sites"]
+        assert site["misses"] > 0 and (site["submitted_from"] is not None) == (reader == "mmap-pool"), site
     assert time.monotonic() - t0 < 60
 
 

@@ -89,7 +89,7 @@ def diagnosed(tmp_path_factory):
         r.wait(timeout=30)
         stdout, stderr = d.communicate(timeout=240)
         assert d.returncode == 0, "".join(said) + stderr
-        yield json.loads(stdout), trace.load(out), r.pid
+        yield json.loads(stdout), trace.load(out), r.pid, out
     finally:
         if r.poll() is None:
             r.kill()
@@ -98,7 +98,7 @@ def diagnosed(tmp_path_factory):
 
 
 def test_direct_reads_are_residency_with_the_o_direct_evidence(diagnosed):
-    doc, _calls, _pid = diagnosed
+    doc, _calls, _pid, _out = diagnosed
     assert doc["verdict"] == "residency", (doc["verdict"], doc.get("share"))
     text = json.dumps(doc)
     assert "O_DIRECT" in text, "the evidence never names O_DIRECT"
@@ -107,7 +107,7 @@ def test_direct_reads_are_residency_with_the_o_direct_evidence(diagnosed):
 
 
 def test_every_rocksdb_read_is_a_direct_pread64_of_an_sst_file(diagnosed):
-    _doc, calls, pid = diagnosed
+    _doc, calls, pid, _out = diagnosed
     reads = calls[(calls["pid"] == pid) & (calls["syscall"] == "pread64")]
     assert len(reads) >= 200 * 32, len(reads)  # 64 gets a step; index/filter blocks may be cached by RocksDB
     sst = reads["path"].str.endswith(".sst")
@@ -115,3 +115,28 @@ def test_every_rocksdb_read_is_a_direct_pread64_of_an_sst_file(diagnosed):
     assert reads.loc[sst, "direct"].astype(bool).all()
     assert (reads.loc[sst, "pages_added"] == 0).all()  # the page cache was bypassed
     assert (reads.loc[sst, "bio_count"] > 0).mean() > 0.95  # and every read queued its own bios
+
+
+#: RocksDB's read path, innermost first, from the function that calls pread64
+ROCKSDB_READ_PATH = ["rocksdb::PosixRandomAccessFile::Read", "rocksdb::RandomAccessFileReader::Read",
+                     "rocksdb::BlockFetcher::ReadBlock"]
+
+
+def test_native_frames_name_rocksdbs_read_path(diagnosed):
+    """Issue 24: the code view's read site carries the native frames of its reads, from the stacks
+    the probe copied at the reads (the kernel's frame-pointer walk stops at pread64 here)."""
+    doc, calls, pid, out = diagnosed
+    cv = doc["code_view"]
+    top = cv["read_sites"][0]
+    assert top["native"] is not None, top
+    assert top["native"]["path"].split(" < ")[:3] == ROCKSDB_READ_PATH, top["native"]
+    assert top["native"]["stacks"] >= 5 and top["native"]["stacks"] == top["native"]["of"], top["native"]
+    nat = cv["native_read_sites"][0]
+    assert nat["function"] == ROCKSDB_READ_PATH[0] and nat["share"] > 0.95, cv["native_read_sites"]
+    # every stack is a read event's own: (pid, tid, ts_ns) joins exactly
+    ns = trace.load_bundle(out).samples("native_stacks")
+    key = ["pid", "tid", "ts_ns"]
+    joined = ns[key].astype("int64").merge(calls[key].astype("int64").drop_duplicates(), on=key)
+    assert len(joined) == len(ns) and (ns["pid"] == pid).all(), (len(joined), len(ns))
+    # deeper than the walk: RocksDB's Get reached from the binding
+    assert ns["frames"].str.contains("rocksdb::BlockBasedTable::Get").mean() > 0.9

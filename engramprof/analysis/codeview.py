@@ -202,8 +202,10 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"site": site, "submitter": sub, "join": how}, index=calls.index)
 
 
-def read_sites(calls: pd.DataFrame, joined: pd.DataFrame, slow_ms: float, top: int = TOP_SITES) -> list[dict]:
-    """Code sites ranked by slow-read time, miss time, then read time."""
+def read_sites(calls: pd.DataFrame, joined: pd.DataFrame, slow_ms: float, top: int = TOP_SITES,
+               native: pd.Series | None = None) -> list[dict]:
+    """Code sites ranked by slow-read time, miss time, then read time; ``native``: each read's
+    native frames (:func:`native_frames`), the site's most common native path."""
     dur = calls["dur_ns"].to_numpy(np.int64)
     slow = dur >= slow_ms * 1e6
     miss = (calls["pages_added"].fillna(0).to_numpy() > 0) if "pages_added" in calls.columns else np.zeros(len(calls), bool)
@@ -218,10 +220,62 @@ def read_sites(calls: pd.DataFrame, joined: pd.DataFrame, slow_ms: float, top: i
         misses=("miss", "sum"), miss_ns=("miss_dur", "sum"), inside=("inside", "sum"), near=("near", "sum"),
         pool=("pool", "sum")).reset_index()
     g = g.sort_values(["slow_ns", "miss_ns", "read_ns"], ascending=False).head(top)
+    paths: dict = {}
+    if native is not None and native.notna().any():
+        has = native.notna().to_numpy()
+        nd = pd.DataFrame({"site": df["site"].to_numpy()[has], "submitter": df["submitter"].to_numpy()[has],
+                           "path": [native_path(t) for t in native.to_numpy()[has]]})
+        for (site, sub), p in nd.groupby(["site", "submitter"])["path"]:
+            c = p.value_counts()
+            paths[(site, sub)] = {"path": c.index[0], "stacks": int(c.iloc[0]), "of": int(len(p))}
     return [{"site": r.site, "submitted_from": r.submitter or None, "reads": int(r.reads),
+             "native": paths.get((r.site, r.submitter)),
              "read_ms": round(r.read_ns / 1e6, 3), "slow_reads": int(r.slow_reads), "slow_ms": round(r.slow_ns / 1e6, 3),
              "misses": int(r.misses), "miss_ms": round(r.miss_ns / 1e6, 3),
              "joined": {"inside": int(r.inside), "near": int(r.near), "pool": int(r.pool)}}
+            for r in g.itertuples(index=False)]
+
+
+# ---------------------------------------------------------------- stage 2b: native frames
+
+#: native frames of a path shown (innermost first, from the first frame outside the C library)
+NATIVE_PATH_FRAMES = 5
+_LIBC = ("libc.so", "libc-", "libpthread", "ld-linux")
+
+
+def native_frames(native: pd.DataFrame | None, calls: pd.DataFrame) -> pd.Series:
+    """Per read event: the frames text of its own native stack (samples/native_stacks: the probe
+    copied the stack at that call, so (pid, tid, ts_ns) is exact), else None."""
+    out = pd.Series([None] * len(calls), index=calls.index, dtype=object)
+    if native is None or not len(native) or not len(calls):
+        return out
+    key = ["pid", "tid", "ts_ns"]
+    right = native[key + ["frames"]].astype({k: "int64" for k in key}).drop_duplicates(key)
+    got = calls[key].astype("int64").merge(right, on=key, how="left")["frames"].to_numpy(dtype=object)  # keeps order
+    out[:] = [g if isinstance(g, str) and g else None for g in got]
+    return out
+
+
+def native_path(text: str, frames: int = NATIVE_PATH_FRAMES) -> str:
+    """``f1 < f2 < ...``: the functions from the first one outside the C library (the code that
+    made the call) outward."""
+    fs = [ln.split("\t") for ln in text.split("\n") if ln]
+    k = next((i for i, f in enumerate(fs) if len(f) > 1 and not any(x in f[1] for x in _LIBC)), 0)
+    return " < ".join(f[0] for f in fs[k:k + frames])
+
+
+def native_sites(calls: pd.DataFrame, native: pd.Series, slow_ms: float, top: int = TOP_SITES) -> list[dict]:
+    """Native call paths of the reads that have a stack, ranked by slow-read time then read time."""
+    has = native.notna().to_numpy()
+    if not has.any():
+        return []
+    dur = calls["dur_ns"].to_numpy(np.int64)[has]
+    df = pd.DataFrame({"path": [native_path(t) for t in native.to_numpy()[has]], "dur": dur,
+                       "slow": np.where(dur >= slow_ms * 1e6, dur, 0)})
+    g = df.groupby("path").agg(stacks=("dur", "size"), read_ns=("dur", "sum"), slow_ns=("slow", "sum")).reset_index()
+    g = g.sort_values(["slow_ns", "read_ns"], ascending=False).head(top)
+    return [{"path": r.path, "function": r.path.split(" < ")[0], "stacks": int(r.stacks),
+             "share": round(r.stacks / int(has.sum()), 3), "read_ms": round(r.read_ns / 1e6, 3)}
             for r in g.itertuples(index=False)]
 
 
@@ -290,24 +344,33 @@ def scheduling_residual(sched: dict, share: dict | None, step_ns: float) -> dict
 
 def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.DataFrame | None,
               slow_ms: float, pid: int | None = None, meta: dict | None = None,
-              offcpu: pd.DataFrame | None = None, share: dict | None = None) -> dict:
+              offcpu: pd.DataFrame | None = None, share: dict | None = None,
+              native: pd.DataFrame | None = None) -> dict:
     """The ``code_view`` JSON of a trace: ``read_sites``, ``step_thread``, ``step_waits``,
     ``python_scheduling``, ``python_threads``, ``fix``; ``note`` alone when there are no stacks.
     ``share``: the cause split (batch-tail's ``share``), to set the samples against."""
     sampled = (meta or {}).get("stacks")
+    if pid is None and native is not None and len(native) and (stacks is None or not len(stacks)):
+        pid = int(calls["pid"].mode().iloc[0]) if "pid" in calls.columns and len(calls) else int(native["pid"].iloc[0])
+    ncalls = calls[calls["pid"] == pid] if pid is not None and "pid" in calls.columns else calls
+    nat = native_frames(native, ncalls)
+    nsites = native_sites(ncalls, nat, slow_ms)
     if stacks is None or not len(stacks):
         why = "no Python stacks in this trace"
         if isinstance(sampled, dict) and sampled.get("not_sampled"):
             why += " (" + "; ".join(sampled["not_sampled"].values()) + ")"
         elif sampled is None and meta is not None and "stacks" in meta:
             why += " (recorded with --stack-hz 0, or py-spy missing)"
-        return {"note": why}
+        return {"note": why, "native_read_sites": nsites} if nsites else {"note": why}
     if pid is None:
         pid = int(calls["pid"].mode().iloc[0]) if "pid" in calls.columns and len(calls) else int(stacks["pid"].iloc[0])
     stacks = stacks[stacks["pid"] == pid]
     calls = calls[calls["pid"] == pid] if "pid" in calls.columns else calls
     if not len(stacks):
-        return {"note": f"no Python stacks of pid {pid}", "python_threads": {}}
+        why = ((sampled or {}).get("not_sampled") or {}) if isinstance(sampled, dict) else {}
+        reason = why.get(pid, why.get(str(pid)))  # meta.json keys are strings
+        out = {"note": f"no Python stacks of pid {pid}" + (f" ({reason})" if reason else ""), "python_threads": {}}
+        return out | ({"native_read_sites": nsites} if nsites else {})
     samples = prepare_samples(stacks, calls, offcpu)
     start = batches["start_ns"].to_numpy(np.int64) if batches is not None and len(batches) else np.zeros(0, np.int64)
     end = batches["end_ns"].to_numpy(np.int64) if batches is not None and len(batches) else np.zeros(0, np.int64)
@@ -318,7 +381,7 @@ def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.Data
     interval = float(np.median(np.diff(round_ts))) if len(round_ts) > 1 else float("nan")
     window = float(samples["end_ns"].sub(samples["start_ns"]).median())
     joined = join_reads(samples, calls) if len(calls) else pd.DataFrame(columns=["site", "submitter", "join"])
-    sites = read_sites(calls, joined, slow_ms) if len(calls) else []
+    sites = read_sites(calls, joined, slow_ms, native=nat.reindex(calls.index)) if len(calls) else []
     tid = step_thread(samples)
     step_ns = float((end - start).sum())
     waits = step_waits(samples, tid, step_ns) if tid is not None else []
@@ -334,6 +397,7 @@ def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.Data
         "join": {k: int((joined["join"] == k).sum()) for k in ("inside", "near", "pool", "none")} | {
             "reads": int(len(joined)), "near_ms": NEAR_NS / 1e6},
         "read_sites": sites,
+        "native_read_sites": nsites,
         "step_thread": None if tid is None else {"tid": tid, "name": name, "batches": int(len(start)),
                                                  "samples": int(((samples["tid"] == tid) & (samples["batch"] >= 0)).sum())},
         "step_waits": waits,
@@ -387,6 +451,7 @@ def json_keys(trace, batches: pd.DataFrame | None, slow_ms: float, summary: dict
     try:
         stacks = trace.samples("stacks")
         offcpu = trace.samples("offcpu") if stacks is not None and len(stacks) else None
+        native = trace.samples("native_stacks")
     except Exception as exc:  # an unreadable series: the other keys still stand
         return {"code_view": {"note": f"Python stacks not read ({type(exc).__name__})"}}
     pid = (summary or {}).get("slowest_process")
@@ -394,4 +459,4 @@ def json_keys(trace, batches: pd.DataFrame | None, slow_ms: float, summary: dict
     if b is not None and pid is not None and "pid" in b.columns:
         b = b[b["pid"] == pid]
     return {"code_view": code_view(stacks, trace.calls, b, slow_ms, pid=pid, meta=getattr(trace, "meta", None),
-                                   offcpu=offcpu, share=(summary or {}).get("share"))}
+                                   offcpu=offcpu, share=(summary or {}).get("share"), native=native)}

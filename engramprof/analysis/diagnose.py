@@ -399,7 +399,7 @@ def keep_markers(markers: str, trace_dir: str) -> None:
 
 def run(pid, duration: float = 20.0, markers: str | None = None, output: str | None = None,
         slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None,
-        offcpu: bool = True, fault_address: bool = True, stack_hz: float = 20.0) -> dict:
+        offcpu: bool = True, fault_address: bool = True, stack_hz: float = 10.0) -> dict:
     """Record the target (a pid or a Selection) for `duration` seconds, then diagnose.  `stop`
     (threading.Event) ends early; `offcpu` / `fault_address` / `stack_hz`: see
     record.sources.base.Options."""

@@ -6,8 +6,9 @@ function TAB filename TAB line; engramprof/trace/schema.py).  Used by the code v
 
 - **Machinery** frames are the interpreter's library: the standard library (``.../lib/pythonX.Y/``
   outside site-packages, ``<frozen ...>``).  The **code site** of a stack is its innermost frame
-  that is not machinery: the user's function, file and line; the machinery frames inside it are
-  the ``via`` (``Future.result``, ``Condition.wait``).
+  of the user's own code (neither machinery nor an installed package's: numpy's ``take`` wrapper
+  names the line that called it); the frames inside it are the ``via`` (``Future.result``,
+  ``Condition.wait``, ``_wrapfunc``).
 - A stack **waits** when its innermost frames are a wait of the threading / queue /
   concurrent.futures machinery; it waits **on a future** when a concurrent.futures frame is
   among them (``Future.result``, ``as_completed``, ``wait``).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+_LIBRARY = re.compile(r"/(site|dist)-packages/")
 _STDLIB = re.compile(r"(^<frozen )|(/lib/python\d+(\.\d+)?t?/(?!.*(site|dist)-packages/))")
 #: machinery functions that block: the step thread is waiting, not running, in them
 _WAITS = {("threading.py", "Condition.wait"), ("threading.py", "Event.wait"), ("threading.py", "Semaphore.acquire"),
@@ -102,12 +104,21 @@ def _key(f: Frame) -> tuple[str, str]:
     return short_file(f.file), f.func
 
 
+def is_library(f: Frame) -> bool:
+    """An installed package's frame (site-packages / dist-packages: numpy's ``take``, a client)."""
+    return bool(_LIBRARY.search(f.file))
+
+
 def site_of(frames: list[Frame]) -> Site:
-    via = []
-    for f in frames:
-        if not is_machinery(f):
-            return Site(f, tuple(via))
-        via.append(f.func)
+    """The innermost frame of the user's own code (neither the standard library nor an installed
+    package: numpy's Python wrappers name the line that called them); without one (an application
+    installed as a package), the innermost frame outside the standard library."""
+    for skip in (lambda f: is_machinery(f) or is_library(f), is_machinery):
+        via = []
+        for f in frames:
+            if not skip(f):
+                return Site(f, tuple(via))
+            via.append(f.func)
     return Site(None, tuple(via))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ from engramprof.host import doctor
 from engramprof.host import tracepoints as tp
 
 PROBE_FILE = "syscalls.bpf.c"
+#: the native stacks' ring (probes/native.h): 2 MiB, about 60 stacks of 32 KiB between drains
+NATIVE_RING_PAGES = 512
 #: what the fd walk is for, in its error when the kernel's BTF lacks a member it reads
 WALK_NEEDED_FOR = "naming the file of each read in the kernel (device, inode, O_DIRECT, read()'s position)"
 
@@ -72,6 +75,9 @@ class SyscallsConfig:
     bio_slots: int = bios.BIO_SLOTS  # the in-flight bio table (probes/bios.h): a power of two
     bio_stale_ns: int = bios.BIO_STALE_NS
     tid_words: int = field(default_factory=_tid_words)  # the switched-out-in-a-call bitmap covers every tid
+    #: a read's user stack for its native frames (probes/native.h): at most one call per CPU every
+    #: native_every_ns; 0: compiled out
+    native_every_ns: int = 0
 
 
 @dataclass
@@ -147,6 +153,9 @@ def program_text(p: SyscallsPlan) -> str:
         "RING_PAGES": c.ring_pages,
         "USE_RAW_SYSCALLS": int(p.raw_syscalls),
         "TID_WORDS": c.tid_words,
+        "NATIVE_STACKS": int(c.native_every_ns > 0),
+        "NATIVE_EVERY_NS": max(int(c.native_every_ns), 1),
+        "NATIVE_RING_PAGES": NATIVE_RING_PAGES,
         # the fd -> file -> inode walk of every call (probes/targets.h; the record's dev, ino,
         # O_DIRECT and read()'s file position)
         **btf.fd_walk_offsets(WALK_NEEDED_FOR),
@@ -185,6 +194,13 @@ class SyscallsProbe(LoadedBpf):
         page = os.sysconf("SC_PAGE_SIZE")
         self.ring = RingBufferReader(self.bpf["call_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
         self.vm_ring = RingBufferReader(self.bpf["vm_events"].map_fd, 16 * page, self.vm_event_dtype)
+        self.native_ring = None
+        if p.config.native_every_ns > 0:
+            self.native_dtype = native_stack_dtype()
+            if ctypes.sizeof(self.bpf["native_stack_layout"].Leaf) != self.native_dtype.itemsize:
+                raise RuntimeError("native_stack layout mismatch (probes/native.h)")
+            self.native_ring = RingBufferReader(self.bpf["native_stacks"].map_fd, NATIVE_RING_PAGES * page,
+                                                self.native_dtype)
         self.lat_slots = layout.header_define("LAT_SLOTS")
         self.fd_slots = layout.header_define("FD_SLOTS")
 
@@ -225,4 +241,31 @@ class SyscallsProbe(LoadedBpf):
         return ended
 
     def rings(self) -> list:
-        return [self.ring, self.vm_ring]
+        return [self.ring, self.vm_ring] + ([self.native_ring] if self.native_ring is not None else [])
+
+    def native_totals(self) -> dict[str, int]:
+        """Native stacks taken and lost to a full ring (summed over CPUs)."""
+        if self.native_ring is None:
+            return {}
+        t = self.bpf["native_stack_totals"]
+        return {"taken": int(sum(t[ctypes.c_int(0)])), "ring_full": int(sum(t[ctypes.c_int(1)]))}
+
+
+def native_every_ns(stack_hz: float) -> int:
+    """The stack copies' per-CPU interval at ``--stack-hz`` (0: compiled out): x86_64 registers,
+    and pyelftools to unwind them."""
+    import importlib.util
+
+    if not stack_hz or platform.machine() != "x86_64" or importlib.util.find_spec("elftools") is None:
+        return 0
+    return int(1e9 / stack_hz)
+
+
+def native_stack_dtype() -> np.dtype:
+    """``struct native_stack`` (probes/native.h): its fixed part and the stack copy's bytes."""
+    text = (layout.probe_dir() / "native.h").read_text()
+    n = 1
+    for name in ("NATIVE_CHUNK", "NATIVE_CHUNKS"):
+        n *= int(re.search(r"#define\s+%s\s+(\d+)" % name, text).group(1))
+    return np.dtype([("ts_ns", "<u8"), ("ip", "<u8"), ("sp", "<u8"), ("bp", "<u8"), ("pid", "<u4"), ("tid", "<u4"),
+                     ("len", "<u4"), ("pad", "<u4"), ("data", "u1", (n,))])

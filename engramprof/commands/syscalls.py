@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
         selection = Selection.parse(pids=pid, tid=tid, children=children, cgroups=cgroup, files=file)
         if ebpf:  # needs no privileges: where tracefs cannot be read, every feature is assumed
             config = syscalls_probe.SyscallsConfig(tgid=selection.first_pid, tid=tid, min_ns=int(min_us * 1000),
-                                        syscall_hook=hook, selection=selection)
+                                        syscall_hook=hook, selection=selection,
+                                        native_every_ns=syscalls_probe.native_every_ns(stack_hz))
             try:
                 plan = syscalls_probe.plan(config)
             except UserError as exc:

@@ -11,6 +11,7 @@ from engramprof.units import duration, pct
 
 TOP_SITES = 3
 TOP_WAITS = 4
+NATIVE_FRAMES = 3
 
 
 def _site_line(r: dict) -> str:
@@ -21,7 +22,21 @@ def _site_line(r: dict) -> str:
         line += f"; {r['misses']:,} missed ({duration(r['miss_ms'])})"
     if r.get("submitted_from"):
         line += f"; on pool workers submitted from {r['submitted_from']}"
+    if r.get("native"):
+        line += f"; in native code {_path(r['native']['path'])}"
     return line
+
+
+def _path(path: str, frames: int = NATIVE_FRAMES) -> str:
+    """The innermost native functions of a path (``a < b < c``)."""
+    fs = path.split(" < ")
+    return " < ".join(fs[:frames]) + (" < ..." if len(fs) > frames else "")
+
+
+def _native_block(console: Console, sites: list[dict]) -> None:
+    if sites:
+        _block(console, "native code issuing the reads (a stack copied at the read, by slow-read time):",
+               [f"{pct(r['share'])} of {r['stacks']:,} stacks: {_path(r['path'])}" for r in sites[:TOP_SITES]])
 
 
 def _block(console: Console, head: str, lines: list, indent: int = 2) -> None:
@@ -44,6 +59,7 @@ def render_code_view(console: Console, view: dict | None) -> None:
         return
     if "step_waits" not in view:
         say(console, Text("code view: " + view.get("note", "no Python stacks"), style="dim"))
+        _native_block(console, view.get("native_read_sites") or [])
         return
     st = view["stacks"]
     say(console, Text(f"code view (pid {view['pid']}: {st['rounds']:,} stack rounds, every "
@@ -52,6 +68,8 @@ def render_code_view(console: Console, view: dict | None) -> None:
     sites = [r for r in view.get("read_sites") or [] if r["reads"]][:TOP_SITES]
     if sites:
         _block(console, "reads issued at (by slow-read time, miss time, read time):", [_site_line(r) for r in sites])
+    if not any(r.get("native") for r in sites):
+        _native_block(console, view.get("native_read_sites") or [])
     step = view.get("step_thread")
     if step:
         _block(console, f"the step thread ({step['name'] or step['tid']}, tid {step['tid']}) spent its step time:",

@@ -42,7 +42,9 @@ import pyarrow as pa
 
 from engramprof.trace.schema import sample_schema, table_schema
 
-DEFAULT_STACK_HZ = 20.0
+#: rounds a second by default: a dump costs 9-10 ms of CPU, so 10 Hz takes about 10% of one core
+#: (5% of a 2-core host, the added step time at worst); benchmarks/RESULTS.md
+DEFAULT_STACK_HZ = 10.0
 #: processes dumped a round at most (a dump costs ~10 ms of CPU): a --cgroup of many processes
 #: gets its lowest pids sampled, and one note says how many were left out
 MAX_PROCESSES = 4
@@ -86,6 +88,8 @@ def dump_error(stderr: str, pid: int) -> str:
     lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
     err = [ln for ln in lines if ln.lower().startswith("error")]
     why = (err[-1] if err else (lines[-1] if lines else "no output")).removeprefix("Error:").strip()
+    if why.lower().startswith("permission denied"):  # py-spy's advice is to rerun it with sudo
+        why = "Permission Denied (py-spy may not read its memory)"
     return f"pid {pid}: {why}"
 
 

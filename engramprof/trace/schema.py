@@ -301,6 +301,16 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("frames", pa.string()),  # innermost first, one a line: function \t filename \t line
         ("depth", pa.int32()),
     ],
+    # a read's native frames: its user stack copied at the call (probes/native.h), unwound with
+    # the binaries' CFI and symbolized (engramprof/sampling/native.py); one call per CPU every
+    # 1 / --stack-hz at most.  (pid, tid, ts_ns) is the read event's own: an exact join
+    "native_stacks": [
+        ("ts_ns", pa.int64()),  # the read's entry (its event's ts_ns)
+        ("pid", pa.int32()),
+        ("tid", pa.int32()),
+        ("frames", pa.string()),  # innermost first, one a line: function \t module \t 0
+        ("depth", pa.int32()),
+    ],
     # kswapd wake / sleep, from the probe's vm_events ring (system-wide, rare)
     "kswapd_events": [
         ("ts_ns", pa.int64()),

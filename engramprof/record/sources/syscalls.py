@@ -49,7 +49,11 @@ class SyscallsSource(Source):
     def __init__(self, rec: Recording):
         super().__init__(rec)
         self.config = syscalls_probe.SyscallsConfig(tgid=rec.pid, tid=rec.tid, min_ns=int(rec.options.min_us * 1000),
-                                         syscall_hook=rec.options.syscall_hook, selection=rec.selection)
+                                         syscall_hook=rec.options.syscall_hook, selection=rec.selection,
+                                         # the code view's native frames, at the Python stacks' rate
+                                         native_every_ns=syscalls_probe.native_every_ns(rec.options.stack_hz))
+        #: the native stacks' unwinder (engramprof/sampling/native.py), with the probe's ring
+        self.native = None
         self.plan: syscalls_probe.SyscallsPlan | None = None
         self.probe: syscalls_probe.SyscallsProbe | None = None
         self.calls: CallDecoder | None = None
@@ -90,7 +94,20 @@ class SyscallsSource(Source):
         self.file_paths = PerPid(lambda pid: FilePathEnricher(pid, paths, known))
         for t in sel.pids:
             self.file_paths.of(t)
-        self.probe = syscalls_probe.SyscallsProbe(self.plan)
+        try:
+            self.probe = syscalls_probe.SyscallsProbe(self.plan)
+        except Exception as exc:
+            if not self.config.native_every_ns:
+                raise
+            # the stack copy needs bpf_task_pt_regs (Linux 5.15): without it, the reads alone
+            self.rec.notes.append(f"native frames not recorded: the probe with stack copies did not load "
+                                  f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})")
+            self.config.native_every_ns = 0
+            self.probe = syscalls_probe.SyscallsProbe(self.plan)
+        if self.probe.native_ring is not None:
+            from engramprof.sampling.native import NativeStacks
+
+            self.native = NativeStacks(rec.notes)
         # probe -> decoder -> enrichers -> table -> sink, plus the live aggregates
         self.calls = CallDecoder(self.probe.record_dtype, self.probe.armed_ns)
         self.identities = FileIdentities(rec.pid, rec.paths)
@@ -106,6 +123,7 @@ class SyscallsSource(Source):
     def begin_window(self, start_ns: int) -> None:
         """Calls that entered before ``start_ns`` are counted (``partial_at_start``), not kept."""
         self.calls.window.begin(start_ns)
+        self.window_ns = start_ns
         self.lost.checked_ns = self.probe.armed_ns
 
     @property
@@ -117,6 +135,7 @@ class SyscallsSource(Source):
         kswapd = self.vm_events.decode(self.probe.vm_ring.drain())
         if kswapd is not None:
             sink.add_samples("kswapd_events", kswapd)
+        self._drain_native(sink)
         recs = self.probe.ring.drain()
         self.lost.check(sink, self.probe.lost_records())
         batch = self.calls.decode(recs)
@@ -134,6 +153,23 @@ class SyscallsSource(Source):
             self.final = self._kernel_state()
             if self.rec.writer is not None:
                 self._put_kernel_tables(sink, self.final[1], self.final[2])
+
+    def _drain_native(self, sink) -> None:
+        """The native stacks copied since the last drain go to the unwinder; after the last drain
+        its frames are the ``native_stacks`` series."""
+        if self.native is None:
+            return
+        for r in self.probe.native_ring.drain():
+            if int(r["ts_ns"]) < getattr(self, "window_ns", 1 << 63):  # a call before the window: not an event
+                continue
+            self.native.add(int(r["pid"]), int(r["tid"]), int(r["ts_ns"]), int(r["ip"]), int(r["sp"]), int(r["bp"]),
+                            r["data"][:int(r["len"])].tobytes())
+        if self.detached and self.final is None:
+            self.native.stop()
+            if self.native.rows:
+                from engramprof.sampling.native import native_table
+
+                sink.add_samples("native_stacks", native_table(self.native.rows))
 
     def _kernel_state(self) -> tuple[dict, dict, object]:
         p = self.probe
@@ -176,6 +212,11 @@ class SyscallsSource(Source):
     def totals(self) -> dict[str, int]:
         return self.probe.totals()
 
+    def native_summary(self) -> dict | None:
+        if self.native is None:
+            return None
+        return {**self.probe.native_totals(), **self.native.summary()}
+
     def snapshot(self, sink) -> dict:
         """The kernel's histograms (tables/) and totals so far (meta.json)."""
         try:
@@ -197,6 +238,7 @@ class SyscallsSource(Source):
                        syscall_hook=self.hook_name(), output=rec.output, notes=rec.notes)
         out = summarize_run(run, rec.state, totals, hists, rec.end_ns, bio)
         out["unnamed_file_reads"] = self.unnamed
+        out["native_stacks"] = self.native_summary()
         return out
 
     def closing_meta(self, summary: dict | None) -> dict:
