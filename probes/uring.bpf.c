@@ -41,9 +41,9 @@
  * No off-CPU or reclaim time per request: many requests share one wait in io_uring_enter.
  *
  * EXPORT_MODE (`engramprof export`): every completed request is also aggregated in the kernel
- * into `uring_stats_by_file` (struct read_stats of probes/export.h, keyed by file and kind
- * READ_KIND_IO_URING), and a record is written only while `uring_sample_budget` lasts (the
- * window's sample: user space refills it at each window start).
+ * into `read_stats_by_file` (probes/readstats.h: struct read_stats of probes/export.h, keyed by
+ * file and kind READ_KIND_IO_URING), and a record is written only while `sample_budget` lasts
+ * (the window's sample: user space refills it at each window start).
  *
  * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV, EXPORT_MODE,
  *   MAX_READ_FILES (EXPORT_MODE),
@@ -85,11 +85,9 @@ BPF_ARRAY(uring_totals_layout, struct uring_totals, 1);
 #include "targets.h"
 
 #if EXPORT_MODE
-/* struct read_key, struct read_stats, READ_KIND_IO_URING */
-#include "export.h"
-BPF_PERCPU_HASH(uring_stats_by_file, struct read_key, struct read_stats, MAX_READ_FILES);
-BPF_PERCPU_ARRAY(uring_stats_zero, struct read_stats, 1);   /* never written: the initial value */
-BPF_ARRAY(uring_sample_budget, s64, 1);
+/* read_stats_by_file, sample_budget and their helpers (struct read_key, struct read_stats,
+ * READ_KIND_IO_URING): probes/readstats.h */
+#include "readstats.h"
 #endif
 
 #if HAVE_ISSUE_EVIDENCE
@@ -142,17 +140,9 @@ static __always_inline int uring_export(struct uring_state *s, u32 dev, u64 ino,
 					struct uring_totals *t)
 {
 	struct read_key k = {.ino = ino, .dev = dev, .kind = READ_KIND_IO_URING};
-	struct read_stats *st = uring_stats_by_file.lookup(&k);
-	if (!st) {
-		int zero = 0;
-		struct read_stats *init = uring_stats_zero.lookup(&zero);
-		if (init) {
-			uring_stats_by_file.update(&k, init);
-			st = uring_stats_by_file.lookup(&k);
-		}
-		if (!st && t)
-			t->files_overflow++;
-	}
+	struct read_stats *st = read_stats_of(&k);
+	if (!st && t)
+		t->files_overflow++;
 	if (st) {
 		st->reads++;
 		if (res > 0)
@@ -162,20 +152,13 @@ static __always_inline int uring_export(struct uring_state *s, u32 dev, u64 ino,
 		st->pages_added += s->pages_added;
 		st->bio_count += s->bio_count;
 		st->bio_ns += s->bio_ns;
-		st->sum_ns += dur;
-		u32 slot = bpf_log2l(dur);
-		if (slot >= LAT_SLOTS)
-			slot = LAT_SLOTS - 1;
-		st->latency_log2[slot]++;
+		read_stats_latency(st, dur);
 	}
-	int zero = 0;
-	s64 *budget = uring_sample_budget.lookup(&zero);
-	if (!budget || *budget <= 0) {
+	if (!sample_take()) {
 		if (t)
 			t->unsampled++;
 		return 0;
 	}
-	__sync_fetch_and_add(budget, -1);
 	return 1;
 }
 #endif
