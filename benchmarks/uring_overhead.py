@@ -156,9 +156,13 @@ def run_arm(arm: str, path: str, ios: int, out: str, stats: bool = False) -> dic
             probe.close()
         if empty is not None:
             empty.cleanup()
-        if bt is not None:
+        if bt is not None:  # its maps are printed at exit: read them (a full pipe would hold it)
             bt.terminate()
-            bt.wait()
+            try:
+                bt.communicate(timeout=15)
+            except subprocess.TimeoutExpired:  # seen once at load 12: alive in epoll_wait after SIGTERM
+                bt.kill()
+                bt.communicate()
 
 
 def main() -> None:

@@ -124,6 +124,17 @@ static __always_inline struct uring_totals *totals(void)
 	return uring_totals.lookup(&zero);
 }
 
+/* Any thread of a target process: the request's io-wq workers and SQPOLL thread are threads of
+ * its ring's owner (a --tid target's too).  Tested first in the hooks that fire for every io_uring
+ * request of the machine, before any map is touched: an untraced process pays the test alone. */
+static __always_inline int is_target_process(u64 pid_tgid)
+{
+#if TARGET_TID
+	pid_tgid = (pid_tgid & 0xffffffff00000000ULL) | TARGET_TID;
+#endif
+	return is_target(pid_tgid);
+}
+
 static __always_inline int is_read_op(u32 op)
 {
 	return op == OP_READ || op == OP_READV || op == OP_READ_FIXED || op == OP_READV_FIXED;
@@ -221,15 +232,20 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 	struct uring_totals *t = totals();
 	if (t)
 		t->submitted++;
-	struct uring_state *old = uring_inflight.lookup(&req);
-	if (old) {
+	/* one hash operation in the common case: insert (BPF_NOEXIST); -EEXIST only when the request
+	 * pointer is still in flight */
+	if (uring_inflight.insert(&req, &s)) {
+		struct uring_state *old = uring_inflight.lookup(&req);
+		if (old) {
+			if (t)
+				t->replaced++;
+			*old = s;
+			return 0;
+		}
 		if (t)
-			t->replaced++;
-		*old = s;
+			t->no_state++;
 		return 0;
 	}
-	if (uring_inflight.update(&req, &s) && t)
-		t->no_state++;
 #if HAVE_ISSUE_EVIDENCE
 	issuing_set(req);
 #endif
@@ -240,10 +256,16 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 /* a plain fd made req->file at issue: this thread issues the read */
 TRACEPOINT_PROBE(io_uring, io_uring_file_get)
 {
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target_process(pid_tgid))
+		return 0;
 	u64 req = (u64)args->req;
 	struct uring_state *s = uring_inflight.lookup(&req);
 	if (s) {
-		s->io_tid = (u32)bpf_get_current_pid_tgid();
+		u32 tid = (u32)pid_tgid;
+		if (tid == s->io_tid)
+			return 0;  /* its submitter, issuing it inline: already its issuing thread (submit) */
+		s->io_tid = tid;
 #if HAVE_ISSUE_EVIDENCE
 		issuing_set(req);
 #endif
@@ -329,6 +351,8 @@ TRACEPOINT_PROBE(block, block_bio_complete)
 #if HAVE_QUEUE_ASYNC
 TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
 {
+	if (!is_target_process(bpf_get_current_pid_tgid()))
+		return 0;
 	u64 req = (u64)args->req;
 	struct uring_state *s = uring_inflight.lookup(&req);
 	if (s && !s->punt_ts)
@@ -348,6 +372,9 @@ TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
 
 TRACEPOINT_PROBE(io_uring, io_uring_complete)
 {
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target_process(pid_tgid))
+		return 0;
 	u64 req = (u64)args->req;
 	struct uring_state *p = uring_inflight.lookup(&req);
 	if (!p)
@@ -355,10 +382,12 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	u64 now = bpf_ktime_get_ns();
 	struct uring_state s = *p;
 	uring_inflight.delete(&req);
-	u32 ctid = (u32)bpf_get_current_pid_tgid();
+	u32 ctid = (u32)pid_tgid;
 #if HAVE_ISSUE_EVIDENCE
-	{
-		/* a worker that issued it has posted it: its next insertions are not this request's */
+	if (ctid != s.tid) {
+		/* a worker that issued it has posted it: its next insertions are not this request's.
+		 * (The submitter's own mark goes at its next submit or when its io_uring_enter returns;
+		 * meanwhile it names a request no longer in flight, which issuing_state() does not find.) */
 		struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
 		if (i && i->req == req)
 			i->req = 0;
