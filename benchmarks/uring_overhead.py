@@ -23,6 +23,13 @@ Per arm: fio's CPU time (user + system of all its threads, from wait4's rusage) 
 fio's own mean latency (``lat_ns.mean``) per request, medians over rounds; what each tracer adds
 over untraced, and the ratios engramprof / bpftrace.  Needs root, fio and bpftrace.
 
+Program time (the less noisy measure on a shared machine): each round then runs the four traced
+arms again with the kernel's BPF run-time statistics on (benchmarks/bpfstats.py; not in the arms
+above: the statistics add two clock reads to every program run).  Per request: the run time of
+the programs on fio's request path (the io_uring tracepoints and sys_exit_io_uring_enter), per
+program for the engramprof arm (which hook costs what).  The page-cache and block hooks fire for
+every process of the machine (others' I/O): their run time is printed apart, per second.
+
 Usage: benchmarks/uring_overhead.py [--rounds 5] [--ios 200000]
 """
 from __future__ import annotations
@@ -39,7 +46,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import bpfstats  # noqa: E402  (benchmarks/bpfstats.py)
+
 ARMS = ("untraced", "empty", "engramprof", "other", "bpftrace")
+STATS_ARMS = ("empty", "engramprof", "other", "bpftrace")  # again, with BPF run-time statistics on
+#: programs on fio's request path (BCC's names for TRACEPOINT_PROBE functions); the rest (page
+#: cache, block) fire for every process of the machine
+REQUEST_PATH_PROGS = ("tracepoint__io_uring__", "tracepoint__syscalls__sys_exit_io_uring_enter")
 
 EMPTY = """
 TRACEPOINT_PROBE(io_uring, io_uring_submit_req) { return 0; }
@@ -77,7 +90,13 @@ def fork_fio(argv: list[str]) -> tuple[int, int]:
     return pid, w
 
 
-def run_arm(arm: str, path: str, ios: int, out: str) -> dict:
+def prog_time(progs: dict, request_path: bool) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) summed over the programs on (or off) fio's request path."""
+    keep = [v for k, v in progs.items() if k.startswith(REQUEST_PATH_PROGS) == request_path]
+    return sum(v[0] for v in keep), sum(v[1] for v in keep)
+
+
+def run_arm(arm: str, path: str, ios: int, out: str, stats: bool = False) -> dict:
     from bcc import BPF
 
     from engramprof.bpf import uring
@@ -101,6 +120,7 @@ def run_arm(arm: str, path: str, ios: int, out: str) -> dict:
                 if line.startswith("Attaching"):
                     break
             time.sleep(0.3)  # "Attaching N probes..." is printed before the last one is attached
+        t0 = time.monotonic()
         os.write(w, b"x")
         records = 0
         while True:
@@ -120,6 +140,15 @@ def run_arm(arm: str, path: str, ios: int, out: str) -> dict:
         if probe is not None and arm == "engramprof":
             t = probe.totals()
             res.update(records=records, lost=t["lost_records"])
+        if stats:
+            if bt is not None:
+                progs = {"tracepoint__io_uring__" + str(k): v for k, v in bpfstats.prog_stats_of_pid(bt.pid).items()}
+            else:
+                progs = {(k.decode() if isinstance(k, bytes) else k): v
+                         for k, v in bpfstats.prog_stats_of_bcc(probe.bpf if probe is not None else empty).items()}
+            ns, cnt = prog_time(progs, True)
+            res.update(prog_ns=ns / n, prog_runs=cnt / n, progs={k: v[0] / n for k, v in progs.items()},
+                       machine_prog_ns_s=prog_time(progs, False)[0] / max(1e-9, time.monotonic() - t0))
         return res
     finally:
         os.close(w)
@@ -127,9 +156,13 @@ def run_arm(arm: str, path: str, ios: int, out: str) -> dict:
             probe.close()
         if empty is not None:
             empty.cleanup()
-        if bt is not None:
+        if bt is not None:  # its maps are printed at exit: read them (a full pipe would hold it)
             bt.terminate()
-            bt.wait()
+            try:
+                bt.communicate(timeout=15)
+            except subprocess.TimeoutExpired:  # seen once at load 12: alive in epoll_wait after SIGTERM
+                bt.kill()
+                bt.communicate()
 
 
 def main() -> None:
@@ -146,6 +179,7 @@ def main() -> None:
                 pass
         out = os.path.join(d, "fio.json")
         got: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+        pst: dict[str, list[dict]] = {arm: [] for arm in STATS_ARMS}
         for rnd in range(a.rounds):
             order = list(ARMS)
             random.shuffle(order)
@@ -154,6 +188,16 @@ def main() -> None:
             print(f"round {rnd + 1}/{a.rounds}: " + "  ".join(
                 f"{arm} {got[arm][-1]['cpu_ns']:.0f} cpu-ns {got[arm][-1]['lat_ns']:.0f} lat-ns" for arm in ARMS),
                 flush=True)
+            order = list(STATS_ARMS)
+            random.shuffle(order)
+            with bpfstats.stats_enabled() as on:
+                if not on:
+                    sys.exit("uring_overhead: cannot turn BPF run-time statistics on")
+                for arm in order:
+                    pst[arm].append(run_arm(arm, path, a.ios, out, stats=True))
+            print(f"round {rnd + 1}/{a.rounds} program time: " + "  ".join(
+                f"{arm} {pst[arm][-1]['prog_ns']:.0f} ns/req ({pst[arm][-1]['prog_runs']:.1f} runs)"
+                for arm in STATS_ARMS), flush=True)
     med = {arm: {k: statistics.median(r[k] for r in got[arm]) for k in ("cpu_ns", "lat_ns")} for arm in ARMS}
     print(f"\nfio io_uring, cached random 4 KiB reads, iodepth 1, {a.ios} requests an arm, {a.rounds} rounds "
           "(medians):")
@@ -173,6 +217,21 @@ def main() -> None:
         o = med["other"][key] - med["untraced"][key]
         f = med["empty"][key] - med["untraced"][key]
         print(f"untraced process, added {what}: probe for another pid {o:.0f} ns, empty floor {f:.0f} ns")
+    pmed = {arm: statistics.median(r["prog_ns"] for r in pst[arm]) for arm in STATS_ARMS}
+    print("\nprogram time on fio's request path (BPF run_time_ns per request, medians):")
+    for arm in STATS_ARMS:
+        runs = statistics.median(r["prog_runs"] for r in pst[arm])
+        mach = statistics.median(r["machine_prog_ns_s"] for r in pst[arm])
+        print(f"  {arm:<12}{pmed[arm]:>8.0f} ns/req  {runs:>5.2f} runs/req   page-cache and block hooks "
+              f"(every process): {mach / 1e3:.0f} us/s")
+    b = pmed["bpftrace"]
+    print(f"engramprof / bpftrace (program time) = {pmed['engramprof'] / b:.2f}x" if b > 0 else "bpftrace: no time")
+    print(f"untraced process (program time): probe for another pid {pmed['other']:.0f} ns/req, "
+          f"empty floor {pmed['empty']:.0f} ns/req")
+    names = sorted({k for r in pst["engramprof"] for k in r["progs"]})
+    print("engramprof per program (ns per fio request, median): " + ", ".join(
+        f"{k.replace('tracepoint__', '')} {statistics.median(r['progs'].get(k, 0) for r in pst['engramprof']):.0f}"
+        for k in names))
     lost = sum(r.get("lost", 0) for r in got["engramprof"])
     recs = [r["records"] == r["ios"] for r in got["engramprof"]]
     print(f"engramprof: records = fio's requests in {sum(recs)}/{len(recs)} rounds; lost records {lost}")

@@ -83,13 +83,13 @@ struct file_id {
 	u32 __pad0;
 };
 
-BPF_PERCPU_HASH(read_stats_by_file, struct read_key, struct read_stats, MAX_READ_FILES);
-BPF_PERCPU_ARRAY(read_stats_zero, struct read_stats, 1);   /* never written: the initial value */
+/* read_stats_by_file, sample_budget, read_stats_of(), read_stats_latency(), sample_take():
+ * probes/readstats.h (the one definition of the per-file aggregates and the window sample) */
+#include "readstats.h"
 BPF_PERCPU_ARRAY(export_totals, struct export_totals, 1);
 /* the sum of bio_latency_log2's (probes/inflight.h) bios: every bio a target thread queued inside
  * a syscall read (all files) */
 BPF_ARRAY(bio_latency_sum_ns, u64, 1);
-BPF_ARRAY(sample_budget, s64, 1);
 /* 1 once every program is attached (set by user space): BCC attaches them one by one while it
  * loads, and a read that began before the evidence hooks were all in place would be counted
  * without its file or its evidence, so nothing is counted before */
@@ -124,32 +124,16 @@ static __always_inline int armed(void)
 	return a && *a;
 }
 
+/* the file's entry (probes/readstats.h); a full map is counted */
 static __always_inline struct read_stats *stats_of(struct read_key *k)
 {
-	struct read_stats *st = read_stats_by_file.lookup(k);
-	if (st)
-		return st;
-	int zero = 0;
-	struct read_stats *init = read_stats_zero.lookup(&zero);
-	if (!init)
-		return 0;
-	read_stats_by_file.update(k, init);
-	st = read_stats_by_file.lookup(k);
+	struct read_stats *st = read_stats_of(k);
 	if (!st) {
 		struct export_totals *t = totals();
 		if (t)
 			t->files_overflow++;
 	}
 	return st;
-}
-
-static __always_inline void add_latency(struct read_stats *st, u64 dur)
-{
-	st->sum_ns += dur;
-	u32 slot = bpf_log2l(dur);
-	if (slot >= LAT_SLOTS)
-		slot = LAT_SLOTS - 1;
-	st->latency_log2[slot]++;
 }
 
 static __always_inline struct call_record *sample_reserve(struct export_totals *t);
@@ -215,7 +199,7 @@ static __always_inline void fault_close(struct inflight *s, u32 tid)
 			}
 			st->offcpu_ns += off;
 			st->runq_ns += rq;
-			add_latency(st, end > s->pf_ts ? end - s->pf_ts : 0);
+			read_stats_latency(st, end > s->pf_ts ? end - s->pf_ts : 0);
 		}
 		fault_sample(s, end > s->pf_ts ? end - s->pf_ts : 0, off, rq, t);
 	}
@@ -308,14 +292,11 @@ static __always_inline void call_file(struct inflight *s, u64 pid_tgid, struct r
 /* A sample record for the window's analysis while its budget lasts (0: none; counted) */
 static __always_inline struct call_record *sample_reserve(struct export_totals *t)
 {
-	int zero = 0;
-	s64 *budget = sample_budget.lookup(&zero);
-	if (!budget || *budget <= 0) {
+	if (!sample_take()) {
 		if (t)
 			t->unsampled++;
 		return 0;
 	}
-	__sync_fetch_and_add(budget, -1);
 	struct call_record *r = sample_records.ringbuf_reserve(sizeof(struct call_record));
 	if (!r && t)
 		t->sample_lost++;
@@ -364,7 +345,7 @@ static __always_inline void call_exit(u64 pid_tgid, s64 ret)
 		st->reclaim_ns += s->reclaim_ns;
 		st->offcpu_ns += offcpu;
 		st->runq_ns += runq;
-		add_latency(st, dur);
+		read_stats_latency(st, dur);
 	}
 	sample(s, pid_tgid, dur, ret, offcpu, runq, bio_ns, t);
 	s->ts = 0;

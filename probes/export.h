@@ -12,6 +12,8 @@
 #define READ_KIND_SYSCALL 0
 #define READ_KIND_FAULT   1
 #define READ_KIND_IO_URING 2  /* kept by probes/uring.bpf.c compiled with EXPORT_MODE */
+#define READ_KIND_LIBAIO  3   /* kept by probes/libaio.bpf.c compiled with EXPORT_MODE */
+/* (the codes are the trace format's READ_KINDS, engramprof/trace/schema.py) */
 
 /* ---- what user space reads ---- */
 
@@ -23,7 +25,7 @@ struct read_key {
 };
 
 struct read_stats {
-	u64 reads;        /* calls (syscall) or filemap faults (fault) */
+	u64 reads;        /* calls (syscall), filemap faults (fault), requests (io_uring), iocbs (libaio) */
 	u64 bytes;        /* bytes returned (syscall reads with ret > 0) */
 	u64 eagain;       /* calls that returned -EAGAIN */
 	u64 misses;       /* reads that inserted at least one page into the page cache */

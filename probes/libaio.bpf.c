@@ -32,10 +32,14 @@
  * returned the event, or the scan that found it consumed): an upper bound of the read's latency
  * (docs/model.md, "libaio: timing").
  *
+ * EXPORT_MODE (`engramprof export`): every reaped read is also aggregated in the kernel into
+ * `read_stats_by_file` (probes/readstats.h, kind READ_KIND_LIBAIO), and a record is written only
+ * while `sample_budget` lasts (the window's sample: user space refills it at each window start).
+ *
  * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, AIO_MAX_NR (iocbs read per
  * io_submit), AIO_MAX_EVENTS (io_events read per reap), AIO_MAX_IOV,
- * O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, HAVE_SETUP, and targets.h's
- * (FD_WALK 1).
+ * O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, HAVE_SETUP, EXPORT_MODE, MAX_READ_FILES
+ * (EXPORT_MODE), and targets.h's (FD_WALK 1).
  */
 #include <linux/aio_abi.h>  /* aio_context_t, for the syscalls tracepoints' args */
 #include "libaio.h"
@@ -149,6 +153,37 @@ BPF_ARRAY(aio_totals_layout, struct aio_totals, 1);
 /* bio_slots, bio_claim, bio_completed: the in-flight bio table (probes/bios.h) */
 #include "bios.h"
 #endif
+#if EXPORT_MODE
+/* read_stats_by_file, sample_budget and their helpers: probes/readstats.h */
+#include "readstats.h"
+
+/* The reaped iocb, aggregated per file (kind libaio); 1 when it is also to be recorded (the
+ * window's sample budget lasts).  A miss: O_DIRECT (the page cache bypassed) or bios queued for
+ * it (a buffered read that read the device inside io_submit). */
+static __always_inline int aio_export(struct aio_state *s, s64 res, u64 dur, struct aio_totals *t)
+{
+	struct read_key k = {.ino = s->ino, .dev = s->dev, .kind = READ_KIND_LIBAIO};
+	struct read_stats *st = read_stats_of(&k);
+	if (!st && t)
+		t->files_overflow++;
+	if (st) {
+		st->reads++;
+		if (res > 0)
+			st->bytes += res;
+		if ((s->aflags & AIO_DIRECT) || s->bio_count)
+			st->misses++;
+		st->bio_count += s->bio_count;
+		st->bio_ns += s->bio_ns;
+		read_stats_latency(st, dur);
+	}
+	if (!sample_take()) {
+		if (t)
+			t->unsampled++;
+		return 0;
+	}
+	return 1;
+}
+#endif
 
 static __always_inline struct aio_totals *totals(void)
 {
@@ -190,6 +225,10 @@ static __always_inline void aio_complete(u32 tgid, u64 ctx, struct user_event *e
 		if (dur > t->max_ns)
 			t->max_ns = dur;
 	}
+#if EXPORT_MODE
+	if (!aio_export(&s, ev->res, dur, t))
+		return;
+#endif
 	struct aio_record *r = aio_records.ringbuf_reserve(sizeof(struct aio_record));
 	if (!r) {
 		if (t)

@@ -70,6 +70,8 @@ struct aio_totals {
 	u64 bios_untracked; /* of which not timed: their slot of the in-flight bio table was held */
 	u64 sum_ns;         /* submit -> reap, summed over reaped iocbs */
 	u64 max_ns;
+	u64 unsampled;      /* EXPORT_MODE: reaped after the window's sample budget was spent (no record) */
+	u64 files_overflow; /* EXPORT_MODE: read_stats_by_file full: counted in the totals only */
 };
 
 #endif

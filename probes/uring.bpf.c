@@ -41,9 +41,9 @@
  * No off-CPU or reclaim time per request: many requests share one wait in io_uring_enter.
  *
  * EXPORT_MODE (`engramprof export`): every completed request is also aggregated in the kernel
- * into `uring_stats_by_file` (struct read_stats of probes/export.h, keyed by file and kind
- * READ_KIND_IO_URING), and a record is written only while `uring_sample_budget` lasts (the
- * window's sample: user space refills it at each window start).
+ * into `read_stats_by_file` (probes/readstats.h: struct read_stats of probes/export.h, keyed by
+ * file and kind READ_KIND_IO_URING), and a record is written only while `sample_budget` lasts
+ * (the window's sample: user space refills it at each window start).
  *
  * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV, EXPORT_MODE,
  *   MAX_READ_FILES (EXPORT_MODE),
@@ -85,11 +85,9 @@ BPF_ARRAY(uring_totals_layout, struct uring_totals, 1);
 #include "targets.h"
 
 #if EXPORT_MODE
-/* struct read_key, struct read_stats, READ_KIND_IO_URING */
-#include "export.h"
-BPF_PERCPU_HASH(uring_stats_by_file, struct read_key, struct read_stats, MAX_READ_FILES);
-BPF_PERCPU_ARRAY(uring_stats_zero, struct read_stats, 1);   /* never written: the initial value */
-BPF_ARRAY(uring_sample_budget, s64, 1);
+/* read_stats_by_file, sample_budget and their helpers (struct read_key, struct read_stats,
+ * READ_KIND_IO_URING): probes/readstats.h */
+#include "readstats.h"
 #endif
 
 #if HAVE_ISSUE_EVIDENCE
@@ -126,6 +124,17 @@ static __always_inline struct uring_totals *totals(void)
 	return uring_totals.lookup(&zero);
 }
 
+/* Any thread of a target process: the request's io-wq workers and SQPOLL thread are threads of
+ * its ring's owner (a --tid target's too).  Tested first in the hooks that fire for every io_uring
+ * request of the machine, before any map is touched: an untraced process pays the test alone. */
+static __always_inline int is_target_process(u64 pid_tgid)
+{
+#if TARGET_TID
+	pid_tgid = (pid_tgid & 0xffffffff00000000ULL) | TARGET_TID;
+#endif
+	return is_target(pid_tgid);
+}
+
 static __always_inline int is_read_op(u32 op)
 {
 	return op == OP_READ || op == OP_READV || op == OP_READ_FIXED || op == OP_READV_FIXED;
@@ -142,17 +151,9 @@ static __always_inline int uring_export(struct uring_state *s, u32 dev, u64 ino,
 					struct uring_totals *t)
 {
 	struct read_key k = {.ino = ino, .dev = dev, .kind = READ_KIND_IO_URING};
-	struct read_stats *st = uring_stats_by_file.lookup(&k);
-	if (!st) {
-		int zero = 0;
-		struct read_stats *init = uring_stats_zero.lookup(&zero);
-		if (init) {
-			uring_stats_by_file.update(&k, init);
-			st = uring_stats_by_file.lookup(&k);
-		}
-		if (!st && t)
-			t->files_overflow++;
-	}
+	struct read_stats *st = read_stats_of(&k);
+	if (!st && t)
+		t->files_overflow++;
 	if (st) {
 		st->reads++;
 		if (res > 0)
@@ -162,20 +163,13 @@ static __always_inline int uring_export(struct uring_state *s, u32 dev, u64 ino,
 		st->pages_added += s->pages_added;
 		st->bio_count += s->bio_count;
 		st->bio_ns += s->bio_ns;
-		st->sum_ns += dur;
-		u32 slot = bpf_log2l(dur);
-		if (slot >= LAT_SLOTS)
-			slot = LAT_SLOTS - 1;
-		st->latency_log2[slot]++;
+		read_stats_latency(st, dur);
 	}
-	int zero = 0;
-	s64 *budget = uring_sample_budget.lookup(&zero);
-	if (!budget || *budget <= 0) {
+	if (!sample_take()) {
 		if (t)
 			t->unsampled++;
 		return 0;
 	}
-	__sync_fetch_and_add(budget, -1);
 	return 1;
 }
 #endif
@@ -238,15 +232,20 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 	struct uring_totals *t = totals();
 	if (t)
 		t->submitted++;
-	struct uring_state *old = uring_inflight.lookup(&req);
-	if (old) {
+	/* one hash operation in the common case: insert (BPF_NOEXIST); -EEXIST only when the request
+	 * pointer is still in flight */
+	if (uring_inflight.insert(&req, &s)) {
+		struct uring_state *old = uring_inflight.lookup(&req);
+		if (old) {
+			if (t)
+				t->replaced++;
+			*old = s;
+			return 0;
+		}
 		if (t)
-			t->replaced++;
-		*old = s;
+			t->no_state++;
 		return 0;
 	}
-	if (uring_inflight.update(&req, &s) && t)
-		t->no_state++;
 #if HAVE_ISSUE_EVIDENCE
 	issuing_set(req);
 #endif
@@ -257,10 +256,16 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 /* a plain fd made req->file at issue: this thread issues the read */
 TRACEPOINT_PROBE(io_uring, io_uring_file_get)
 {
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target_process(pid_tgid))
+		return 0;
 	u64 req = (u64)args->req;
 	struct uring_state *s = uring_inflight.lookup(&req);
 	if (s) {
-		s->io_tid = (u32)bpf_get_current_pid_tgid();
+		u32 tid = (u32)pid_tgid;
+		if (tid == s->io_tid)
+			return 0;  /* its submitter, issuing it inline: already its issuing thread (submit) */
+		s->io_tid = tid;
 #if HAVE_ISSUE_EVIDENCE
 		issuing_set(req);
 #endif
@@ -346,6 +351,8 @@ TRACEPOINT_PROBE(block, block_bio_complete)
 #if HAVE_QUEUE_ASYNC
 TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
 {
+	if (!is_target_process(bpf_get_current_pid_tgid()))
+		return 0;
 	u64 req = (u64)args->req;
 	struct uring_state *s = uring_inflight.lookup(&req);
 	if (s && !s->punt_ts)
@@ -365,6 +372,9 @@ TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
 
 TRACEPOINT_PROBE(io_uring, io_uring_complete)
 {
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target_process(pid_tgid))
+		return 0;
 	u64 req = (u64)args->req;
 	struct uring_state *p = uring_inflight.lookup(&req);
 	if (!p)
@@ -372,10 +382,12 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	u64 now = bpf_ktime_get_ns();
 	struct uring_state s = *p;
 	uring_inflight.delete(&req);
-	u32 ctid = (u32)bpf_get_current_pid_tgid();
+	u32 ctid = (u32)pid_tgid;
 #if HAVE_ISSUE_EVIDENCE
-	{
-		/* a worker that issued it has posted it: its next insertions are not this request's */
+	if (ctid != s.tid) {
+		/* a worker that issued it has posted it: its next insertions are not this request's.
+		 * (The submitter's own mark goes at its next submit or when its io_uring_enter returns;
+		 * meanwhile it names a request no longer in flight, which issuing_state() does not find.) */
 		struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
 		if (i && i->req == req)
 			i->req = 0;

@@ -74,7 +74,7 @@ struct uring_totals {
 	u64 bios_untracked; /* bios queued for a request whose bio-table slot another bio held
 	                     * (probes/bios.h): in its bio_count, not in its bio_ns */
 	u64 unsampled;     /* EXPORT_MODE: completed after the window's sample budget was spent (no record) */
-	u64 files_overflow; /* EXPORT_MODE: uring_stats_by_file full: counted in the totals only */
+	u64 files_overflow; /* EXPORT_MODE: read_stats_by_file full: counted in the totals only */
 };
 
 #endif

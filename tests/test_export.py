@@ -3,8 +3,9 @@
 One shared run (module fixture): a cgroup2 group holding a warm lab pool reader (the
 python-scheduling scenario), `engramprof export --cgroup` on it (label rank=0); two memory-mapped
 lab readers (numpy.memmap gathers), one in the residency scenario (its table evicted every 20 ms)
-and one warm, each with its own `engramprof export --pid --markers` (rank=mmap-cold,
-rank=mmap-warm); and a Prometheus server started here on 127.0.0.1 scraping the three
+and one warm, and the io_uring and libaio readers in the residency scenario, each with its own
+`engramprof export --pid --markers` (rank=mmap-cold, rank=mmap-warm, rank=uring-cold,
+rank=aio-cold; their exporters start side by side); and a Prometheus server started here on 127.0.0.1 scraping the three
 (generated config, scrape interval 1 s, data in a temporary directory).  The tests then ask Prometheus's HTTP API; the restart test kills the reader and
 starts another one in the same group.  The --file test runs its own exporter (no Prometheus:
 it parses /metrics).  Bad input (tests/test_export_input.py) needs neither BPF nor Prometheus.
@@ -82,17 +83,21 @@ def _start_reader(table: Path, markers: Path, group: Path) -> Proc:
     return lab
 
 
-def _start_mapped(kind: str, table: Path, tmp: Path, port: int) -> tuple[Proc, Proc, int, int]:
+#: the lab reader of each request-path case: (`--reader`, the exporter's `kind` label)
+REQUEST_READERS = {"uring-cold": ("uring", "io_uring"), "aio-cold": ("aio", "libaio")}
+
+
+def _start_mapped(kind: str, table: Path, tmp: Path, port: int) -> dict:
     """A lab reader waiting to start (mmap-cold: a numpy.memmap gather in the residency scenario;
-    mmap-warm: `lab run --warm`; uring-cold: the io_uring reader in the residency scenario, 300
-    steps), its exporter (--pid, its markers, label rank=KIND), then the reader started: (reader,
-    exporter, reader pid, the reader's majflt when it started)."""
+    mmap-warm: `lab run --warm`; uring-cold / aio-cold: the io_uring / libaio reader in the
+    residency scenario, 300 steps) and its exporter (--pid, its markers, label rank=KIND),
+    starting (see _go)."""
     if kind == "mmap-cold":
         argv = engramprof("lab", "scenario", "residency", "--reader", "mmap", "--table", table, "--duration", "300",
                           "--start-delay", "120", "--json")
-    elif kind == "uring-cold":
-        argv = engramprof("lab", "scenario", "residency", "--reader", "uring", "--table", table, "--steps", "300",
-                          "--start-delay", "120", "--json")
+    elif kind in REQUEST_READERS:
+        argv = engramprof("lab", "scenario", "residency", "--reader", REQUEST_READERS[kind][0], "--table", table,
+                          "--steps", "300", "--start-delay", "120", "--json")
     else:
         argv = engramprof("lab", "run", "--table", table, "--warm", "--reader", "mmap", "--duration", "300",
                           "--markers", tmp / "mmap-warm.jsonl", "--start-delay", "120", "--json")
@@ -105,10 +110,14 @@ def _start_mapped(kind: str, table: Path, tmp: Path, port: int) -> tuple[Proc, P
         pid, markers = reader.p.pid, tmp / "mmap-warm.jsonl"
     exporter = Proc(engramprof("export", "--pid", str(pid), "--markers", markers, "--window", "3",
                                "--listen", f"127.0.0.1:{port}", "--label", f"rank={kind}"))
-    exporter.wait_line("Exporting", timeout=120)
-    majflt0 = _majflt(pid)
-    os.kill(pid, signal.SIGUSR1)  # attached: start reading
-    return reader, exporter, pid, majflt0
+    return dict(reader=reader, exporter=exporter, pid=pid, port=port)
+
+
+def _go(m: dict) -> None:
+    """Once its exporter is attached: the reader's majflt now, and the reader started."""
+    m["exporter"].wait_line("Exporting", timeout=180)
+    m["majflt0"] = _majflt(m["pid"])
+    os.kill(m["pid"], signal.SIGUSR1)  # attached: start reading
 
 
 def _majflt(pid: int) -> int:
@@ -166,13 +175,11 @@ def scraped(tmp_path_factory):
         procs.append(exporter)
         exporter.wait_line("Exporting", timeout=120)
         mapped = {}
-        for kind in ("mmap-cold", "mmap-warm", "uring-cold"):
+        for kind in ("mmap-cold", "mmap-warm", *REQUEST_READERS):  # their exporters compile side by side
             mtable = tmp / f"{kind}.safetensors"
             subprocess.run(engramprof("lab", "make-table", mtable, "--rows", "16384"), check=True, capture_output=True)
-            port = _free_port()
-            reader, mexp, pid, majflt0 = _start_mapped(kind, mtable, tmp, port)
-            procs += [reader, mexp]
-            mapped[kind] = dict(reader=reader, exporter=mexp, pid=pid, majflt0=majflt0, port=port)
+            mapped[kind] = _start_mapped(kind, mtable, tmp, _free_port())
+            procs += [mapped[kind]["reader"], mapped[kind]["exporter"]]
         ports = ", ".join(f"'127.0.0.1:{p}'" for p in [eport] + [m["port"] for m in mapped.values()])
         cfg = tmp / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
@@ -183,6 +190,8 @@ def scraped(tmp_path_factory):
         procs.append(prom_p)
         prom = Prom(pport)
         _wait("prometheus ready", lambda: "Ready" in _get(f"{prom.base}/-/ready"))
+        for m in mapped.values():  # scraped from their first read (the request readers' 300 steps take seconds)
+            _go(m)
         # 20 s of scrapes: a full 15 s rate window while the reader runs, several analysis windows
         _wait("20 s of samples", lambda: prom.query("count_over_time(up[25s]) >= 20"), timeout=60)
         yield dict(tmp=tmp, table=table, group=group, lab=lab, markers=markers, exporter=exporter, prom=prom,
@@ -301,27 +310,32 @@ def test_mapped_reader_warm_windows_say_healthy(scraped):
     assert prom.value('increase(engramprof_window_analyses_total{rank="mmap-warm",result="no-batches"}[20s])') == 0
 
 
-def test_io_uring_reader_counted_exactly_and_analysed(scraped):
-    """The io_uring reader evicted every 20 ms: every SQE it submitted is one io_uring read of its
-    table (the reader's own count), and its windows are analysed with the I/O wait as residency,
-    never as Python scheduling."""
-    prom, m = scraped["prom"], scraped["mapped"]["uring-cold"]
+@pytest.mark.parametrize("case", list(REQUEST_READERS))
+def test_request_reader_counted_exactly_and_analysed(scraped, case):
+    """The io_uring reader and the libaio reader (O_DIRECT), evicted every 20 ms: every SQE / iocb
+    it submitted is one read of its kind on its table (the reader's own count), and its windows
+    are analysed with the I/O wait as residency, never as Python scheduling."""
+    prom, m = scraped["prom"], scraped["mapped"][case]
+    kind = REQUEST_READERS[case][1]
     done = json.loads(m["reader"].p.stdout.readline())  # the scenario's last line: 300 steps read
     assert done["event"] == "done", done
     time.sleep(1.5)  # the exporter's next drain and Prometheus's next scrape
     got = _scrape(m["port"])
     calls = {dict(k[1])["file"]: v for k, v in got.items()
-             if k[0] == "engramprof_read_calls_total" and dict(k[1]).get("kind") == "io_uring"}
+             if k[0] == "engramprof_read_calls_total" and dict(k[1]).get("kind") == kind}
     assert calls == {done["summary"]["table"]: done["summary"]["calls"]}, (calls, done["summary"])
-    assert got[("engramprof_probe_reads_total", (("kind", "io_uring"), ("rank", "uring-cold")))] == \
-        done["summary"]["calls"]
-    key = (("file", done["summary"]["table"]), ("kind", "io_uring"), ("rank", "uring-cold"))
+    assert got[("engramprof_probe_reads_total", (("kind", kind), ("rank", case)))] == done["summary"]["calls"]
+    key = (("file", done["summary"]["table"]), ("kind", kind), ("rank", case))
     assert got[("engramprof_read_latency_seconds_count", key)] == done["summary"]["calls"]
     assert 0 < got[("engramprof_read_misses_total", key)] <= done["summary"]["calls"]
+    if kind == "libaio":  # O_DIRECT: every iocb bypassed the page cache, each one a miss
+        assert got[("engramprof_read_misses_total", key)] == done["summary"]["calls"]
+        assert got[("engramprof_read_bytes_total", key)] > 0
     inc = {r["metric"]["cause"]: float(r["value"][1])
-           for r in prom.query('max_over_time(engramprof_batch_cause_seconds_total{rank="uring-cold"}[60s])')}
+           for r in prom.query(f'max_over_time(engramprof_batch_cause_seconds_total{{rank="{case}"}}[60s])')}
     assert inc["python-scheduling"] < 0.1 * sum(inc.values()), inc
-    assert prom.value('max_over_time(engramprof_window_verdict{rank="uring-cold",verdict="residency"}[60s])') == 1
+    assert prom.value(f'max_over_time(engramprof_window_verdict{{rank="{case}",verdict="residency"}}[60s])') == 1
+    assert prom.value(f'max_over_time(engramprof_window_coverage_ratio{{rank="{case}"}}[60s])') > 0
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:

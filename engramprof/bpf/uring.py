@@ -16,7 +16,6 @@ target maps), ``arm`` (attach), ``drain`` (records since the last drain), ``tota
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import time
@@ -28,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 
 from engramprof.bpf import structs as layout
-from engramprof.bpf import bios, targets
+from engramprof.bpf import bios, readstats, targets
 from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
 from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import attach_all, deferred_bpf
@@ -59,7 +58,7 @@ class UringProbeConfig:
     max_inflight: int = 65536  # requests in flight at once, all target rings together
     selection: object = None  # engramprof.target.selection.Selection; None: the one process tgid
     export_mode: bool = False  # `engramprof export`: per-file stats in the kernel, records only as a window's sample
-    max_files: int = 1024  # export_mode: entries of uring_stats_by_file
+    max_files: int = 1024  # export_mode: entries of read_stats_by_file (probes/readstats.h)
 
 
 @dataclass
@@ -189,24 +188,17 @@ class UringProbe(LoadedBpf):
         """Every record written since the last drain (struct uring_record rows), oldest first."""
         return self.ring.drain()
 
-    # ---- export mode ------------------------------------------------------------------------
+    # ---- export mode: the per-file aggregates and the sample budget (engramprof.bpf.readstats) ----
     def read_stats(self) -> dict[tuple[int, int, str], dict]:
-        """export_mode: {(dev, ino, "io_uring"): {field: total, 'latency_log2': counts}} summed
-        over CPUs (the fields of probes/export.h's struct read_stats)."""
-        out = {}
-        for k, per_cpu in self.bpf["uring_stats_by_file"].items():
-            fields = [f for f, _ in per_cpu[0]._fields_ if f != "latency_log2"]
-            row = {f: sum(getattr(v, f) for v in per_cpu) for f in fields}
-            row["latency_log2"] = sum(np.ctypeslib.as_array(v.latency_log2).astype(np.int64) for v in per_cpu)
-            out[(int(k.dev), int(k.ino), KIND)] = row
-        return out
+        """export_mode: {(dev, ino, "io_uring"): {field: total, 'latency_log2': counts}}."""
+        return readstats.read_stats(self.bpf)
 
     def file_keys(self) -> list[tuple[int, int]]:
-        return [(int(k.dev), int(k.ino)) for k in self.bpf["uring_stats_by_file"].keys()]
+        return readstats.file_keys(self.bpf)
 
     def set_sample_budget(self, n: int) -> None:
         """export_mode: records for the next ``n`` completed requests (the window's sample)."""
-        self.bpf["uring_sample_budget"][ctypes.c_int(0)] = ctypes.c_int64(n)
+        readstats.set_sample_budget(self.bpf, n)
 
     def inflight(self) -> int:
         """Requests submitted and not yet completed, now (the in-flight map's size)."""

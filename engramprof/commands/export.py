@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         markers: Optional[str] = typer.Option(None, "--markers", metavar="FILE", help="Batch markers the server appends to (JSON lines with start_ns/end_ns, CLOCK_MONOTONIC); default: batches inferred."),
         label: Optional[list[str]] = typer.Option(None, "--label", metavar="NAME=VALUE", help="NAME=VALUE added to every metric (for example rank=2); repeatable."),
         allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --listen (the metrics name the files read)."),
-        window_sample: int = typer.Option(25_000, "--window-sample", metavar="N", help="Reads recorded per window for its analysis (the rest are only counted)."),
+        window_sample: int = typer.Option(25_000, "--window-sample", metavar="N", help="Reads recorded per window for its analysis, per read path's program (syscall reads and faults; io_uring; libaio); the rest are only counted."),
         hook: str = typer.Option("auto", "--hook", metavar="HOOK", help="Syscall hook: auto | raw (raw_syscalls, x86_64) | tracepoint."),
     ) -> None:
         """Serve Prometheus metrics of the target's reads until SIGTERM.

@@ -2,7 +2,7 @@
 totals (prometheus_client collectors: the library writes the text format).
 
 Label sets are bounded: ``file`` (one per file the targets read: table files, at most the
-probe's MAX_FILES), ``kind`` (syscall, fault, io_uring), ``cause`` (6), ``verdict`` (5), ``what`` and
+probe's MAX_FILES), ``kind`` (syscall, fault, io_uring, libaio), ``cause`` (6), ``verdict`` (5), ``what`` and
 ``result`` (a few fixed values), plus the constant --label pairs.  No pid, tid or offset label.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from prometheus_client.core import (
 )
 
 from engramprof.analysis.verdicts import CAUSES, VERDICTS
+from engramprof.export.probe import REQUEST_PATHS
 from engramprof.export.window import BATCH_BUCKETS
 
 NS = 1e-9
@@ -21,8 +22,8 @@ NS = 1e-9
 FIRST_BUCKET_LOG2, LAST_BUCKET_LOG2 = 10, 35
 #: (field of the probe's read_stats, metric name, help, scale)
 READ_COUNTERS = (
-    ("reads", "engramprof_read_calls_total", "Reads: syscall reads (preadv2/preadv/pread64), file-backed page "
-     "faults or io_uring read requests, per file and kind", 1),
+    ("reads", "engramprof_read_calls_total", "Reads: syscall reads (preadv2/preadv/pread64, read/readv), "
+     "file-backed page faults, io_uring read requests or libaio read iocbs, per file and kind", 1),
     ("bytes", "engramprof_read_bytes_total", "Bytes returned by syscall reads", 1),
     ("eagain", "engramprof_read_eagain_total", "Syscall reads that returned EAGAIN (RWF_NOWAIT misses)", 1),
     ("misses", "engramprof_read_misses_total", "Reads that inserted at least one page into the page cache", 1),
@@ -71,7 +72,7 @@ class ExporterCollector:
         fams = {name: self._f(CounterMetricFamily, name, doc, ("file", "kind")) for _, name, doc, _ in READ_COUNTERS}
         lat = self._f(HistogramMetricFamily, "engramprof_read_latency_seconds",
                       "Latency of reads: a syscall's entry to exit; a page fault's entry to its last in-fault event; "
-                      "an io_uring request's submit to its completion "
+                      "an io_uring request's submit to its completion; a libaio iocb's submit to its reap "
                       "(log2 buckets kept in the kernel)", ("file", "kind"))
         for (dev, ino, kind), row in sorted(stats.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
             if not s.wanted_file(dev, ino):
@@ -111,8 +112,9 @@ class ExporterCollector:
                         "Every read the probe saw, by kind (files beyond the file map included)", ("kind",))
         reads.add_metric(lv + ["syscall"], tot["syscall_reads"], timestamp=at)
         reads.add_metric(lv + ["fault"], tot["faults"], timestamp=at)
-        if "uring_reads" in tot:  # io_uring requests traced (the export probe's totals say)
-            reads.add_metric(lv + ["io_uring"], tot["uring_reads"], timestamp=at)
+        for kind in REQUEST_PATHS:  # a request path traced (the export probe's totals say)
+            if f"reads_{kind}" in tot:
+                reads.add_metric(lv + [kind], tot[f"reads_{kind}"], timestamp=at)
         yield reads
         smp = self._f(CounterMetricFamily, "engramprof_window_sampled_reads_total",
                       "Syscall reads recorded for the window analysis (result=sampled) or only aggregated because "

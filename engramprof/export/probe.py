@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engramprof.bpf import bios, targets
+from engramprof.bpf import bios, readstats, targets
+from engramprof.bpf import libaio as libaio_probe
 from engramprof.bpf import uring as uring_probe
 from engramprof.bpf import btf as kbtf
 from engramprof.bpf import structs as layout
@@ -26,10 +27,13 @@ from engramprof.bpf.ringbuf import RingBufferReader
 from engramprof.bpf.sched import _tid_words
 from engramprof.errors import UserError
 from engramprof.host import tracepoints as tp
+from engramprof.host import libaio as libaio_needs
 from engramprof.host import uring as uring_needs
 
 PROBE_FILE = "export.bpf.c"
-READ_KINDS = ("syscall", "fault", "io_uring")  # READ_KIND_* of probes/export.h, by code
+#: the request paths, each its own program compiled in export mode: kind -> (the totals field
+#: counting its reads, its lost-records field)
+REQUEST_PATHS = {"io_uring": ("completed", "lost_records"), "libaio": ("reaped", "lost_records")}
 
 FEATURES = {
     "HAVE_PREADV": ["syscalls:sys_enter_preadv", "syscalls:sys_exit_preadv"],
@@ -43,9 +47,6 @@ FEATURES = {
     "HAVE_PFU": ["exceptions:page_fault_user"],
     **EVIDENCE_FEATURES,
 }
-STAT_FIELDS = ("reads", "bytes", "eagain", "misses", "pages_added", "bio_count", "bio_ns", "reclaim_ns",
-               "offcpu_ns", "runq_ns", "sum_ns")
-
 
 @dataclass
 class ExportProbeConfig:
@@ -57,6 +58,7 @@ class ExportProbeConfig:
     bio_stale_ns: int = bios.BIO_STALE_NS
     tid_words: int = field(default_factory=_tid_words)  # call_out_bits covers every tid
     uring: bool = True  # io_uring read requests too (probes/uring.bpf.c in export mode), where the kernel can
+    libaio: bool = True  # libaio read iocbs too (probes/libaio.bpf.c in export mode), where the kernel can
 
 
 @dataclass
@@ -66,6 +68,7 @@ class ExportPlan:
     raw_syscalls: bool
     missing: list[str] = field(default_factory=list)
     uring_missing: list[str] = field(default_factory=list)  # why io_uring requests are not exported (empty: they are)
+    libaio_missing: list[str] = field(default_factory=list)  # why libaio iocbs are not exported (empty: they are)
 
 
 def plan(config: ExportProbeConfig, tracefs_root=None) -> ExportPlan:
@@ -85,7 +88,10 @@ def plan(config: ExportProbeConfig, tracefs_root=None) -> ExportPlan:
             raise UserError(f"kernel lacks required tracepoint(s) {', '.join(absent)}: run `engramprof doctor`", code=1)
     uring_missing = ["not asked"] if not config.uring else (
         uring_needs.missing_tracepoints(root) + uring_needs.btf_status()["missing"])
-    return ExportPlan(config=config, features=feats, raw_syscalls=raw, missing=missing, uring_missing=uring_missing)
+    libaio_missing = ["not asked"] if not config.libaio else (
+        libaio_needs.missing_tracepoints(root) + libaio_needs.btf_status()["missing"])
+    return ExportPlan(config=config, features=feats, raw_syscalls=raw, missing=missing, uring_missing=uring_missing,
+                      libaio_missing=libaio_missing)
 
 
 def program_text(p: ExportPlan) -> str:
@@ -118,7 +124,8 @@ def release_freed_memory() -> None:
 
 
 class ExportProbe(LoadedBpf):
-    """The loaded export probe: per-(file, kind) aggregates, totals, the sample ring."""
+    """The loaded export probe: per-(file, kind) aggregates, totals, the sample ring; and the
+    request paths' programs (io_uring, libaio), each with its own aggregates, budget and ring."""
 
     totals_map = "export_totals"
     lost_field = "sample_lost"
@@ -136,76 +143,79 @@ class ExportProbe(LoadedBpf):
         self.lat_slots = layout.header_define("LAT_SLOTS")
         self.ring = RingBufferReader(self.bpf["sample_records"].map_fd,
                                      p.config.ring_pages * os.sysconf("SC_PAGE_SIZE"), self.record_dtype)
-        self._stats = self.bpf["read_stats_by_file"]
         self._totals = self.bpf["export_totals"]
-        self._budget = self.bpf["sample_budget"]
         self._bio = self.bpf["bio_latency_log2"]
-        self.uring = self._load_uring(p)
+        #: kind -> the loaded program of that request path (absent: the kernel cannot, or not asked)
+        self.requests: dict[str, LoadedBpf] = {}
+        try:
+            self._load_requests(p)
+        except BaseException:
+            self.close()
+            raise
         # every program is attached now: count from here (see export_armed in the probe)
         self.bpf["export_armed"][ctypes.c_int(0)] = ctypes.c_uint32(1)
 
-    @staticmethod
-    def _load_uring(p: ExportPlan) -> "uring_probe.UringProbe | None":
-        """The io_uring probe in export mode (per-file stats in the kernel, a sample of records),
-        armed; None where the kernel cannot trace io_uring reads (``p.uring_missing`` says why)."""
-        if p.uring_missing:
-            return None
+    def _load_requests(self, p: ExportPlan) -> None:
+        """The io_uring and libaio probes in export mode (per-file stats in the kernel, a sample of
+        records), armed, where the kernel can trace them (``p.uring_missing`` / ``p.libaio_missing``
+        say why not)."""
         c = p.config
-        config = uring_probe.UringProbeConfig(tgid=c.selection.first_pid or 0, tid=c.selection.tid,
-                                              selection=c.selection, export_mode=True, max_files=c.max_files)
-        u = uring_probe.UringProbe.load(config)
-        release_freed_memory()
-        u.arm()
-        return u
+        sel = c.selection
+        if not p.uring_missing:
+            self.requests["io_uring"] = uring_probe.UringProbe.load(uring_probe.UringProbeConfig(
+                tgid=sel.first_pid or 0, tid=sel.tid, selection=sel, export_mode=True, max_files=c.max_files))
+        if not p.libaio_missing:
+            self.requests["libaio"] = libaio_probe.LibaioProbe.load(libaio_probe.LibaioProbeConfig(
+                tgid=sel.first_pid or 0, tid=sel.tid, selection=sel, export_mode=True, max_files=c.max_files))
+        for r in self.requests.values():
+            release_freed_memory()
+            r.arm()
 
     def read_paths(self) -> tuple[str, ...]:
         """The read paths whose events reach the window sample: syscall reads, page faults where
         they are spans (x86's exceptions:page_fault_user with the raw syscall hook), io_uring
-        requests where the kernel has their tracepoints."""
+        requests and libaio iocbs where the kernel has what their probes need."""
         f = self.plan.features
         spans = f.get("HAVE_PFU") and f.get("HAVE_FAULT") and self.plan.raw_syscalls
-        return ("syscall",) + (("fault",) if spans else ()) + (("io_uring",) if self.uring is not None else ())
+        return ("syscall",) + (("fault",) if spans else ()) + tuple(self.requests)
 
     def sync_targets(self) -> None:
         self.targets.sync()
-        if self.uring is not None:
-            self.uring.targets.sync()
+        for r in self.requests.values():
+            r.targets.sync()
 
     def totals(self) -> dict[str, int]:
-        """The export probe's totals, with the io_uring probe's folded in: ``uring_reads`` (its
-        completed requests), and its unsampled / lost / overflowed / untracked counts added to
-        the export probe's fields of the same meaning."""
+        """The export probe's totals, with the request paths' folded in: ``reads_io_uring`` /
+        ``reads_libaio`` (their completed reads), and their unsampled / lost / overflowed /
+        untracked counts added to the export probe's fields of the same meaning."""
         t = super().totals()
-        if self.uring is None:
-            return t
-        u = self.uring.totals()
-        t["uring_reads"] = u.get("completed", 0)
-        for mine, theirs in (("unsampled", "unsampled"), ("sample_lost", "lost_records"),
-                             ("files_overflow", "files_overflow"), ("bios_untracked", "bios_untracked")):
-            t[mine] += u.get(theirs, 0)
-        t["sampled"] += max(0, u.get("completed", 0) - u.get("unsampled", 0) - u.get("lost_records", 0))
+        for kind, (done_field, lost_field) in REQUEST_PATHS.items():
+            r = self.requests.get(kind)
+            if r is None:
+                continue
+            u = r.totals()
+            done = u.get(done_field, 0)
+            t[f"reads_{kind}"] = done
+            for mine, theirs in (("unsampled", "unsampled"), ("sample_lost", lost_field),
+                                 ("files_overflow", "files_overflow"), ("bios_untracked", "bios_untracked")):
+                t[mine] += u.get(theirs, 0)
+            t["sampled"] += max(0, done - u.get("unsampled", 0) - u.get(lost_field, 0))
         return t
 
     # ---- reading the maps ------------------------------------------------------------------
     def read_stats(self) -> dict[tuple[int, int, str], dict]:
-        """{(dev, ino, kind): {field: total, 'latency_log2': counts}} summed over CPUs."""
-        out = {}
-        for k, per_cpu in self._stats.items():
-            kind = READ_KINDS[k.kind] if k.kind < len(READ_KINDS) else str(k.kind)
-            row = {f: sum(getattr(v, f) for v in per_cpu) for f in STAT_FIELDS}
-            hist = np.zeros(self.lat_slots, dtype=np.int64)
-            for v in per_cpu:
-                hist += np.ctypeslib.as_array(v.latency_log2).astype(np.int64)
-            row["latency_log2"] = hist
-            out[(int(k.dev), int(k.ino), kind)] = row
-        if self.uring is not None:
-            out.update(self.uring.read_stats())
+        """{(dev, ino, kind): {field: total, 'latency_log2': counts}} summed over CPUs, every path."""
+        out = readstats.read_stats(self.bpf)
+        for r in self.requests.values():
+            out.update(readstats.read_stats(r.bpf))
         return out
 
     def file_keys(self) -> list[tuple[int, int]]:
-        """(dev, ino) of every key in the map (keys only: no per-CPU values read)."""
-        keys = [(int(k.dev), int(k.ino)) for k in self._stats.keys()]
-        return keys + (self.uring.file_keys() if self.uring is not None else [])
+        """(dev, ino) of every key in the maps (keys only: no per-CPU values read)."""
+        keys = readstats.file_keys(self.bpf)
+        for r in self.requests.values():
+            keys += readstats.file_keys(r.bpf)
+        return keys
 
     def totals_fields(self) -> list[str]:
         """export_totals is defined in export.bpf.c alone: its fields as BCC compiled them."""
@@ -217,35 +227,30 @@ class ExportProbe(LoadedBpf):
     def bio_histogram(self) -> np.ndarray:
         return np.array([self._bio[ctypes.c_int(i)].value for i in range(self.lat_slots)], dtype=np.int64)
 
-    def read_paths(self) -> tuple[str, ...]:
-        """The read paths whose events reach the window sample: syscall reads, and page faults
-        where they are spans (x86's exceptions:page_fault_user with the raw syscall hook)."""
-        f = self.plan.features
-        spans = f.get("HAVE_PFU") and f.get("HAVE_FAULT") and self.plan.raw_syscalls
-        return ("syscall", "fault") if spans else ("syscall",)
-
     # ---- the window sample -----------------------------------------------------------------
     def set_sample_budget(self, n: int) -> None:
-        """The window's sample: the next ``n`` reads of each path (syscall reads and faults share
-        one budget, io_uring requests have their own)."""
-        self._budget[ctypes.c_int(0)] = ctypes.c_int64(n)
-        if self.uring is not None:
-            self.uring.set_sample_budget(n)
+        """The window's sample: the next ``n`` reads of each program (syscall reads and faults
+        share one budget; io_uring requests and libaio iocbs have their own)."""
+        readstats.set_sample_budget(self.bpf, n)
+        for r in self.requests.values():
+            readstats.set_sample_budget(r.bpf, n)
 
-    def unsampled(self) -> tuple[int, int]:
-        """Reads only aggregated because the window's budget was spent: (syscall reads and
-        faults, io_uring requests)."""
-        return (int(super().totals()["unsampled"]),
-                int(self.uring.totals()["unsampled"]) if self.uring is not None else 0)
+    def unsampled(self) -> dict[str, int]:
+        """Reads only aggregated because the window's budget was spent, by budget: ``records``
+        (syscall reads and faults), then one per request path (``io_uring``, ``libaio``)."""
+        out = {"records": int(super().totals()["unsampled"])}
+        for kind, r in self.requests.items():
+            out[kind] = int(r.totals()["unsampled"])
+        return out
 
-    def drain_uring(self) -> np.ndarray | None:
-        """The io_uring requests sampled since the last drain (None: io_uring not traced)."""
-        return self.uring.drain() if self.uring is not None else None
+    def drain_requests(self) -> dict[str, np.ndarray]:
+        """The request paths' records sampled since the last drain, by kind."""
+        return {kind: r.drain() for kind, r in self.requests.items()}
 
     def close(self) -> None:
-        if self.uring is not None:
-            self.uring.close()
-            self.uring = None
+        for r in self.requests.values():
+            r.close()
+        self.requests = {}
         super().close()
 
     def drain(self) -> np.ndarray:

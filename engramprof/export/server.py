@@ -173,6 +173,8 @@ def run(settings: ExportSettings) -> int:
         raise
     state.probe = p
     analyser.read_paths = list(p.read_paths())
+    if "libaio" in p.requests:
+        analyser.libaio_bio = bool(p.requests["libaio"].plan.features.get("HAVE_BIO"))
     try:
         state.refresh_targets()
         registry.register(ExporterCollector(state, settings.labels))
@@ -196,25 +198,25 @@ def _loop(settings: ExportSettings, state: ExportState, p, stop: threading.Event
     for w in state.selection_waiting():
         print(f"engramprof export: {w}", file=sys.stderr, flush=True)
     parts: list[np.ndarray] = []
-    uring_parts: list[np.ndarray] = []
+    request_parts: dict[str, list[np.ndarray]] = {}
     while not stop.wait(1.0):
         now = time.monotonic_ns()
         with state.lock:
             state.refresh_targets()
             state.name_new_files()
             parts.append(p.drain())
-            u = p.drain_uring()
-            if u is not None:
-                uring_parts.append(u)
+            for kind, recs in p.drain_requests().items():
+                request_parts.setdefault(kind, []).append(recs)
             if now - start < window_ns:
                 continue
             unsampled1 = p.unsampled()
             p.set_sample_budget(settings.window_sample)
         recs = np.concatenate(parts) if parts else np.empty(0, dtype=p.record_dtype)
-        urecs = np.concatenate(uring_parts) if uring_parts else None
-        parts, uring_parts = [], []
-        state.analyser.run(recs, start, now, budget_spent=unsampled1[0] > unsampled0[0], uring_recs=urecs,
-                           uring_spent=unsampled1[1] > unsampled0[1])
-        del recs, urecs
+        requests = {kind: np.concatenate(rs) for kind, rs in request_parts.items() if rs}
+        parts, request_parts = [], {}
+        spent = {k: unsampled1[k] > unsampled0.get(k, 0) for k in unsampled1}
+        state.analyser.run(recs, start, now, budget_spent=spent.pop("records"), requests=requests,
+                           requests_spent=spent)
+        del recs, requests
         export_probe.release_freed_memory()  # the analysis's transient arrays: back to the kernel
         unsampled0, start = unsampled1, now

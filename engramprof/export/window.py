@@ -1,8 +1,10 @@
 """Every --window seconds: the batch analysis (engramprof.analysis, as batch-tail runs it) on
 the window's sampled read records, folded into cumulative counters for /metrics.
 
-The probe records each window's first ``budget`` read events, syscall reads and page faults
-alike (probes/export.bpf.c); when a window has more, the analysis covers its start up to the last sampled read (``coverage``), and
+The probes record each window's first ``budget`` read events of each program: syscall reads and
+page faults alike (probes/export.bpf.c), io_uring requests (uring.bpf.c), libaio iocbs
+(libaio.bpf.c); when a window has more, the analysis covers its start up to the last sampled
+read of the first path whose budget ran out (``coverage``), and
 inferred batches cut by that end are left out as at a recording's edge.  Markers (JSON lines
 with start_ns / end_ns, CLOCK_MONOTONIC) are read incrementally from where the last window
 stopped; a marked batch belongs to the window its end falls in.
@@ -19,6 +21,7 @@ import pandas as pd
 
 from engramprof.analysis import analyse
 from engramprof.analysis.verdicts import CAUSES, VERDICTS, col
+from engramprof.bpf import libaio as libaio_probe
 from engramprof.bpf import uring as uring_probe
 from engramprof.errors import UserError
 from engramprof.record.decode import syscall_names
@@ -29,29 +32,57 @@ _RECORD_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "offset", "size", "ret", "fl
                    "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns")
 
 
-def uring_records_frame(recs: np.ndarray) -> pd.DataFrame:
-    """The per-event DataFrame of sampled io_uring requests (``struct uring_record`` rows): the
-    columns of :func:`records_frame`, with off-CPU, run-queue and reclaim time unknown (NaN: not
-    per request) and the request's path and O_DIRECT flag."""
-    df = pd.DataFrame({c: recs[c].astype(np.int64) for c in _RECORD_COLUMNS if c in recs.dtype.names})
+def _request_frame(recs: np.ndarray, kind: str, syscall: str, direct_bit: int, evidence: tuple[str, ...]) -> pd.DataFrame:
+    """The per-event DataFrame of sampled requests of one path: the columns of
+    :func:`records_frame`, those the probe does not measure per request unknown (NaN), and the
+    request's O_DIRECT flag."""
+    df = pd.DataFrame({c: recs[c].astype(np.int64) for c in _RECORD_COLUMNS[:8] + evidence if c in recs.dtype.names})
     for c in _RECORD_COLUMNS:
         if c not in df.columns:
             df[c] = np.nan
-    df["syscall"] = "io_uring"
-    df["kind"] = "io_uring"
+    df["syscall"] = syscall
+    df["kind"] = kind
+    df["direct"] = (recs[_FLAGS[kind]].astype(np.int64) & direct_bit) != 0
+    return df
+
+
+#: the record field holding a request path's flags
+_FLAGS = {"io_uring": "uflags", "libaio": "aflags"}
+
+
+def uring_records_frame(recs: np.ndarray) -> pd.DataFrame:
+    """Sampled io_uring requests (``struct uring_record`` rows): off-CPU, run-queue and reclaim
+    time unknown (not per request: many share one wait), the issuing thread's insertions and
+    bios known; with the request's path (inline / async / punted)."""
+    df = _request_frame(recs, "io_uring", "io_uring", uring_probe.header_defines("URING_")["DIRECT"],
+                        ("pages_added", "bio_count", "bio_ns"))
     paths = np.asarray(uring_probe.PATHS, dtype=object)
     df["uring_path"] = paths[np.minimum(recs["path"].astype(np.int64), len(paths) - 1)]
-    df["direct"] = (recs["uflags"].astype(np.int64) & uring_probe.header_defines("URING_")["DIRECT"]) != 0
     return df[list(_RECORD_COLUMNS) + ["syscall", "kind", "uring_path", "direct"]]
 
 
-def window_frame(recs: np.ndarray, uring_recs: np.ndarray | None) -> pd.DataFrame:
-    """A window's sampled read events of every path, in time order."""
+def libaio_records_frame(recs: np.ndarray, bio: bool = True) -> pd.DataFrame:
+    """Sampled libaio read iocbs (``struct aio_record`` rows, engramprof.bpf.libaio): submit ->
+    reap; their bios when the probe had the block tracepoints (``bio``), no page-cache insertion,
+    off-CPU, run-queue or reclaim time per iocb."""
+    df = _request_frame(recs, "libaio", libaio_probe.SYSCALL, libaio_probe.header_defines("AIO_")["DIRECT"],
+                        ("bio_count", "bio_ns") if bio else ())
+    return df[list(_RECORD_COLUMNS) + ["syscall", "kind", "direct"]]
+
+
+def window_frame(recs: np.ndarray, requests: dict[str, np.ndarray] | None = None,
+                 libaio_bio: bool = True) -> pd.DataFrame:
+    """A window's sampled read events of every path, in time order (``requests``: the request
+    paths' records by kind)."""
     df = records_frame(recs)
-    if uring_recs is None or not len(uring_recs):
+    frames = []
+    for kind, r in (requests or {}).items():
+        if r is None or not len(r):
+            continue
+        frames.append(uring_records_frame(r) if kind == "io_uring" else libaio_records_frame(r, libaio_bio))
+    if not frames:
         return df
-    both = pd.concat([df.astype({"syscall": object, "kind": object}), uring_records_frame(uring_recs)],
-                     ignore_index=True)
+    both = pd.concat([df.astype({"syscall": object, "kind": object})] + frames, ignore_index=True)
     both["kind"] = both["kind"].astype("category")
     both["syscall"] = both["syscall"].astype("category")
     return both.sort_values("ts_ns", kind="stable").reset_index(drop=True)
@@ -139,6 +170,7 @@ class WindowAnalyser:
     def __init__(self, markers: str | None, slow_ms: float | None = None, read_paths: tuple[str, ...] = ("syscall",)):
         self.markers = MarkerTail(markers)
         self.read_paths = list(read_paths)  # what the probe traces: a marked batch without faults is a read
+        self.libaio_bio = True  # the libaio probe times its iocbs' bios (the block tracepoints)
         self.pending_markers: list[tuple[int, int]] = []
         self.totals = WindowTotals()
         self.slow_ms = slow_ms
@@ -157,20 +189,22 @@ class WindowAnalyser:
         return pd.DataFrame(mine, columns=["start_ns", "end_ns"])
 
     def run(self, recs: np.ndarray, start_ns: int, end_ns: int, budget_spent: bool,
-            uring_recs: np.ndarray | None = None, uring_spent: bool = False) -> None:
+            requests: dict[str, np.ndarray] | None = None, requests_spent: dict[str, bool] | None = None) -> None:
         """Analyse one window's records (syscall reads and faults: ``recs``, their budget
-        ``budget_spent``; io_uring requests: ``uring_recs``, ``uring_spent``); fold the result
-        into the totals (never raises)."""
+        ``budget_spent``; the request paths' records by kind, ``requests``, and whether each
+        one's budget was spent, ``requests_spent``); fold the result into the totals (never raises)."""
         t = self.totals
+        requests = {k: r for k, r in (requests or {}).items() if r is not None}
+        spent = requests_spent or {}
         covered_end = end_ns
-        for r, spent in ((recs, budget_spent), (uring_recs, uring_spent)):
-            if spent and r is not None and len(r):  # a path's budget ran out: the window is covered to its last read
+        for r, was_spent in [(recs, budget_spent)] + [(r, spent.get(k, False)) for k, r in requests.items()]:
+            if was_spent and len(r):  # a path's budget ran out: the window is covered to its last read
                 covered_end = min(covered_end, int((r["ts_ns"] + r["dur_ns"]).max()))
         markers = self._markers_for(start_ns, covered_end)
         t.coverage = max(0.0, min(1.0, (covered_end - start_ns) / max(1, end_ns - start_ns)))
         # no read event and no marked batch: nothing to analyse.  Marked batches without a read
         # (a mapped reader whose pages are all mapped: it never faults) are analysed: healthy.
-        n_events = len(recs) + (len(uring_recs) if uring_recs is not None else 0)
+        n_events = len(recs) + sum(len(r) for r in requests.values())
         if (n_events == 0 and markers is None) or (markers is not None and markers.empty):
             t.analyses["no-batches"] += 1
             t.verdict, t.last_batches = None, 0
@@ -178,7 +212,7 @@ class WindowAnalyser:
         meta = {"start_ns": int(start_ns), "end_ns": int(covered_end), "read_paths": self.read_paths}
         kw = {} if self.slow_ms is None else {"slow_ms": self.slow_ms}
         try:
-            table, summary = analyse(window_frame(recs, uring_recs), markers, meta=meta, **kw)
+            table, summary = analyse(window_frame(recs, requests, self.libaio_bio), markers, meta=meta, **kw)
         except UserError as exc:
             t.analyses["no-batches"] += 1
             t.verdict, t.last_batches = None, 0
@@ -207,4 +241,5 @@ class WindowAnalyser:
         t.batch_buckets += np.array([(wall <= b).sum() for b in BATCH_BUCKETS], dtype=np.int64)
 
 
-__all__ = ["BATCH_BUCKETS", "VERDICTS", "WindowAnalyser", "WindowTotals", "records_frame"]
+__all__ = ["BATCH_BUCKETS", "VERDICTS", "WindowAnalyser", "WindowTotals", "libaio_records_frame", "records_frame",
+           "uring_records_frame", "window_frame"]
