@@ -85,6 +85,14 @@ class Recording:
         #: more log2(ns) bio histograms of the target (the fault probe's), summed with the
         #: syscall probe's into tables/bio_latency_log2; each a callable, None when unknown
         self.bio_histograms: list[Callable] = []
+        #: the file-name probe (engramprof/bpf/names.py's NamesProbe) while it is loaded: names
+        #: for identities /proc did not name
+        self.kernel_names = None
+
+    def kernel_file_name(self, pid: int, dev: int, ino: int) -> str | None:
+        """The path the kernel gave identity (dev, ino) when ``pid`` opened it; None: unknown."""
+        names = self.kernel_names
+        return names.name(pid, dev, ino) if names is not None else None
 
     @classmethod
     def of(cls, target, **options) -> "Recording":

@@ -110,7 +110,7 @@ class LibaioSource(Source):
         self.decoder = LibaioDecoder(None, bio)
         known = {(d, i): (p, False) for d, i, p in s.files}
         paths, tensors = rec.paths, rec.tensors
-        self.files = PerPid(lambda p: FilePathEnricher(p, paths, known))
+        self.files = PerPid(lambda p: FilePathEnricher(p, paths, known, names=rec.kernel_file_name))
         for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
             self.files.of(pid)
         self.enrichers = [self.files, TensorEnricher(paths, tensors)]

@@ -17,9 +17,10 @@ Followed as data, the scheme of the fault source (engramprof/record/sources/faul
    (:class:`~.faults.FaultColumns`);
 2. :class:`FilePathEnricher` -- the file's identity taken in the kernel at the read (device,
    inode; never an fd number, which another file may reuse) -> ``path``: from the target's open
-   files (``/proc/PID/fd``), its mappings (``/proc/PID/maps``, the fault source's reading) and
-   the ``--file`` selection; a file none of them names keeps path "" (its dev/ino are the
-   kernel's);
+   files (``/proc/PID/fd``), its mappings (``/proc/PID/maps``, the fault source's reading),
+   the ``--file`` selection and the kernel's name at the open (the file-name source,
+   engramprof/record/sources/names.py: a file opened and closed between two looks at /proc); a
+   file none of them names keeps path "" (its dev/ino are the kernel's);
 3. the shared :class:`~.enrich.TensorEnricher` and :class:`~.columns.EventTableBuilder`.
 """
 from __future__ import annotations
@@ -88,10 +89,15 @@ class FilePathEnricher:
 
     UNNAMED_TTL_NS = 1_000_000_000
 
-    def __init__(self, pid: int, paths: Interner, known: dict | None = None, proc_root: str = "/proc"):
+    def __init__(self, pid: int, paths: Interner, known: dict | None = None, proc_root: str = "/proc",
+                 names=None):
         self.pid = pid
         self.paths = paths
         self.proc_root = proc_root
+        #: names(pid, dev, ino) -> path | None: the kernel's name at an open (the file-name
+        #: source, :meth:`Recording.kernel_file_name`), asked before /proc is walked again
+        self.names = names
+        self.kernel_named = 0
         self.files: dict[tuple[int, int], tuple[str, bool]] = dict(known or {})
         self._unnamed: dict[tuple[int, int], int] = {}
         self._named: set[str] = set()
@@ -133,6 +139,13 @@ class FilePathEnricher:
         recs = batch.recs
         pairs, inv = _distinct_files(recs["dev"], recs["ino"])
         unknown = [p for p in pairs if p not in self.files]
+        if unknown and self.names is not None:
+            for p in unknown:
+                name = self.names(self.pid, *p)
+                if name:
+                    self.files[p] = (name, False)
+                    self.kernel_named += 1
+            unknown = [p for p in unknown if p not in self.files]
         if unknown:
             now = time.monotonic_ns()
             if any(now - self._unnamed.get(p, -self.UNNAMED_TTL_NS) >= self.UNNAMED_TTL_NS for p in unknown):
@@ -182,7 +195,7 @@ class UringSource(Source):
         self.decoder = UringDecoder(None)
         known = {(d, i): (p, False) for d, i, p in s.files}
         paths, tensors = rec.paths, rec.tensors
-        self.files = PerPid(lambda p: FilePathEnricher(p, paths, known))
+        self.files = PerPid(lambda p: FilePathEnricher(p, paths, known, names=rec.kernel_file_name))
         for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
             self.files.of(pid)
         self.enrichers = [self.files, TensorEnricher(paths, tensors)]
