@@ -41,6 +41,15 @@ sys.stdin.readline()                             # the tracer is attached
 ORDER = {0: ["table_a.bin", "decoy.txt", "table_b.bin", "startup.pth", "table_a.bin"],
          1: ["table_b.bin", "table_a.bin", "decoy.txt", "table_b.bin", "decoy.txt"]}
 
+def read_at(f, off, i):
+    how = ("pread64", "read", "readv")[i % 3]
+    if how == "pread64":
+        os.pread(f, 512, off)
+    else:
+        os.lseek(f, off, os.SEEK_SET)
+        os.read(f, 512) if how == "read" else os.readv(f, [bytearray(256), bytearray(256)])
+    return how
+
 def rank(r):
     log = []                                     # written at the end: an open log would take the fd
     k = 0
@@ -49,13 +58,7 @@ def rank(r):
         f = os.open(path, os.O_RDONLY)
         assert f == fd, (f, fd)                  # the same fd number, another file
         for i in range(reads):
-            off = k * 4096
-            how = ("pread64", "read", "readv")[i % 3]
-            if how == "pread64":
-                os.pread(f, 512, off)
-            else:
-                os.lseek(f, off, os.SEEK_SET)
-                os.read(f, 512) if how == "read" else os.readv(f, [bytearray(256), bytearray(256)])
+            off, how = k * 4096, read_at(f, k * 4096, i)
             log.append(json.dumps({"pid": os.getpid(), "path": path, "offset": off, "syscall": how}))
             k += 1
             time.sleep(gap)
@@ -65,13 +68,7 @@ def rank(r):
         path = f"{d}/chunks/r{r}/c{i % 3}.bin"   # /proc is looked at (named by the kernel at open)
         f = os.open(path, os.O_RDONLY)
         assert f == fd, (f, fd)
-        off = k * 4096
-        how = ("pread64", "read", "readv")[i % 3]
-        if how == "pread64":
-            os.pread(f, 512, off)
-        else:
-            os.lseek(f, off, os.SEEK_SET)
-            os.read(f, 512) if how == "read" else os.readv(f, [bytearray(256), bytearray(256)])
+        off, how = k * 4096, read_at(f, k * 4096, i)
         os.close(f)
         log.append(json.dumps({"pid": os.getpid(), "path": path, "offset": off, "syscall": how}))
         k += 1

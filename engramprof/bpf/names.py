@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from engramprof.bpf import structs as layout
 from engramprof.bpf import targets
-from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
-from engramprof.bpf.sched import attach_all, deferred_bpf
+from engramprof.bpf.base import DeferredProbe, compile_program, import_bcc
+from engramprof.bpf.sched import deferred_bpf
 from engramprof.errors import UserError
 from engramprof.host import btf as kbtf
 from engramprof.host import tracepoints as tp
@@ -108,9 +108,10 @@ def join(inner: str, mount_list: list[tuple[int, str, str]], dev: int) -> list[s
     return [p for _n, p in sorted(out, key=lambda x: x[0])]
 
 
-class NamesProbe(LoadedBpf):
+class NamesProbe(DeferredProbe):
     """The compiled file-name probe: ``NamesProbe(plan)``, :meth:`arm`, :meth:`name`, :meth:`totals`."""
 
+    what = "file-name probe"
     totals_map = "name_totals"
 
     def __init__(self, p: NamesPlan):
@@ -126,15 +127,6 @@ class NamesProbe(LoadedBpf):
 
     def rings(self) -> list:
         return []
-
-    def arm(self) -> int:
-        if self.armed_ns is None:
-            try:
-                attach_all(self.bpf)
-            except Exception as exc:
-                raise UserError(f"cannot attach the file-name probe ({exc}); run `engramprof doctor`", code=1) from None
-            self.armed_ns = time.monotonic_ns()
-        return self.armed_ns
 
     def inner_path(self, dev: int, ino: int) -> tuple[str, bool] | None:
         """The path of identity (dev, ino) inside its filesystem as the kernel named it at an
