@@ -68,7 +68,7 @@ def line(c: dict) -> str:
     ok = "ok" if c["verdict"] == c["expected"] else "WRONG"
     share = " ".join(f"{k} {v:.0%}" for k, v in list(c.get("share", {}).items())[:3])
     ev = ",".join(f"{k}:{v}" for k, v in (c.get("read_events") or {}).items())
-    return f"{c['scenario']:<18}{c['reader']:<8}{c['verdict']:<18}{c['expected']:<11}{ok:<6}{share}  [{ev}]"
+    return f"{c['scenario']:<18}{c['reader']:<8}{c['verdict']:<18}{c['expected']:<18}{ok:<6}{share}  [{ev}]"
 
 
 def main() -> int:
@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    print(f"{'scenario':<18}{'reader':<8}{'verdict':<18}{'expected':<11}{'':<6}shares >= 5%  [read events]")
+    print(f"{'scenario':<18}{'reader':<8}{'verdict':<18}{'expected':<18}{'':<6}shares >= 5%  [read events]")
     cases = []
     for s in a.scenarios.split(","):
         for rd in a.readers.split(","):
