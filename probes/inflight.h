@@ -288,99 +288,45 @@ RAW_TRACEPOINT_PROBE(sys_exit)
 	return 0;
 }
 #else
-TRACEPOINT_PROBE(syscalls, sys_enter_preadv2)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_PREADV2, (s32)args->fd, (s64)args->pos_l,
-		   iov_bytes((const struct iovec *)args->vec, args->vlen), (u64)args->flags);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_preadv2)
+static __always_inline int target_call_exit(s64 ret)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
 		return 0;
-	call_exit(pid_tgid, args->ret);
+	call_exit(pid_tgid, ret);
 	return 0;
 }
 
+/* One syscall's tracepoint pair: its entry starts the target's call (SYSCALL_* code, fd, file
+ * offset, bytes asked for, RWF_* flags: expressions of the entry's args), its exit ends it.
+ * (BCC refuses a map call written inside a macro: the bodies only call functions.) */
+#define CALL_HOOKS(name, code, fd, pos, bytes, flags)				\
+TRACEPOINT_PROBE(syscalls, sys_enter_##name)					\
+{										\
+	if (!is_target(bpf_get_current_pid_tgid()))				\
+		return 0;							\
+	call_enter(code, fd, pos, bytes, flags);				\
+	return 0;								\
+}										\
+TRACEPOINT_PROBE(syscalls, sys_exit_##name)					\
+{										\
+	return target_call_exit(args->ret);					\
+}
+
+#define ARGS_IOV_BYTES iov_bytes((const struct iovec *)args->vec, args->vlen)
+
+CALL_HOOKS(preadv2, SYSCALL_PREADV2, (s32)args->fd, (s64)args->pos_l, ARGS_IOV_BYTES, (u64)args->flags)
 #if HAVE_PREADV
-TRACEPOINT_PROBE(syscalls, sys_enter_preadv)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_PREADV, (s32)args->fd, (s64)args->pos_l,
-		   iov_bytes((const struct iovec *)args->vec, args->vlen), 0);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_preadv)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, args->ret);
-	return 0;
-}
+CALL_HOOKS(preadv, SYSCALL_PREADV, (s32)args->fd, (s64)args->pos_l, ARGS_IOV_BYTES, 0)
 #endif
-
 #if HAVE_PREAD64
-TRACEPOINT_PROBE(syscalls, sys_enter_pread64)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_PREAD64, (s32)args->fd, (s64)args->pos, args->count, 0);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_pread64)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, args->ret);
-	return 0;
-}
+CALL_HOOKS(pread64, SYSCALL_PREAD64, (s32)args->fd, (s64)args->pos, args->count, 0)
 #endif
-
 #if INFLIGHT_PLAIN_READS && HAVE_READ
-TRACEPOINT_PROBE(syscalls, sys_enter_read)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_READ, (s32)args->fd, -1, args->count, 0);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_read)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, args->ret);
-	return 0;
-}
+CALL_HOOKS(read, SYSCALL_READ, (s32)args->fd, -1, args->count, 0)
 #endif
-
 #if INFLIGHT_PLAIN_READS && HAVE_READV
-TRACEPOINT_PROBE(syscalls, sys_enter_readv)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	call_enter(SYSCALL_READV, (s32)args->fd, -1, iov_bytes((const struct iovec *)args->vec, args->vlen), 0);
-	return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_readv)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target(pid_tgid))
-		return 0;
-	call_exit(pid_tgid, args->ret);
-	return 0;
-}
+CALL_HOOKS(readv, SYSCALL_READV, (s32)args->fd, -1, ARGS_IOV_BYTES, 0)
 #endif
 #endif /* USE_RAW_SYSCALLS */
 

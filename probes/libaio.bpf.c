@@ -436,6 +436,23 @@ static __always_inline long submit_nth(u32 i, void *data)
 	return 0;
 }
 
+/* The calling thread's AIO syscall from its entry to its exit (aio_calls, by pid_tgid): the
+ * entry hooks save it, the exit hooks take it (found: copied out and removed). */
+static __always_inline void save_call(u64 pid_tgid, struct aio_call *c)
+{
+	aio_calls.update(&pid_tgid, c);
+}
+
+static __always_inline int take_call(u64 pid_tgid, struct aio_call *out)
+{
+	struct aio_call *p = aio_calls.lookup(&pid_tgid);
+	if (!p)
+		return 0;
+	*out = *p;
+	aio_calls.delete(&pid_tgid);
+	return 1;
+}
+
 TRACEPOINT_PROBE(syscalls, sys_enter_io_submit)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -457,7 +474,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_submit)
 	 * read's readahead too); several: iomap_dio_rw_begin names each O_DIRECT read as it is issued */
 	if (nr == 1 && sc.tracked == 1)
 		c.cur = c.ts;
-	aio_calls.update(&pid_tgid, &c);
+	save_call(pid_tgid, &c);
 	return 0;
 }
 
@@ -465,11 +482,9 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_submit)
 TRACEPOINT_PROBE(syscalls, sys_exit_io_submit)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct aio_call *p = aio_calls.lookup(&pid_tgid);
-	if (!p)
+	struct aio_call c;
+	if (!take_call(pid_tgid, &c))
 		return 0;
-	struct aio_call c = *p;
-	aio_calls.delete(&pid_tgid);
 	s64 ret = args->ret;
 	if (ret >= c.nr)
 		return 0;
@@ -499,7 +514,7 @@ static __always_inline int reap_enter(u64 ctx, u64 events)
 		return 0;
 	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);
 	struct aio_call c = {.ctx = ctx, .ptr = events, .nr = CALL_REAP};
-	aio_calls.update(&pid_tgid, &c);
+	save_call(pid_tgid, &c);
 	return 0;
 }
 
@@ -530,11 +545,9 @@ static __always_inline long reap_nth(u32 i, void *data)
 static __always_inline int reap_exit(s64 ret, u16 how)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct aio_call *p = aio_calls.lookup(&pid_tgid);
-	if (!p)
+	struct aio_call c;
+	if (!take_call(pid_tgid, &c))
 		return 0;
-	struct aio_call c = *p;
-	aio_calls.delete(&pid_tgid);
 	u32 tgid = pid_tgid >> 32;
 	struct reap_ctx rc = {.now = bpf_ktime_get_ns(), .ctx = c.ctx, .events = c.ptr, .ret = ret, .tgid = tgid, .tid = (u32)pid_tgid,
 			      .how = how};
@@ -578,18 +591,17 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_setup)
 	if (!is_target(pid_tgid))
 		return 0;
 	struct aio_call c = {.ptr = (u64)args->ctxp, .nr = CALL_SETUP};
-	aio_calls.update(&pid_tgid, &c);
+	save_call(pid_tgid, &c);
 	return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_io_setup)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct aio_call *p = aio_calls.lookup(&pid_tgid);
-	if (!p)
+	struct aio_call c;
+	if (!take_call(pid_tgid, &c))
 		return 0;
-	u64 ctxp = p->ptr;
-	aio_calls.delete(&pid_tgid);
+	u64 ctxp = c.ptr;
 	u64 ctx = 0;
 	if (args->ret != 0 || bpf_probe_read_user(&ctx, sizeof(ctx), (void *)ctxp) || !ctx)
 		return 0;  /* io_setup wrote *ctxp (put_user): its page is in */
@@ -609,7 +621,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_destroy)
 	u64 ctx = args->ctx;
 	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);  /* the last user-space reaps */
 	struct aio_call c = {.ctx = ctx, .nr = CALL_DESTROY};
-	aio_calls.update(&pid_tgid, &c);
+	save_call(pid_tgid, &c);
 	return 0;
 }
 
@@ -618,11 +630,10 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_destroy)
 TRACEPOINT_PROBE(syscalls, sys_exit_io_destroy)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct aio_call *p = aio_calls.lookup(&pid_tgid);
-	if (!p)
+	struct aio_call c;
+	if (!take_call(pid_tgid, &c))
 		return 0;
-	u64 ctx = p->ctx;
-	aio_calls.delete(&pid_tgid);
+	u64 ctx = c.ctx;
 	if (args->ret != 0)
 		return 0;
 	struct ring_key rk = {.ctx = ctx, .tgid = pid_tgid >> 32};

@@ -137,10 +137,10 @@ struct fd_file {
  * member).  Returns 0
  * (f zeroed) when a hop fails or is NULL (fd closed meanwhile, a kernel thread).  Nothing about
  * an fd is cached: a closed, reused or dup2'ed fd is followed afresh on every call. */
-static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
-{
-	__builtin_memset(f, 0, sizeof(*f));
 #if FD_WALK_ON
+/* The struct file * behind fd of the current task now (the walk's first hops); 0: none. */
+static __always_inline u64 fd_file_ptr(s32 fd)
+{
 	if (fd < 0)
 		return 0;
 	char *task = (char *)bpf_get_current_task_btf();
@@ -154,8 +154,19 @@ static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
 	u64 fds = *(u64 *)(fdt + OFF_FDT_FD);
 	if ((u32)fd >= max_fds || !fds)
 		return 0;
-	u64 file = 0, inode = 0, sb = 0, ino = 0;
-	if (bpf_probe_read_kernel(&file, sizeof(file), (void *)(fds + 8 * (u64)(u32)fd)) || !file)
+	u64 file = 0;
+	if (bpf_probe_read_kernel(&file, sizeof(file), (void *)(fds + 8 * (u64)(u32)fd)))
+		return 0;
+	return file;
+}
+#endif
+
+static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
+{
+	__builtin_memset(f, 0, sizeof(*f));
+#if FD_WALK_ON
+	u64 file = fd_file_ptr(fd), inode = 0, sb = 0, ino = 0;
+	if (!file)
 		return 0;
 	/* one buffer for the three spans (a caller may run the walk in an unrolled loop: the BPF
 	 * stack has 512 bytes in all) */

@@ -86,6 +86,19 @@ def test_monotonic_in_wrong_unit_and_disjoint_markers():
         B.from_markers(ts, end, markers + 10**13)
 
 
+def test_monotonic_markers_before_the_trace_are_not_called_wall_clock():
+    """A reader that finished before the probes were compiled, 25 minutes after boot: its
+    CLOCK_MONOTONIC ns read as epoch ms fall in 2010, years from the trace's date."""
+    calls, markers = decode_trace("python-scheduling", n_batches=3)
+    ts, end = _ts_end(calls)
+    shift = 1_500 * 10**9 - int(ts.min())  # the trace at ~25 min of uptime
+    early = markers + shift - 20 * 10**9  # the batches 20 s before it
+    meta = {"created_unix": 1_790_000_000.0, "created_monotonic_ns": 1_500 * 10**9}
+    with pytest.raises(UserError, match=r"all before the trace.*ended (19\.9|20\.0) s before the recording") as ei:
+        B.from_markers(ts + shift, end + shift, early, meta)
+    assert "wall-clock" not in str(ei.value)
+
+
 def test_markers_partly_outside_overlapping_and_empty():
     calls, markers = decode_trace("python-scheduling", n_batches=4)
     ts, end = _ts_end(calls)

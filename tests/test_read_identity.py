@@ -5,7 +5,8 @@ Real eBPF, the tensor-parallel shape of the field defect: ``syscalls --pid PAREN
 a parent that had a ``.pth`` file open as its lowest fd at start-up (read, closed, before the
 trace), then two ranks forked during the trace that open and close one file after another on
 that same fd number -- tables and decoys, the start-up file itself once -- reading each with
-pread64, lseek + read and lseek + readv.  Each rank logs what it read; every read event must
+pread64, lseek + read and lseek + readv, and last open / read / close per chunk (files never open
+when /proc is looked at: named by the kernel at the open, engramprof/record/sources/names.py).  Each rank logs what it read; every read event must
 carry the file its rank read (path, and the kernel's dev/ino = stat of that path), the file
 position as read()'s offset, no read named from another file that held the fd, and no read left
 unnamed.  The fd-number naming this replaces put 83% of such reads on the ``.pth`` file.
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.bpf
 
 FILE_PAGES = 256  # 1 MiB: each rank reads every page at most once (its reads' offsets are unique)
 READS_PER_PHASE = 30
+PHASES = 6  # five files opened for a while each, then open / read / close per chunk
+CHUNKS = tuple(f"chunks/r{r}/c{i}.bin" for r in (0, 1) for i in range(3))
 
 PARENT = r"""
 import json, os, sys, time
@@ -38,6 +41,15 @@ sys.stdin.readline()                             # the tracer is attached
 ORDER = {0: ["table_a.bin", "decoy.txt", "table_b.bin", "startup.pth", "table_a.bin"],
          1: ["table_b.bin", "table_a.bin", "decoy.txt", "table_b.bin", "decoy.txt"]}
 
+def read_at(f, off, i):
+    how = ("pread64", "read", "readv")[i % 3]
+    if how == "pread64":
+        os.pread(f, 512, off)
+    else:
+        os.lseek(f, off, os.SEEK_SET)
+        os.read(f, 512) if how == "read" else os.readv(f, [bytearray(256), bytearray(256)])
+    return how
+
 def rank(r):
     log = []                                     # written at the end: an open log would take the fd
     k = 0
@@ -46,18 +58,21 @@ def rank(r):
         f = os.open(path, os.O_RDONLY)
         assert f == fd, (f, fd)                  # the same fd number, another file
         for i in range(reads):
-            off = k * 4096
-            how = ("pread64", "read", "readv")[i % 3]
-            if how == "pread64":
-                os.pread(f, 512, off)
-            else:
-                os.lseek(f, off, os.SEEK_SET)
-                os.read(f, 512) if how == "read" else os.readv(f, [bytearray(256), bytearray(256)])
+            off, how = k * 4096, read_at(f, k * 4096, i)
             log.append(json.dumps({"pid": os.getpid(), "path": path, "offset": off, "syscall": how}))
             k += 1
             time.sleep(gap)
         time.sleep(hold)                         # open a while after its reads, then closed
         os.close(f)
+    for i in range(reads):                       # open / read / close per chunk: never open when
+        path = f"{d}/chunks/r{r}/c{i % 3}.bin"   # /proc is looked at (named by the kernel at open)
+        f = os.open(path, os.O_RDONLY)
+        assert f == fd, (f, fd)
+        off, how = k * 4096, read_at(f, k * 4096, i)
+        os.close(f)
+        log.append(json.dumps({"pid": os.getpid(), "path": path, "offset": off, "syscall": how}))
+        k += 1
+        time.sleep(gap)
     with open(f"{d}/rank{r}.log", "w") as out:
         out.write("\n".join(log) + "\n")
 
@@ -79,7 +94,8 @@ sys.exit(max(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids))
 @pytest.fixture(scope="module")
 def traced_ranks(tmp_path_factory):
     d = tmp_path_factory.mktemp("ranks")
-    for name in ("table_a.bin", "table_b.bin", "decoy.txt", "startup.pth"):
+    for name in ("table_a.bin", "table_b.bin", "decoy.txt", "startup.pth") + CHUNKS:
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
         (d / name).write_bytes(os.urandom(FILE_PAGES * 4096))
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(d), str(READS_PER_PHASE)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
@@ -113,7 +129,7 @@ def traced_ranks(tmp_path_factory):
 def test_every_read_lands_on_the_file_its_rank_read(traced_ranks):
     d, fd, summary, logged, calls = traced_ranks
     pids = sorted({e["pid"] for e in logged})
-    assert len(pids) == 2 and len(logged) == 2 * 5 * READS_PER_PHASE
+    assert len(pids) == 2 and len(logged) == 2 * PHASES * READS_PER_PHASE
     ev = calls[calls["pid"].isin(pids) & (calls["kind"] == "syscall")]
     assert (ev["fd"] == fd).all(), ev["fd"].value_counts()  # every read on the reused fd number
     by_key = {(int(p), int(o)): r for p, o, r in zip(ev["pid"], ev["offset"], range(len(ev)))}

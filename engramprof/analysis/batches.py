@@ -72,6 +72,8 @@ LONG_BATCH_NS = 2_000_000_000
 
 _EPOCH_2000 = 946_684_800
 _EPOCH_2100 = 4_102_444_800
+#: how far from the trace's creation a wall-clock reading of the markers may be (30 days)
+WALL_CLOCK_SLACK_S = 30 * 86400
 _UNITS = (("ns", 1), ("µs", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000))
 
 
@@ -216,9 +218,16 @@ def explain_marker_clock(markers: pd.DataFrame, t0: int, t1: int, meta: dict | N
     for unit, scale in _UNITS[1:]:
         if _overlaps(s * scale, e * scale, t0, t1).any():
             return f"marker times look like CLOCK_MONOTONIC in {unit}, not ns: multiply them by {scale:,}"
+    try:  # the trace's own wall-clock time: a wall-clock guess must land near it
+        created = float((meta or {})["created_unix"])
+    except (KeyError, TypeError, ValueError):
+        created = None
     for unit, scale in _UNITS:
         secs = med * scale / 1e9
-        if _EPOCH_2000 <= secs <= _EPOCH_2100:
+        # CLOCK_MONOTONIC ns of a machine up 16 to 68 minutes read as epoch ms falls in 2000-2100
+        # too: with the trace's date known, a date years from it is not the markers' clock
+        near = created is None or abs(secs - created) <= WALL_CLOCK_SLACK_S
+        if _EPOCH_2000 <= secs <= _EPOCH_2100 and near:
             date = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(secs))
             msg = (
                 f"marker times look like wall-clock {unit} since the Unix epoch ({date} UTC), "
@@ -232,6 +241,10 @@ def explain_marker_clock(markers: pd.DataFrame, t0: int, t1: int, meta: dict | N
             except (KeyError, TypeError, ValueError):
                 pass
             return msg
+    if 0 < s.min() and e.max() < t0:
+        return (f"markers span {s.min() / 1e9:.3f}..{e.max() / 1e9:.3f} s of CLOCK_MONOTONIC, all before the "
+                f"trace's {t0 / 1e9:.3f}..{t1 / 1e9:.3f} s: the batches ended {(t0 - e.max()) / 1e9:.1f} s before "
+                "the recording began (the reader had finished?)")
     return (
         f"markers span {s.min() / 1e9:.3f}..{e.max() / 1e9:.3f} s but the trace spans "
         f"{t0 / 1e9:.3f}..{t1 / 1e9:.3f} s of CLOCK_MONOTONIC: no overlap (markers from another run, "

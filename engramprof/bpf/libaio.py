@@ -28,9 +28,7 @@ import pyarrow as pa
 from engramprof.bpf import bios
 from engramprof.bpf import structs as layout
 from engramprof.bpf import targets
-from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
-from engramprof.bpf.ringbuf import RingBufferReader
-from engramprof.bpf.sched import attach_all, deferred_bpf
+from engramprof.bpf.base import RequestProbe
 from engramprof.errors import UserError
 from engramprof.host import btf as kbtf
 from engramprof.host import tracepoints as tp
@@ -118,49 +116,25 @@ def header_defines(prefix: str = "AIO_") -> dict[str, int]:
             for m in re.finditer(r"#define\s+%s(\w+)\s+(\d+)\b" % re.escape(prefix), header_text())}
 
 
-class LibaioProbe(LoadedBpf):
+class LibaioProbe(RequestProbe):
     """The compiled libaio probe: ``LibaioProbe.load(config)``, then :meth:`arm`, :meth:`drain`
     (as often as the ring needs), :meth:`totals`, :meth:`close`."""
 
+    what = "libaio probe"
     totals_map = "aio_totals"
     max_fields = ("max_ns",)
+    record_struct, totals_struct, ring_map = "aio_record", "aio_totals", "aio_records"
+    make_plan = staticmethod(lambda config, tracefs_root=None: plan(config, tracefs_root))
+    program_text = staticmethod(lambda p: program_text(p))
+    struct_dtype = staticmethod(lambda name: struct_dtype(name))
 
     def __init__(self, p: LibaioProbePlan, arm: bool = True):
-        BPF = import_bcc()
-        self.plan = p
-        self.text = program_text(p)
-        self.record_dtype = struct_dtype("aio_record")
-        self.totals_dtype = struct_dtype("aio_totals")
-        self.bpf = compile_program(deferred_bpf(BPF), self.text, "libaio probe")
-        self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
-        self.armed_ns: int | None = None
         #: reads in flight when their context was destroyed (io_destroy): never reaped
         self.destroyed_inflight = 0
         #: reads in flight when their process exited (its contexts destroyed without io_destroy)
         self.exited_inflight = 0
         self._exits_checked = 0.0
-        layout.check_against_compiled(self.record_dtype, self.bpf["aio_record_layout"].Leaf)
-        layout.check_against_compiled(self.totals_dtype, self.bpf["aio_totals_layout"].Leaf)
-        page = os.sysconf("SC_PAGE_SIZE")
-        self.ring = RingBufferReader(self.bpf["aio_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
-        if arm:
-            self.arm()
-
-    @classmethod
-    def load(cls, config: LibaioProbeConfig, arm: bool = False, tracefs_root=None) -> "LibaioProbe":
-        """Plan (tracefs, BTF) and compile; attached only with ``arm=True`` or :meth:`arm`."""
-        return cls(plan(config, tracefs_root), arm=arm)
-
-    def arm(self) -> int:
-        """Attach the programs; returns when they were attached (CLOCK_MONOTONIC ns).  An iocb
-        submitted before that instant is never recorded (it is not in the in-flight map)."""
-        if self.armed_ns is None:
-            try:
-                attach_all(self.bpf)
-            except Exception as exc:
-                raise UserError(f"cannot attach the libaio probe ({exc}); run `engramprof doctor`", code=1) from None
-            self.armed_ns = time.monotonic_ns()
-        return self.armed_ns
+        super().__init__(p, arm)
 
     def drain(self) -> np.ndarray:
         """Every record written since the last drain (struct aio_record rows), oldest first."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -28,9 +27,7 @@ import pyarrow as pa
 
 from engramprof.bpf import structs as layout
 from engramprof.bpf import bios, readstats, targets
-from engramprof.bpf.base import LoadedBpf, compile_program, import_bcc
-from engramprof.bpf.ringbuf import RingBufferReader
-from engramprof.bpf.sched import attach_all, deferred_bpf
+from engramprof.bpf.base import RequestProbe
 from engramprof.errors import UserError
 from engramprof.host import btf as kbtf
 from engramprof.host import tracepoints as tp
@@ -145,48 +142,17 @@ def header_defines(prefix: str) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------ the loaded probe
 
-class UringProbe(LoadedBpf):
+class UringProbe(RequestProbe):
     """The compiled io_uring probe: ``UringProbe.load(config)``, then :meth:`arm`, :meth:`drain`
     (as often as the ring needs), :meth:`totals`, :meth:`close`."""
 
+    what = "io_uring probe"
     totals_map = "uring_totals"
     max_fields = ("max_ns",)
-
-    def __init__(self, p: UringProbePlan, arm: bool = True):
-        BPF = import_bcc()
-        self.plan = p
-        self.text = program_text(p)
-        self.record_dtype = struct_dtype("uring_record")
-        self.totals_dtype = struct_dtype("uring_totals")
-        self.bpf = compile_program(deferred_bpf(BPF), self.text, "io_uring probe")
-        self.targets = targets.TargetMaps(self.bpf, p.config.selection)  # before arming: maps filled
-        self.armed_ns: int | None = None
-        layout.check_against_compiled(self.record_dtype, self.bpf["uring_record_layout"].Leaf)
-        layout.check_against_compiled(self.totals_dtype, self.bpf["uring_totals_layout"].Leaf)
-        page = os.sysconf("SC_PAGE_SIZE")
-        self.ring = RingBufferReader(self.bpf["uring_records"].map_fd, p.config.ring_pages * page, self.record_dtype)
-        if arm:
-            self.arm()
-
-    @classmethod
-    def load(cls, config: UringProbeConfig, arm: bool = False, tracefs_root=None) -> "UringProbe":
-        """Plan (tracefs, BTF) and compile; attached only with ``arm=True`` or :meth:`arm`."""
-        return cls(plan(config, tracefs_root), arm=arm)
-
-    def arm(self) -> int:
-        """Attach the programs; returns when they were attached (CLOCK_MONOTONIC ns).  A request
-        submitted before that instant is never recorded (it is not in the in-flight map)."""
-        if self.armed_ns is None:
-            try:
-                attach_all(self.bpf)
-            except Exception as exc:
-                raise UserError(f"cannot attach the io_uring probe ({exc}); run `engramprof doctor`", code=1) from None
-            self.armed_ns = time.monotonic_ns()
-        return self.armed_ns
-
-    def drain(self) -> np.ndarray:
-        """Every record written since the last drain (struct uring_record rows), oldest first."""
-        return self.ring.drain()
+    record_struct, totals_struct, ring_map = "uring_record", "uring_totals", "uring_records"
+    make_plan = staticmethod(lambda config, tracefs_root=None: plan(config, tracefs_root))
+    program_text = staticmethod(lambda p: program_text(p))
+    struct_dtype = staticmethod(lambda name: struct_dtype(name))
 
     # ---- export mode: the per-file aggregates and the sample budget (engramprof.bpf.readstats) ----
     def read_stats(self) -> dict[tuple[int, int, str], dict]:

@@ -19,7 +19,8 @@
 The other read paths of issue 22 (each job's rows de-duplicated, as the pool does):
 
 - ``uring``: io_uring on the calling thread, one persistent ring (:mod:`.uring`, the
-  ``liburing`` package): one ``IORING_OP_READV`` per row straight into the job's array, all of
+  ``liburing`` package): one ``IORING_OP_READV`` per row (into a buffer of the ring's, copied
+  into the job's array at its completion: :mod:`.uring`), all of
   a step's rows submitted at once and every completion waited for (``io_uring_submit_and_wait``).
 - ``direct``: O_DIRECT ``preadv`` from the pool (the pool's tasks and chunk rule): each row's
   aligned extent read into a page-aligned arena, the row copied out (:mod:`.direct_io`).

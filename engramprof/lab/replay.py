@@ -808,7 +808,7 @@ def _arm_notes(results: dict[str, ArmResult], evicting: bool, cold_frac: float, 
         notes.append("no pool arm: speedups are relative to the pool and so are not given")
     if "io_uring" in results:
         notes.append("io_uring: the lab's uring reader (liburing package): one IORING_OP_READV per row into the "
-                     "arm's array, every row of the batch in one submit on one persistent ring, buffered reads")
+                     "ring's buffers, every row of the batch in one submit on one persistent ring, buffered reads")
     for a, r in results.items():
         od = r.o_direct()
         if od is None:

@@ -1,7 +1,9 @@
 """io_uring for the lab's ``uring`` reader, through the ``liburing`` PyPI package (a binding of
 C liburing; x86-64 Linux wheels): one persistent ring per reader, like sglang's safetensors
-reader.  Each step prepares one ``IORING_OP_READV`` SQE per row (one iovec: the row's slot in
-the job's output array, so the kernel writes the row in place), submits them all with one
+reader.  Each step prepares one ``IORING_OP_READV`` SQE per row (one iovec: a buffer of the
+ring's, one per SQE slot and row size, made once; the row is copied into the job's output
+array when its CQE is reaped: the binding's ``Iovec`` never releases the buffer it is given,
+so an iovec on the job's array would keep every step's array alive), submits them all with one
 ``io_uring_submit_and_wait`` (a single ``io_uring_enter`` that waits for every completion)
 and reaps the CQEs.  A step with more rows than the ring has entries is submitted in rounds
 of :data:`ENTRIES`.  Reads are buffered (no O_DIRECT): a cached row completes inline, a cold
@@ -66,6 +68,8 @@ class Ring:
         self.lib = lib = _lib()
         self.entries = entries
         self.ring, self.cqe = lib.Ring(), lib.Cqe()
+        #: read size -> [(buffer, its Iovec)], one per SQE slot: made once and reused
+        self._iovs: dict[int, list[tuple[bytearray, object]]] = {}
         try:
             lib.io_uring_queue_init(entries, self.ring)
         except OSError as exc:
@@ -93,11 +97,11 @@ class Ring:
 
     def _round(self, reqs: list[tuple[int, memoryview, int]]) -> list[tuple[int, memoryview, int]]:
         lib, ring = self.lib, self.ring
-        iovs = []  # the iovecs must live until their CQEs are reaped
+        slots = []
         for k, (fd, buf, off) in enumerate(reqs):
             sqe = lib.io_uring_get_sqe(ring)
-            iov = lib.Iovec([buf])
-            iovs.append(iov)
+            slot, iov = self._iov(k, len(buf))
+            slots.append(slot)
             lib.io_uring_prep_readv(sqe, fd, iov, off)
             lib.io_uring_sqe_set_data64(sqe, k)
         lib.io_uring_submit_and_wait(ring, len(reqs))
@@ -110,11 +114,24 @@ class Ring:
             elif res == 0:
                 error = error or ShortReadError(errno.EIO, f"short io_uring read at offset {off}: "
                                                 f"0 of {len(buf)} bytes (fd {fd})")
-            elif res < len(buf):
-                again.append((fd, buf[res:], off + res))
+            else:
+                buf[:res] = slots[k][:res]
+                if res < len(buf):
+                    again.append((fd, buf[res:], off + res))
         if error is not None:
             raise error
         return again
+
+    def _iov(self, k: int, size: int) -> tuple[bytearray, object]:
+        """SQE slot ``k``'s buffer of ``size`` bytes and its Iovec.  The binding's Iovec never
+        releases the buffer it is given (a memoryview of the job's array pinned that array:
+        the reader grew by every step's output, and the reclaim scenario's memory cgroup
+        OOM-killed it), so each is made once and the row is copied out of it."""
+        pool = self._iovs.setdefault(size, [])
+        while len(pool) <= k:
+            b = bytearray(size)
+            pool.append((b, self.lib.Iovec([b])))
+        return pool[k]
 
     def _next_cqe(self) -> tuple[int, int]:
         lib = self.lib

@@ -6,7 +6,9 @@ one probe and one source module, registered here.
 
 The order is the order of loading (and of draining, syncing and summaries):
 
-1. evictions: attached at once, first, so the target's files are watched before its first
+0. file names (names): attached at once, first, so that a file opened after the read sources
+   looked at /proc is named by the kernel (no events of its own);
+1. evictions: attached at once, so the target's files are watched before its first
    recorded read (an eviction before the window explains a miss inside it);
 2. page cache: attached at once, before the call probe, whose ring would fill while it compiles;
 3. syscalls: the required one; attached while it loads;
@@ -21,6 +23,7 @@ from engramprof.record.sources.base import Availability, Options, Recording, Sou
 from engramprof.record.sources.evictions import EvictionsSource
 from engramprof.record.sources.faults import FaultsSource
 from engramprof.record.sources.libaio import LibaioSource
+from engramprof.record.sources.names import NamesSource
 from engramprof.record.sources.pagecache import PagecacheSource
 from engramprof.record.sources.samples import SamplesSource
 from engramprof.record.sources.sched import SchedSource
@@ -28,7 +31,7 @@ from engramprof.record.sources.stacks import StacksSource
 from engramprof.record.sources.syscalls import SyscallsSource
 from engramprof.record.sources.uring import UringSource
 
-SOURCES: list[type[Source]] = [EvictionsSource, PagecacheSource, SyscallsSource, FaultsSource, UringSource,
+SOURCES: list[type[Source]] = [NamesSource, EvictionsSource, PagecacheSource, SyscallsSource, FaultsSource, UringSource,
                                LibaioSource, SchedSource,
                                SamplesSource, StacksSource]
 

@@ -16,18 +16,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pyarrow as pa
 
 from engramprof.bpf import libaio as aio_probe
 from engramprof.host import libaio as aio_needs
-from engramprof.host import tracepoints as tp
-from engramprof.record.columns import EventTableBuilder
-from engramprof.record.decode import DrainBatching, LostRecords, ProbeTotals, ReadBatch, WindowStart
-from engramprof.record.enrich import PerPid, TensorEnricher
-from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
+from engramprof.record.decode import ReadBatch, WindowStart
+from engramprof.record.sources.base import ProbeSource, Recording
 from engramprof.record.sources.faults import FaultColumns
-from engramprof.record.sources.uring import FilePathEnricher
-from engramprof.trace import EVIDENCE_COLUMNS
 
 KIND = aio_probe.KIND  # "libaio"
 
@@ -73,92 +67,31 @@ class LibaioDecoder:
         return self.window.partial_at_start
 
 
-class LibaioSource(Source):
+class LibaioSource(ProbeSource):
     """The libaio probe, its decoder, enrichers and table builder: read events of kind ``libaio``."""
 
     name = "libaio"
     title = "libaio read iocbs"
+    option, needs, label, meta_prefix = "libaio", aio_needs, "libaio", "libaio"
+    syscall, probe_module = aio_probe.SYSCALL, aio_probe
 
     def __init__(self, rec: Recording):
         super().__init__(rec)
-        self.probe: aio_probe.LibaioProbe | None = None
-        self.decoder: LibaioDecoder | None = None
-        self.files: PerPid | None = None
-        self.recorded = 0
-        self.batching = DrainBatching()
-        self.lost = LostRecords("lost_records")
-        self._totals: dict[str, int] = {}
         self._noted = False
 
-    def available(self) -> Availability:
-        if not self.rec.options.libaio:
-            return NOT_ASKED
-        root = tp.tracefs_root()
-        if root is None:
-            return Availability(False, "tracefs cannot be read")
-        missing = aio_needs.missing_tracepoints(root) + aio_needs.btf_status()["missing"]
-        if missing:
-            return Availability(False, f"the kernel lacks {', '.join(missing)} (run `engramprof doctor`)")
-        return YES
+    def make_probe(self):
+        rec = self.rec
+        config = aio_probe.LibaioProbeConfig(tgid=rec.pid, tid=rec.tid, selection=rec.selection)
+        return aio_probe.LibaioProbe.load(config, arm=False)
 
-    def load(self) -> None:
-        """Compile the probe, attached by :meth:`arm`."""
-        rec, s = self.rec, self.rec.selection
-        config = aio_probe.LibaioProbeConfig(tgid=rec.pid, tid=rec.tid, selection=s)
-        self.probe = aio_probe.LibaioProbe.load(config, arm=False)
-        bio = self.probe.plan.features.get("HAVE_BIO", False)
-        self.decoder = LibaioDecoder(None, bio)
-        known = {(d, i): (p, False) for d, i, p in s.files}
-        paths, tensors = rec.paths, rec.tensors
-        self.files = PerPid(lambda p: FilePathEnricher(p, paths, known))
-        for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
-            self.files.of(pid)
-        self.enrichers = [self.files, TensorEnricher(paths, tensors)]
-        measured = aio_probe.BIO_COLUMNS if bio else ()
-        self.tables = EventTableBuilder(pa.array([aio_probe.SYSCALL], type=pa.string()), paths, tensors,
-                                        missing=[c for c in EVIDENCE_COLUMNS if c not in measured])
-        if self.probe.plan.missing:
-            rec.notes.append(f"libaio evidence not collected: {', '.join(self.probe.plan.missing)}")
-        rec.put_meta(libaio_probe=aio_probe.PROBE_FILE, libaio_missing=self.probe.plan.missing)
+    def make_decoder(self) -> "LibaioDecoder":
+        return LibaioDecoder(None, self._bio())
 
-    def arm(self) -> None:
-        self.decoder.window.begin(self.probe.arm())
-        self.lost.checked_ns = self.probe.armed_ns
+    def _bio(self) -> bool:
+        return self.probe.plan.features.get("HAVE_BIO", False)
 
-    def begin_window(self, start_ns: int) -> None:
-        """iocbs submitted before the window (``start_ns``) are not kept."""
-        self.decoder.window.begin(start_ns)
-
-    @property
-    def partial_at_start(self) -> int:
-        return self.decoder.partial_at_start if self.decoder is not None else 0
-
-    def drain(self, sink) -> None:
-        if self.probe is None or self.probe.bpf is None or not self.batching.due(self.probe.ring):
-            return
-        batch = self.decoder.decode(self.probe.drain())
-        self.lost.check(sink, self.probe.lost_records())
-        if batch is None:
-            return
-        for e in self.enrichers:
-            e.enrich(batch)
-        self.recorded += len(batch)
-        sink.add_events(self.tables.build(batch))
-        self.rec.files_mapped(self.files)  # a file read for the first time: watched for evictions
-
-    def detach(self) -> None:
-        if self.probe is not None:
-            self.probe.detach()
-        self.batching.final = True
-
-    def sync_targets(self) -> None:
-        sync_probe_targets(self.probe)
-
-    def seen_tgids(self) -> set[int]:
-        return set(self.files.by_pid) if self.files is not None else set()
-
-    def totals(self) -> dict[str, int]:
-        return ProbeTotals.totals(self)
+    def measured(self) -> tuple[str, ...]:
+        return aio_probe.BIO_COLUMNS if self._bio() else ()
 
     def summary(self, totals: dict | None = None) -> dict:
         t = totals if totals is not None else self.totals()
@@ -201,8 +134,3 @@ class LibaioSource(Source):
         if s["truncated"]:
             out.append(f"libaio: {s['truncated']:,} iocbs beyond the first {aio_probe.MAX_NR} of an io_submit not seen")
         return out
-
-    def close(self) -> None:
-        if self.probe is not None and self.probe.bpf is not None:
-            self.totals()
-            self.probe.close()

@@ -91,7 +91,7 @@ class SyscallsSource(Source):
         rec, sel = self.rec, self.rec.selection
         known = {(d, i): (p, False) for d, i, p in sel.files}
         paths = rec.paths
-        self.file_paths = PerPid(lambda pid: FilePathEnricher(pid, paths, known))
+        self.file_paths = PerPid(lambda pid: FilePathEnricher(pid, paths, known, names=rec.kernel_file_name))
         for t in sel.pids:
             self.file_paths.of(t)
         try:

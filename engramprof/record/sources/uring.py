@@ -17,9 +17,10 @@ Followed as data, the scheme of the fault source (engramprof/record/sources/faul
    (:class:`~.faults.FaultColumns`);
 2. :class:`FilePathEnricher` -- the file's identity taken in the kernel at the read (device,
    inode; never an fd number, which another file may reuse) -> ``path``: from the target's open
-   files (``/proc/PID/fd``), its mappings (``/proc/PID/maps``, the fault source's reading) and
-   the ``--file`` selection; a file none of them names keeps path "" (its dev/ino are the
-   kernel's);
+   files (``/proc/PID/fd``), its mappings (``/proc/PID/maps``, the fault source's reading),
+   the ``--file`` selection and the kernel's name at the open (the file-name source,
+   engramprof/record/sources/names.py: a file opened and closed between two looks at /proc); a
+   file none of them names keeps path "" (its dev/ino are the kernel's);
 3. the shared :class:`~.enrich.TensorEnricher` and :class:`~.columns.EventTableBuilder`.
 """
 from __future__ import annotations
@@ -28,19 +29,14 @@ import os
 import time
 
 import numpy as np
-import pyarrow as pa
 
 from engramprof.bpf import uring as uring_probe
-from engramprof.host import tracepoints as tp
 from engramprof.host import uring as uring_needs
 from engramprof.host.files import file_identities, kernel_dev, st_dev_of
-from engramprof.record.columns import EventTableBuilder
-from engramprof.record.decode import DrainBatching, LostRecords, ProbeTotals, ReadBatch, WindowStart
-from engramprof.record.enrich import PerPid, TensorEnricher
-from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
+from engramprof.record.decode import ReadBatch, WindowStart
+from engramprof.record.sources.base import ProbeSource
 from engramprof.record.sources.faults import FaultColumns, _distinct_files, read_maps
 from engramprof.record.strings import Interner
-from engramprof.trace import EVIDENCE_COLUMNS
 
 KIND = uring_probe.KIND  # "io_uring"
 
@@ -88,10 +84,15 @@ class FilePathEnricher:
 
     UNNAMED_TTL_NS = 1_000_000_000
 
-    def __init__(self, pid: int, paths: Interner, known: dict | None = None, proc_root: str = "/proc"):
+    def __init__(self, pid: int, paths: Interner, known: dict | None = None, proc_root: str = "/proc",
+                 names=None):
         self.pid = pid
         self.paths = paths
         self.proc_root = proc_root
+        #: names(pid, dev, ino) -> path | None: the kernel's name at an open (the file-name
+        #: source, :meth:`Recording.kernel_file_name`), asked before /proc is walked again
+        self.names = names
+        self.kernel_named = 0
         self.files: dict[tuple[int, int], tuple[str, bool]] = dict(known or {})
         self._unnamed: dict[tuple[int, int], int] = {}
         self._named: set[str] = set()
@@ -133,6 +134,13 @@ class FilePathEnricher:
         recs = batch.recs
         pairs, inv = _distinct_files(recs["dev"], recs["ino"])
         unknown = [p for p in pairs if p not in self.files]
+        if unknown and self.names is not None:
+            for p in unknown:
+                name = self.names(self.pid, *p)
+                if name:
+                    self.files[p] = (name, False)
+                    self.kernel_named += 1
+            unknown = [p for p in unknown if p not in self.files]
         if unknown:
             now = time.monotonic_ns()
             if any(now - self._unnamed.get(p, -self.UNNAMED_TTL_NS) >= self.UNNAMED_TTL_NS for p in unknown):
@@ -146,93 +154,26 @@ class FilePathEnricher:
         batch.cols["path_stale"] = np.zeros(len(inv), dtype=bool)
 
 
-class UringSource(Source):
+class UringSource(ProbeSource):
     """The io_uring probe, its decoder, enrichers and table builder: read events of kind ``io_uring``."""
 
     name = "uring"
     title = "io_uring read requests"
+    option, needs, label, meta_prefix = "uring", uring_needs, "io_uring", "uring"
+    syscall, probe_module = KIND, uring_probe
 
-    def __init__(self, rec: Recording):
-        super().__init__(rec)
-        self.probe: uring_probe.UringProbe | None = None
-        self.decoder: UringDecoder | None = None
-        self.files: PerPid | None = None
-        self.recorded = 0
-        self.batching = DrainBatching()
-        self.lost = LostRecords("lost_records")
-        self._totals: dict[str, int] = {}
+    def make_probe(self):
+        rec = self.rec
+        config = uring_probe.UringProbeConfig(tgid=rec.pid, tid=rec.tid, selection=rec.selection)
+        return uring_probe.UringProbe.load(config, arm=False)
 
-    def available(self) -> Availability:
-        if not self.rec.options.uring:
-            return NOT_ASKED
-        root = tp.tracefs_root()
-        if root is None:
-            return Availability(False, "tracefs cannot be read")
-        missing = uring_needs.missing_tracepoints(root)
-        missing += uring_needs.btf_status()["missing"]
-        if missing:
-            return Availability(False, f"the kernel lacks {', '.join(missing)} (run `engramprof doctor`)")
-        return YES
+    def make_decoder(self) -> UringDecoder:
+        return UringDecoder(None)
 
-    def load(self) -> None:
-        """Compile the probe, attached by :meth:`arm`."""
-        rec, s = self.rec, self.rec.selection
-        config = uring_probe.UringProbeConfig(tgid=rec.pid, tid=rec.tid, selection=s)
-        self.probe = uring_probe.UringProbe.load(config, arm=False)
-        self.decoder = UringDecoder(None)
-        known = {(d, i): (p, False) for d, i, p in s.files}
-        paths, tensors = rec.paths, rec.tensors
-        self.files = PerPid(lambda p: FilePathEnricher(p, paths, known))
-        for pid in s.pids:  # their open files now: a reader that exits before the first drain is named too
-            self.files.of(pid)
-        self.enrichers = [self.files, TensorEnricher(paths, tensors)]
-        # off-CPU, run-queue and reclaim time are not per request (one wait in io_uring_enter
-        # serves many); insertions and bios are, where the kernel has their tracepoints
-        per_request = () if not self.probe.plan.features.get("HAVE_ISSUE_EVIDENCE") else uring_probe.ISSUE_EVIDENCE
-        self.tables = EventTableBuilder(pa.array([KIND], type=pa.string()), paths, tensors,
-                                        missing=[c for c in EVIDENCE_COLUMNS if c not in per_request])
-        if self.probe.plan.missing:
-            rec.notes.append(f"io_uring evidence not collected: {', '.join(self.probe.plan.missing)}")
-        rec.put_meta(uring_probe=uring_probe.PROBE_FILE, uring_missing=self.probe.plan.missing)
-
-    def arm(self) -> None:
-        self.decoder.window.begin(self.probe.arm())
-        self.lost.checked_ns = self.probe.armed_ns
-
-    def begin_window(self, start_ns: int) -> None:
-        """Requests submitted before the window (``start_ns``) are not kept."""
-        self.decoder.window.begin(start_ns)
-
-    @property
-    def partial_at_start(self) -> int:
-        return self.decoder.partial_at_start if self.decoder is not None else 0
-
-    def drain(self, sink) -> None:
-        if self.probe is None or self.probe.bpf is None or not self.batching.due(self.probe.ring):
-            return
-        batch = self.decoder.decode(self.probe.drain())
-        self.lost.check(sink, self.probe.lost_records())
-        if batch is None:
-            return
-        for e in self.enrichers:
-            e.enrich(batch)
-        self.recorded += len(batch)
-        sink.add_events(self.tables.build(batch))
-        self.rec.files_mapped(self.files)  # a file read for the first time: watched for evictions
-
-    def detach(self) -> None:
-        if self.probe is not None:
-            self.probe.detach()
-        self.batching.final = True
-
-    def sync_targets(self) -> None:
-        sync_probe_targets(self.probe)
-
-    def seen_tgids(self) -> set[int]:
-        return set(self.files.by_pid) if self.files is not None else set()
-
-    def totals(self) -> dict[str, int]:
-        return ProbeTotals.totals(self)
+    def measured(self) -> tuple[str, ...]:
+        """Off-CPU, run-queue and reclaim time are not per request (one wait in io_uring_enter
+        serves many); insertions and bios are, where the kernel has their tracepoints."""
+        return uring_probe.ISSUE_EVIDENCE if self.probe.plan.features.get("HAVE_ISSUE_EVIDENCE") else ()
 
     def summary(self, totals: dict | None = None) -> dict:
         t = totals if totals is not None else self.totals()
@@ -243,8 +184,3 @@ class UringSource(Source):
                 "nonregular": t.get("nonregular", 0),
                 "partial_at_start": self.partial_at_start, "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
                 "missing_tracepoints": self.probe.plan.missing if self.probe is not None else []}
-
-    def close(self) -> None:
-        if self.probe is not None and self.probe.bpf is not None:
-            self.totals()
-            self.probe.close()
