@@ -177,7 +177,7 @@ def read_event_counts(calls: pd.DataFrame, code: np.ndarray | None = None) -> di
     kind = calls["kind"]
     if isinstance(kind.dtype, pd.CategoricalDtype) and len(kind.cat.categories) <= 16:
         # a few kinds: one pass over the small codes per kind (value_counts' order: most first)
-        codes = kind.cat.codes.to_numpy()
+        codes = np.asarray(kind.array.codes)  # the categorical's own (a .cat.codes Series is a copy)
         counts = pd.Series([np.count_nonzero(codes == i) for i in range(len(kind.cat.categories))],
                            index=kind.cat.categories, dtype=np.int64).sort_values(ascending=False)
     else:

@@ -162,8 +162,16 @@ class ReadEvents:
         calls = self.cols.calls
         if "kind" not in calls.columns or not len(calls):
             return False
-        kinds = {str(k) for k in pd.unique(calls["kind"].dropna())} if len(calls) else set()
-        return bool(kinds) and kinds <= set(REQUEST_KINDS) and bool(calls["kind"].notna().all())
+        kind = calls["kind"]
+        if isinstance(kind.dtype, pd.CategoricalDtype):  # the kinds its codes use (a constant: one)
+            codes = np.asarray(kind.array.codes)  # the categorical's own (a .cat.codes Series is a copy)
+            used = codes[:1] if codes.strides[0] == 0 or codes.min() == codes.max() else np.unique(codes)
+            if (used < 0).any():
+                return False
+            kinds = {str(kind.cat.categories[i]) for i in used}
+            return bool(kinds) and kinds <= set(REQUEST_KINDS)
+        kinds = {str(k) for k in pd.unique(kind.dropna())} if len(calls) else set()
+        return bool(kinds) and kinds <= set(REQUEST_KINDS) and bool(kind.notna().all())
 
 
 def _exact_int(calls: pd.DataFrame, name: str, as_stored: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
