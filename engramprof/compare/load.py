@@ -166,7 +166,7 @@ def read_markers(path: Path) -> tuple[pd.DataFrame, int]:
 def _extras(table: pd.DataFrame, calls: pd.DataFrame, mdf: pd.DataFrame | None) -> tuple[pd.DataFrame, bool]:
     """The per-batch columns compare adds to batch-tail's table: read_path, resident_frac, rows,
     step (and whether any batch has a step id)."""
-    table = table.copy()
+    table = table[[c for c in table.columns if c in KEPT_COLUMNS]].copy()  # only what is kept
     starts, ends = table["start_ns"].to_numpy(np.int64), table["end_ns"].to_numpy(np.int64)
     table["read_path"] = _read_paths(calls, starts, ends, table["calls"].to_numpy(np.int64))
     if "calls_with_misses" in table.columns:
