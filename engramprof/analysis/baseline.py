@@ -161,7 +161,7 @@ def from_events(calls: pd.DataFrame) -> DeviceBaseline:
     rows = np.flatnonzero(ok)
     n = _floats_at(calls["bio_count"], rows)
     t = _floats_at(calls["bio_ns"], rows)
-    ret = calls["ret"].to_numpy(dtype=np.float64, na_value=np.nan)[rows] if "ret" in calls.columns else None
+    ret = _floats_at(calls["ret"], rows, nan=True) if "ret" in calls.columns else None
     per_bio_bytes = bytes_per_bio(_floats_at(calls["pages_added"], rows, nan=True), n, ret)
     keep = per_bio_bytes > 0
     if not keep.any():

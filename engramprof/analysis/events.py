@@ -140,12 +140,28 @@ class ReadEvents:
     notes: list[str] = field(default_factory=list)
     _end: np.ndarray | None = field(default=None, repr=False)
 
+    _end_max: int | None = field(default=None, repr=False)
+
     @property
     def end(self) -> np.ndarray:
-        """Exit times (ts + dur), computed once."""
+        """Exit times (ts + dur), computed once (again after :meth:`drop_end`)."""
         if self._end is None:
             self._end = self.ts + self.dur
         return self._end
+
+    @property
+    def end_max(self) -> int:
+        """The latest exit time (events must exist), kept after :meth:`drop_end`."""
+        if self._end_max is None:
+            self._end_max = int(self.end.max())
+        return self._end_max
+
+    def drop_end(self) -> None:
+        """Free the exit times (8 bytes an event) once the batches are cut: the attribution
+        computes its own per chunk; :attr:`end_max` stays known."""
+        if self._end is not None and len(self._end):
+            _ = self.end_max
+        self._end = None
 
     @property
     def missing_evidence(self) -> list[str]:
