@@ -21,6 +21,14 @@ join on the markers) without any cause split.  Printed per arm: median read seco
 the child's CPU), analysis seconds, peak RSS (the child's getrusage), their ratios to
 ``bundle``, and whether the per-batch table (wall and cause ms) is identical to ``bundle``'s.
 
+``--against OLD``: the fleet's ``compare --ranks DIR --json`` with another tree's engramprof
+(OLD/engramprof, e.g. ``git archive COMMIT engramprof | tar -x -C OLD``) and with this one, round
+by round in fresh processes (order alternating): wall time, the child's CPU time and its own
+peak RSS (``os.wait4``), and whether the two JSON documents are identical.  ``--growth``: the
+ranks read one after another in this process as compare reads them (``compare.load.load_ranks``),
+printing after each rank its RSS then and its peak so far: whether memory grows with the
+number of ranks.  Target (issue 25): 8 ranks of 10M calls in at most 30 s and 1.2 GiB.
+
 Bundles are built like benchmarks/analysis_speed.py's (decode batches of 96 reads from a
 32-thread pool, ~1 ms each, a 2-20 ms forward pass between; 85% cached, 10% with cold reads,
 5% with a few throttled reads), every rank on the same step timeline with markers carrying a
@@ -224,6 +232,72 @@ def arms(d: Path, calls: int, rounds: int, only: list[str] | None = None) -> Non
         f"{a} " + ", ".join(f"{r['read_s']:.2f}/{r['read_cpu_s']:.2f}/{r['rss_gib']:.2f}" for r in res[a]) for a in use))
 
 
+def against(old: Path, d: Path, rounds: int) -> None:
+    """This tree's compare --ranks and ``old``'s, side by side (see the module's help)."""
+    import os
+
+    arms = {"before": old.resolve(), "after": None}
+    res: dict = {a: [] for a in arms}
+    loads = [os.getloadavg()]
+    for r in range(rounds):
+        for a in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+            res[a].append(_timed_compare(arms[a], d))
+        loads.append(os.getloadavg())
+    same = {x["out"] for v in res.values() for x in v}
+    print(f"compare --ranks {d} ({len(list(d.glob('host=*/rank=*/trace')))} ranks), {rounds} round(s), before ({old}) "
+          f"and after interleaved; load average (1 min) {min(x[0] for x in loads):.1f} to {max(x[0] for x in loads):.1f}")
+    for a, v in res.items():
+        print(f"{a:7} wall " + ", ".join(f"{x['wall_s']:.1f}" for x in v) + " s; CPU " +
+              ", ".join(f"{x['cpu_s']:.1f}" for x in v) + " s; peak RSS " + ", ".join(f"{x['rss_gib']:.2f}" for x in v)
+              + " GiB")
+    med = {a: {k: float(np.median([x[k] for x in v])) for k in ("wall_s", "cpu_s", "rss_gib")} for a, v in res.items()}
+    b, a = med["before"], med["after"]
+    print(f"after / before (medians): wall {a['wall_s'] / b['wall_s']:.2f}, CPU {a['cpu_s'] / b['cpu_s']:.2f}, "
+          f"peak RSS {a['rss_gib'] / b['rss_gib']:.2f}; JSON documents {'identical' if len(same) == 1 else 'DIFFERENT'}")
+    ok = a["wall_s"] <= 30 and a["rss_gib"] <= 1.2
+    print("target (<= 30 s, <= 1.2 GiB):", ("met" if ok else "NOT met") +
+          ("" if max(x[0] for x in loads) <= 2 else " -- load average > 2: wall time says little, read CPU"))
+
+
+def _timed_compare(tree: Path | None, d: Path) -> dict:
+    import os
+
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "engramprof", "compare", "--ranks", str(d), "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(tree or REPO))
+    import threading
+
+    got: dict = {}
+    reader = threading.Thread(target=lambda: got.update(out=p.stdout.read(), err=p.stderr.read()))
+    reader.start()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    reader.join()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"compare failed ({p.returncode}): {got['err'].decode()[-2000:]}")
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_gib": ru.ru_maxrss / 2**20,
+            "out": got["out"].decode()}
+
+
+def growth(d: Path) -> None:
+    """The ranks read one after another in this process, RSS after each (see the module's help)."""
+    from engramprof.compare import load
+    from engramprof.host.pages import prefer_small_pages
+
+    prefer_small_pages()  # what the command line does
+    kept = []
+    for p in sorted(d.glob("host=*/rank=*/trace"), key=lambda q: int(q.parent.name.split("=")[1])):
+        c0 = time.process_time()
+        kept += load.load_ranks(p, None, slow_ms=4.0)
+        now = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**30
+        print(f"{p.parent.name}: {time.process_time() - c0:.1f} s CPU; RSS now {now:.2f} GiB, peak so far "
+              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB", flush=True)
+
+
 def main() -> None:
     sys.path.insert(0, str(REPO))
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
@@ -237,7 +311,17 @@ def main() -> None:
     ap.add_argument("--arms", action="store_true", help="measure the ways to read one rank's events (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--arms: rounds")
     ap.add_argument("--only", action="append", choices=ARMS, help="--arms: these arms (and bundle) only")
+    ap.add_argument("--against", type=Path, default=None, help="side by side with this tree's engramprof (see above)")
+    ap.add_argument("--growth", action="store_true", help="RSS after each rank, read one after another (see above)")
     a = ap.parse_args()
+    if a.against or a.growth:
+        if not a.dir:
+            raise SystemExit("--against / --growth need --dir: an already built fleet directory")
+        if a.growth:
+            growth(Path(a.dir))
+        if a.against:
+            against(a.against, Path(a.dir), a.rounds)
+        return
     d = Path(a.dir or tempfile.mkdtemp(prefix="engramprof-compare-bench-", dir="/var/tmp"))
     d.mkdir(parents=True, exist_ok=True)
     try:

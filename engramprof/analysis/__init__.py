@@ -161,7 +161,7 @@ def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
     win = _batches.recording_window(meta)
     if win is not None or not len(events.ts):
         return win or (0, 1)
-    return int(events.ts[0]), int(events.end.max())
+    return int(events.ts[0]), events.end_max
 
 
 def read_event_counts(calls: pd.DataFrame, code: np.ndarray | None = None) -> dict:
@@ -177,7 +177,7 @@ def read_event_counts(calls: pd.DataFrame, code: np.ndarray | None = None) -> di
     kind = calls["kind"]
     if isinstance(kind.dtype, pd.CategoricalDtype) and len(kind.cat.categories) <= 16:
         # a few kinds: one pass over the small codes per kind (value_counts' order: most first)
-        codes = kind.cat.codes.to_numpy()
+        codes = np.asarray(kind.array.codes)  # the categorical's own (a .cat.codes Series is a copy)
         counts = pd.Series([np.count_nonzero(codes == i) for i in range(len(kind.cat.categories))],
                            index=kind.cat.categories, dtype=np.int64).sort_values(ascending=False)
     else:
@@ -256,6 +256,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
                 else _batches.RunnableSpans.of(context.offcpu, _process_tids(calls, context.threads)))
     seg = segment_batches(events, markers_df, gap_ms, meta, markers_bad_lines, notes, keep_unread, runnable)
     seg, lost = exclude_blind_batches(seg, read_holes(getter, meta), _window(events, meta), notes)
+    events.drop_end()  # 8 bytes an event, not needed past here (the latest exit is kept)
     read = ~seg.empty
     seg_read = seg if read.all() else seg.subset(read)
     threads = find_reading_threads(events, seg_read)

@@ -304,13 +304,13 @@ def _uring_paths_per_batch(acc: BatchAccumulator, ch: Chunk, events: ReadEvents)
             acc.evidence[key][ch.batches] = ch.per_batch(c == vals.index(name))
 
 
-def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray, e_sorted: np.ndarray | None = None) -> np.ndarray:
     """Per batch of the chunk, the most read events in flight at once (its queue depth).  The
     batches are disjoint in time and every event's [s, e] lies in its batch's span, so one time
     order of the entries and exits is also batch order: the entries (``s``, sorted) and exits
     (nearly sorted) are merged as one sort of keys time * 2 (+ 1 for an entry: at equal times
     exits first), the level is their running sum, and each batch's part of it starts at its
-    first entry."""
+    first entry.  ``e_sorted``: ``e`` sorted, when the caller has it."""
     n = len(s)
     out = np.zeros(ch.n_batches)
     if n == 0:
@@ -319,7 +319,7 @@ def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray) -> np.ndarray:
     e = e.astype(np.int64)
     if max(int(np.abs(s).max()), int(np.abs(e).max())) >= (1 << 61):
         return _queue_depth_max_slow(ch, s, e)
-    key = np.concatenate([s * 2 + 1, np.sort(e, kind="stable") * 2])
+    key = np.concatenate([s * 2 + 1, (np.sort(e, kind="stable") if e_sorted is None else e_sorted) * 2])
     key.sort(kind="stable")  # two sorted runs: one merge
     level = np.cumsum(np.where(key & 1, 1, -1))
     starts = np.searchsorted(key, s[ch.firsts] * 2 + 1, side="left")
@@ -422,7 +422,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     d = dur.astype(np.float64)
     e = np.minimum(s + dur, bend[ch.batches][ch.batch])
     tcode = ch.pick(inp.threads.code[ch.lo:ch.hi])
-    u = inflight_weights(s, e)
+    eo = np.argsort(e, kind="stable")  # exits in time order: the union's and the queue depth's
+    u = inflight_weights(s, e, eo)
     acc.inflight[ch.batches] = ch.per_batch(u)
     _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
                   inp.threads.native)
@@ -447,7 +448,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         acc.totals.slow_copy += int(long_copy.sum())
     native_ev = inp.threads.native[tcode] if inp.threads.native is not None else None
     _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes, native_ev)
-    acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e)
+    acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e, e[eo].astype(np.int64, copy=False))
     _per_batch_figures(acc, ch, events, inp, d, ev, comp.missed)
 
 

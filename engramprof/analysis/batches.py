@@ -152,6 +152,14 @@ def read_markers(path: str | os.PathLike) -> tuple[pd.DataFrame, int]:
 def read_markers_and_ending(path: str | os.PathLike) -> tuple[pd.DataFrame, int, bool]:
     """:func:`read_markers` and whether the file, as read, ends in a newline (or a blank line):
     False when its last line is unfinished (a writer may be inside it).  One read of the file."""
+    raw, bad, complete = read_marker_records(path)
+    return _marker_frame(raw), int(bad), complete
+
+
+def read_marker_records(path: str | os.PathLike) -> tuple[pd.DataFrame, int, bool]:
+    """The markers file's valid lines as one frame with every key they carry
+    (:func:`engramprof.markers.read_markers_df`'s), the bad-line count and whether the file ends
+    in a newline: one read and parse of the file, whatever is taken from it."""
     p = Path(path)
     try:
         recs, bad, complete = read_marker_lines(p)
@@ -161,7 +169,12 @@ def read_markers_and_ending(path: str | os.PathLike) -> tuple[pd.DataFrame, int,
         raise UserError(f"{p}: is a directory, not a markers file (JSON lines)") from None
     except OSError as exc:
         raise UserError(f"{p}: cannot read markers file: {exc.strerror}") from None
-    return _marker_frame(markers_frame(recs)), int(bad), complete
+    return markers_frame(recs), int(bad), complete
+
+
+def markers_of_records(raw: pd.DataFrame) -> pd.DataFrame:
+    """:func:`read_markers`' frame of :func:`read_marker_records`' one."""
+    return _marker_frame(raw)
 
 
 def _marker_frame(raw: pd.DataFrame) -> pd.DataFrame:

@@ -23,7 +23,7 @@ def safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return out
 
 
-def inflight_weights(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+def inflight_weights(s: np.ndarray, e: np.ndarray, eo: np.ndarray | None = None) -> np.ndarray:
     """Per call, its part of the in-flight union: each instant is shared equally among the
     calls in flight then.  ``s`` (entries) must be sorted; returns float64 ns, sum = union.
 
@@ -32,14 +32,15 @@ def inflight_weights(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     At equal times entries sort before exits, so zero-length overlaps never drop k to 0.
     The merge is one sort of values, time * 2 (+ 1 for an exit): entries come out in call order
     and exits in exit order (events at equal times have equal F), so no permutation is
-    inverted.
+    inverted.  ``eo``: the stable argsort of ``e`` when the caller has it.
     """
     n = len(s)
     if n == 0:
         return np.empty(0, dtype=np.float64)
     s = np.asarray(s, dtype=np.int64)
     e = np.asarray(e, dtype=np.int64)
-    eo = np.argsort(e, kind="stable")  # exits are nearly sorted: one timsort pass
+    if eo is None:
+        eo = np.argsort(e, kind="stable")  # exits are nearly sorted: one timsort pass
     if min(s[0], e[eo[0]]) < -_KEY_LIMIT or max(s[-1], e[eo[-1]]) >= _KEY_LIMIT:  # time * 2 would overflow
         return _inflight_weights_by_argsort(s, e, eo)
     key = np.empty(2 * n, dtype=np.int64)

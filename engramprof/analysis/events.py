@@ -140,12 +140,28 @@ class ReadEvents:
     notes: list[str] = field(default_factory=list)
     _end: np.ndarray | None = field(default=None, repr=False)
 
+    _end_max: int | None = field(default=None, repr=False)
+
     @property
     def end(self) -> np.ndarray:
-        """Exit times (ts + dur), computed once."""
+        """Exit times (ts + dur), computed once (again after :meth:`drop_end`)."""
         if self._end is None:
             self._end = self.ts + self.dur
         return self._end
+
+    @property
+    def end_max(self) -> int:
+        """The latest exit time (events must exist), kept after :meth:`drop_end`."""
+        if self._end_max is None:
+            self._end_max = int(self.end.max())
+        return self._end_max
+
+    def drop_end(self) -> None:
+        """Free the exit times (8 bytes an event) once the batches are cut: the attribution
+        computes its own per chunk; :attr:`end_max` stays known."""
+        if self._end is not None and len(self._end):
+            _ = self.end_max
+        self._end = None
 
     @property
     def missing_evidence(self) -> list[str]:
@@ -162,8 +178,16 @@ class ReadEvents:
         calls = self.cols.calls
         if "kind" not in calls.columns or not len(calls):
             return False
-        kinds = {str(k) for k in pd.unique(calls["kind"].dropna())} if len(calls) else set()
-        return bool(kinds) and kinds <= set(REQUEST_KINDS) and bool(calls["kind"].notna().all())
+        kind = calls["kind"]
+        if isinstance(kind.dtype, pd.CategoricalDtype):  # the kinds its codes use (a constant: one)
+            codes = np.asarray(kind.array.codes)  # the categorical's own (a .cat.codes Series is a copy)
+            used = codes[:1] if codes.strides[0] == 0 or codes.min() == codes.max() else np.unique(codes)
+            if (used < 0).any():
+                return False
+            kinds = {str(kind.cat.categories[i]) for i in used}
+            return bool(kinds) and kinds <= set(REQUEST_KINDS)
+        kinds = {str(k) for k in pd.unique(kind.dropna())} if len(calls) else set()
+        return bool(kinds) and kinds <= set(REQUEST_KINDS) and bool(kind.notna().all())
 
 
 def _exact_int(calls: pd.DataFrame, name: str, as_stored: bool = False) -> tuple[np.ndarray, np.ndarray | None]:

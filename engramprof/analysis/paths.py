@@ -29,8 +29,8 @@ def _codes(calls: pd.DataFrame, name: str) -> tuple[np.ndarray, list[str]]:
     if name not in calls.columns:
         return np.full(len(calls), -1, dtype=np.int64), []
     s = calls[name]
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy().astype(np.int64), [str(c) for c in s.cat.categories]
+    if isinstance(s.dtype, pd.CategoricalDtype):  # its own codes: small integers, no copy
+        return _one_if_constant(s.cat.codes.to_numpy()), [str(c) for c in s.cat.categories]
     codes, uniques = pd.factorize(s, use_na_sentinel=True)
     return codes.astype(np.int64), [str(u) for u in uniques]
 
@@ -39,8 +39,22 @@ def _direct(calls: pd.DataFrame) -> np.ndarray:
     """Per row: 1 O_DIRECT, 0 buffered, -1 not known (no flag, or a fault)."""
     if "direct" not in calls.columns:
         return np.full(len(calls), -1, dtype=np.int8)
-    d = pd.to_numeric(calls["direct"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    col = calls["direct"]
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "biuf":  # a plain column: no copy of it
+        d = _one_if_constant(col.to_numpy()).astype(np.float64)
+    else:
+        d = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     return np.where(np.isnan(d), -1, d > 0).astype(np.int8)
+
+
+def _one_if_constant(a: np.ndarray) -> np.ndarray:
+    """A column one value fills (the trace reader's zero-stride view; small codes all equal) as
+    that one value (a 1-element array: it broadcasts against the others), else the array."""
+    if a.ndim != 1 or len(a) < 2:
+        return a
+    if a.strides[0] == 0 or (a.dtype.itemsize == 1 and a.dtype.kind == "i" and a.min() == a.max()):
+        return a[:1]
+    return a
 
 
 def read_paths(calls: pd.DataFrame) -> list[dict]:
@@ -59,14 +73,18 @@ def read_paths(calls: pd.DataFrame) -> list[dict]:
     else:
         kc, kinds = np.zeros(len(calls), dtype=np.int64), ["syscall"]
     kinds = kinds + ["syscall"]  # a missing kind is a syscall (format 1)
-    kc = np.where(kc < 0, len(kinds) - 1, kc)
+    kc = np.arange(len(kinds), dtype=np.int32)[kc]  # -1 (missing) -> the trailing syscall
     sc, names = _codes(calls, "syscall")
     names = names + [""]
-    sc = np.where(sc < 0, len(names) - 1, sc)
-    dc = _direct(calls).astype(np.int64) + 1  # 0 unknown, 1 buffered, 2 O_DIRECT
+    sc = np.arange(len(names), dtype=np.int32)[sc]  # -1 -> the trailing ""
+    dc = _direct(calls).astype(np.int32) + 1  # 0 unknown, 1 buffered, 2 O_DIRECT
     key = (kc * len(names) + sc) * 3 + dc
-    counts = np.bincount(key, minlength=len(kinds) * len(names) * 3)
     total = int(len(calls))
+    if len(key) == 1 < total:  # every column one value: one path
+        counts = np.zeros(len(kinds) * len(names) * 3, dtype=np.int64)
+        counts[int(key[0])] = total
+    else:
+        counts = np.bincount(np.broadcast_to(key, (total,)), minlength=len(kinds) * len(names) * 3)
     merged: dict[tuple, int] = {}
     for k in np.flatnonzero(counts):
         kind = kinds[k // (3 * len(names))]

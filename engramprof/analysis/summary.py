@@ -152,7 +152,7 @@ def summarize(acc, seg, events: ReadEvents, threads: ReadingThreads, context: Sa
     wall = (seg.end_ns - seg.start_ns).astype(np.float64)
     nb = acc.n
     if len(events.ts):
-        t_first, t_last = int(events.ts[0]), int(events.end.max())
+        t_first, t_last = int(events.ts[0]), events.end_max
     else:  # no read event: the batches' span
         t_first, t_last = (int(seg.start_ns.min()), int(seg.end_ns.max())) if nb else (0, 0)
     tot_wall = float(denom.sum())

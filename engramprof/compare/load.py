@@ -27,7 +27,6 @@ from engramprof.analysis.events import code_faults
 from engramprof.analysis.processes import _process_facts, markers_of, process_ids
 from engramprof.compare.ranks import MS_COLS
 from engramprof.errors import UserError
-from engramprof.markers import read_markers_df
 from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
 from engramprof.trace.reader import _read_meta
 
@@ -112,8 +111,8 @@ def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_eve
     code = code_faults(calls)  # faults on the process's own code are not table reads
     if code is not None and code.any():
         calls = calls[~code]
-    kinds = calls["kind"].astype(str).to_numpy() if len(calls) else np.array([], dtype=object)
-    present = sorted(set(kinds.tolist()))
+    codes, names = _kind_codes(calls)
+    present = sorted({names[i] for i in _used(codes)})
     has = n_events > 0
     if len(present) <= 1:
         out[has] = present[0] if present else "none"
@@ -121,7 +120,7 @@ def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_eve
     ts = calls["ts_ns"].to_numpy(np.int64)
     best = np.zeros(len(starts))
     for k in present:  # a few kinds: one sorted search each
-        kts = np.sort(ts[kinds == k])
+        kts = np.sort(ts[np.isin(codes, [i for i, v in enumerate(names) if v == k])])
         nk = np.searchsorted(kts, ends, side="right") - np.searchsorted(kts, starts, side="left")
         f = np.minimum(nk, n_events) / np.maximum(n_events, 1)
         out[has & (f > 1 - MIXED_FROM)] = k
@@ -130,12 +129,32 @@ def _read_paths(calls: pd.DataFrame, starts: np.ndarray, ends: np.ndarray, n_eve
     return out
 
 
+def _kind_codes(calls: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Per event, a small code of its kind, and each code's name (``str`` of the value, as
+    ``astype(str)`` names it: a missing kind is "nan"): the categorical's own codes, without
+    a string per event."""
+    kind = calls["kind"]
+    if isinstance(kind.dtype, pd.CategoricalDtype):
+        codes = np.asarray(kind.array.codes)
+        names = [str(c) for c in kind.cat.categories] + ["nan"]
+        return np.where(codes < 0, len(names) - 1, codes) if len(codes) and codes.min() < 0 else codes, names
+    codes, uniques = pd.factorize(kind.astype(str).to_numpy())
+    return codes, [str(u) for u in uniques]
+
+
+def _used(codes: np.ndarray) -> np.ndarray:
+    """The distinct codes (a column one value fills: that one)."""
+    if not len(codes):
+        return codes
+    return codes[:1] if codes.strides[0] == 0 or codes.min() == codes.max() else np.unique(codes)
+
+
 def read_markers(path: Path) -> tuple[pd.DataFrame, int]:
     """batch-tail's markers (start_ns, end_ns, tid; its checks and bad-line count) with the keys
     compare reads beside them, where the lines carry them: ``step`` (an integer step id),
     ``pid`` and ``rank`` (whose batch it is, in a bundle of several processes)."""
-    df, bad = _batches.read_markers(path)
-    raw, _ = read_markers_df(path)  # the same lines, in the same order, as df's
+    raw, bad, _ = _batches.read_marker_records(path)  # one parse of the file for both frames
+    df = _batches.markers_of_records(raw)  # the same lines, in the same order, as raw's
     for key in ("step", "pid", "rank"):
         if key in raw.columns and len(raw) == len(df):
             v = pd.to_numeric(raw[key], errors="coerce").reset_index(drop=True)
@@ -147,7 +166,7 @@ def read_markers(path: Path) -> tuple[pd.DataFrame, int]:
 def _extras(table: pd.DataFrame, calls: pd.DataFrame, mdf: pd.DataFrame | None) -> tuple[pd.DataFrame, bool]:
     """The per-batch columns compare adds to batch-tail's table: read_path, resident_frac, rows,
     step (and whether any batch has a step id)."""
-    table = table.copy()
+    table = table[[c for c in table.columns if c in KEPT_COLUMNS]].copy()  # only what is kept
     starts, ends = table["start_ns"].to_numpy(np.int64), table["end_ns"].to_numpy(np.int64)
     table["read_path"] = _read_paths(calls, starts, ends, table["calls"].to_numpy(np.int64))
     if "calls_with_misses" in table.columns:
@@ -167,7 +186,9 @@ def _extras(table: pd.DataFrame, calls: pd.DataFrame, mdf: pd.DataFrame | None) 
     if "step" not in table.columns:
         table["step"] = np.nan
     table["read_path"] = table["read_path"].astype("category")
-    return table[[c for c in KEPT_COLUMNS if c in table.columns]], has_steps
+    # a deep copy: a column selection would share (and keep alive) the blocks of batch-tail's
+    # whole table, every column of it, for as long as the compare runs
+    return table[[c for c in KEPT_COLUMNS if c in table.columns]].copy(deep=True), has_steps
 
 
 def _analysed(trace: Path, markers: str | Path | None, slow_ms: float):

@@ -178,29 +178,53 @@ def _column_plan(heads: list, present: list[str], narrow_to_32: set[str]) -> dic
     return plan
 
 
+def _footer_values(heads: list, c: str):
+    """Per row group of every part, column ``c``'s (min, max, nulls, rows) from the footers;
+    None when a row group has no statistics (or no such column)."""
+    out = []
+    for h in heads:
+        md = h.metadata
+        if c not in md.schema.names:
+            return None
+        j = md.schema.names.index(c)
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            st = rg.column(j).statistics
+            if st is None or not st.has_null_count:
+                return None
+            lo, hi = (st.min, st.max) if st.has_min_max else (None, None)
+            out.append((lo, hi, st.null_count, rg.num_rows))
+    return out
+
+
 def _constant_columns(heads: list, plan: dict) -> dict:
-    """The integer columns that hold one value in every row of every part, by the parts'
-    statistics (min = max everywhere, no null): filled with it, not decoded.  A trace of one
-    process has one pid; reads of whole rows return one size; most calls have no flags."""
+    """The columns that hold one value in every row of every part, by the parts' statistics,
+    filled from the footers instead of decoded: an integer column with min = max everywhere
+    and no null (a trace of one process has one pid; most calls have no flags), a text column
+    with one value and no null (one kind, one syscall), and a column null in every row (an
+    older probe's, another kind's: io_uring's columns in a syscall trace).  The value, or
+    None for all-null."""
     const: dict = {}
     for c, t in plan.items():
-        if t is None or t.kind not in "iu":
+        stats = _footer_values(heads, c)
+        if not stats:
             continue
-        value = None
-        for h in heads:
-            md = h.metadata
-            j = md.schema.names.index(c)
-            for g in range(md.num_row_groups):
-                st = md.row_group(g).column(j).statistics
-                if st is None or not st.has_min_max or st.min != st.max or (value is not None and st.min != value):
-                    value = None
-                    break
-                value = st.min
-            else:
-                continue
-            break
-        if value is not None and not isinstance(value, bool):
-            const[c] = int(value)
+        if all(nulls == rows for _, _, nulls, rows in stats):
+            if t is None or t.kind == "f":
+                const[c] = None
+            continue
+        if t is not None and t.kind not in "iu":
+            continue
+        values = {(lo, hi) for lo, hi, nulls, _ in stats if not nulls}
+        if len(values) != 1 or any(nulls for _, _, nulls, _ in stats):
+            continue
+        lo, hi = next(iter(values))
+        if lo is None or lo != hi or isinstance(lo, bool):
+            continue
+        if t is None:
+            const[c] = lo.decode() if isinstance(lo, bytes) else str(lo)
+        else:
+            const[c] = int(lo)
     return const
 
 
@@ -222,14 +246,17 @@ def _null_count(heads: list, c: str) -> int | None:
 
 def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str], plan: dict) -> pd.DataFrame:
     """Every part decoded on a thread of its own (READ_THREADS at a time, Arrow's own threads
-    off) straight into its rows of one preallocated array per numeric column; text columns as
-    one categorical each.  Peak memory is the result plus READ_THREADS parts."""
+    off) straight into its rows of one preallocated array per numeric column, and of one code
+    array per text column (a part's text is kept as its dictionary and small codes until every
+    part is read, then mapped onto one dictionary in part order: the categories of one
+    ``unify_dictionaries``).  Columns one value fills (:func:`_constant_columns`) are read-only
+    views of that value, not decoded, and take no memory.  Peak memory is the result plus
+    READ_THREADS parts."""
     rows = [h.metadata.num_rows for h in heads]
     starts = np.r_[0, np.cumsum(rows)].astype(np.int64)
+    n = int(starts[-1])
     const = _constant_columns(heads, plan)
-    out = {c: np.empty(int(starts[-1]), dtype=t) for c, t in plan.items() if t is not None}
-    for c, v in const.items():
-        out[c].fill(v)
+    out = {c: np.empty(n, dtype=t) for c, t in plan.items() if t is not None and c not in const}
     decode = [c for c in present if c not in const]
 
     def read(i: int) -> dict:
@@ -243,7 +270,7 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
         for c in decode:
             col = tab.column(c) if c in tab.column_names else None
             if plan[c] is None:
-                text[c] = col.chunks if col is not None else [pa.nulls(m, pa.string())]
+                text[c] = [_part_codes(ch) for ch in col.chunks] if col is not None else [(_NO_TEXT, None, m)]
             elif col is None:
                 out[c][lo:lo + m] = np.nan
             else:
@@ -258,9 +285,69 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
         texts = [read(i) for i in range(len(parts))]
     pa.default_memory_pool().release_unused()  # the last parts' decode buffers
     for c in present:
-        if plan[c] is None:
-            out[c] = _categorical([ch for t in texts for ch in t[c]])
+        if c in const:
+            out[c] = _filled(const[c], plan[c], n)
+        elif plan[c] is None:
+            out[c] = _categorical_of_parts([piece for t in texts for piece in t.pop(c)], n)
     return pd.DataFrame({c: out[c] for c in present}, copy=False)
+
+
+#: a part without a text column: no dictionary
+_NO_TEXT = pa.array([], type=pa.string())
+
+
+def _part_codes(chunk: pa.Array) -> tuple[pa.Array, np.ndarray | None, int]:
+    """A text chunk as (its dictionary, its codes: the smallest signed integers, -1 for a null;
+    None when every row is null, and its length)."""
+    if not pa.types.is_dictionary(chunk.type):
+        chunk = chunk.cast(pa.string()).dictionary_encode()
+    values = chunk.dictionary.cast(pa.string())
+    if chunk.null_count == len(chunk):
+        return values, None, len(chunk)
+    idx = chunk.indices.fill_null(-1) if chunk.null_count else chunk.indices
+    return values, idx.to_numpy().astype(_code_type(len(values)), copy=False), len(chunk)
+
+
+def _code_type(k: int) -> np.dtype:
+    """The code type of a categorical of ``k`` categories (pandas' own choice)."""
+    return np.dtype(np.int8 if k < 127 else np.int16 if k < 32767 else np.int32 if k < 2**31 - 1 else np.int64)
+
+
+def _categorical_of_parts(pieces: list, n: int) -> pd.Categorical:
+    """The parts' text as one pandas categorical: one dictionary, every part's values appended
+    in part order where not seen before (what Arrow's ``unify_dictionaries`` makes)."""
+    index: dict = {}
+    remaps = []
+    for values, _, _ in pieces:
+        remaps.append(np.array([index.setdefault(v, len(index)) for v in values.to_pylist()] + [-1], dtype=np.int64))
+    dtype = _categorical_dtype(list(index))
+    codes = np.empty(n, dtype=_code_type(len(index)))
+    lo = 0
+    for (_, local, m), remap in zip(pieces, remaps):
+        if local is None:
+            codes[lo:lo + m] = -1
+        else:
+            codes[lo:lo + m] = remap[local]  # -1 (null) takes the remap's trailing -1
+        lo += m
+    return pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
+
+
+def _categorical_dtype(values: list[str]) -> pd.CategoricalDtype:
+    """The categorical type Arrow's conversion gives a dictionary of ``values``."""
+    empty = pa.DictionaryArray.from_arrays(pa.array([], type=pa.int32()), pa.array(values, type=pa.string()))
+    return empty.to_pandas().dtype
+
+
+def _filled(value, dtype: np.dtype | None, n: int):
+    """``n`` rows of one value, read-only and without memory (a zero-stride view): ``value``
+    in ``dtype``; text (``dtype`` None) as a categorical of that one value; None: missing."""
+    if dtype is None:
+        if value is None:
+            return pd.Categorical.from_codes(np.broadcast_to(np.int8(-1), (n,)), dtype=_categorical_dtype([]),
+                                             validate=False)
+        return pd.Categorical.from_codes(np.broadcast_to(np.int8(0), (n,)), dtype=_categorical_dtype([value]),
+                                         validate=False)
+    return np.broadcast_to(np.array(np.nan if value is None else value, dtype=dtype), (n,))
 
 
 def _categorical(chunks: list) -> pd.api.extensions.ExtensionArray:
