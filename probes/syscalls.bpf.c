@@ -77,9 +77,10 @@ static __always_inline void nonregular_skipped(void)
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
 	struct fd_file f;
-	if (!target_fd_file(fd, &f))
+	int plain = sc == SYSCALL_READ || sc == SYSCALL_READV;  /* a constant at each call site */
+	if (!target_fd_file_parts(fd, &f, plain ? FD_ALL : FD_ID))
 		return;      /* --file: a read of another file */
-	if (sc == SYSCALL_READ || sc == SYSCALL_READV) {
+	if (plain) {
 		if ((f.mode & S_IFMT) != S_IFREG || f.pseudo) {
 			nonregular_skipped();
 			return;
