@@ -40,8 +40,11 @@ switched off, nor switch this one off).
 id and its id hash, a tgid hash), each as its own program on raw_syscalls:sys_enter, all attached
 at once, in both attach orders: ns per run side by side.
 
-`--baseline TREE` (with --selectors) adds the same three arms run with the engramprof of another
-checkout (arm names ending in @base), interleaved with this tree's: a before/after in one run.
+`--arms=--pid` (with --selectors) runs only the selectors named (comma-separated).
+
+`--baseline TREE` adds an `engramprof@base` arm run with another checkout's engramprof and probes
+(with --selectors: the same three arms, names ending in @base), interleaved with this tree's: a
+before/after in one run.
 
 Needs root.  Usage: benchmarks/syscalls_overhead.py [--rounds 5] [--calls 400000] [--rss-seconds 120] [--lab]
                     benchmarks/syscalls_overhead.py --selectors [--rounds 5] [--calls 400000] [--baseline TREE]
@@ -152,8 +155,10 @@ def main() -> int:
     ap.add_argument("--hook", default="auto", help="engramprof --hook (auto|raw|tracepoint)")
     ap.add_argument("--lab", action="store_true", help="also measure the lab pool reader traced vs untraced")
     ap.add_argument("--selectors", action="store_true", help="compare --pid, --cgroup and --file (only that)")
-    ap.add_argument("--baseline", metavar="TREE", help="with --selectors: also run each selector with the engramprof "
+    ap.add_argument("--baseline", metavar="TREE", help="also run engramprof (with --selectors: each selector) with the engramprof "
                     "of another checkout (e.g. `git archive OLD | tar -x -C TREE`), interleaved with this one's")
+    ap.add_argument("--arms", metavar="SEL,...", help="with --selectors: only these selectors (e.g. `--arms=--pid` "
+                    "with --baseline: this tree's probe beside another's, per program)")
     ap.add_argument("--checks", action="store_true", help="the target checks alone, side by side (only that)")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -192,10 +197,11 @@ def main() -> int:
             w.stdin.close()
             w.wait()
             return 0
-        res: dict[str, list[float]] = {"untraced": [], "engramprof": [], "bpftrace": []}
+        tracers = {"engramprof": None, **({"engramprof@base": os.path.abspath(a.baseline)} if a.baseline else {})}
+        res: dict[str, list[float]] = {"untraced": [], **{k: [] for k in tracers}, "bpftrace": []}
         # BPF program time per call (bpf_stats): immune to the machine's scheduling noise,
         # but leaves out the tracepoint dispatch around the programs
-        prog_ns: dict[str, list[float]] = {"engramprof": [], "bpftrace": []}
+        prog_ns: dict[str, list[float]] = {**{k: [] for k in tracers}, "bpftrace": []}
         held = contextlib.ExitStack()
         stats = held.enter_context(stats_enabled())
 
@@ -210,15 +216,16 @@ def main() -> int:
         lost, recorded = [], []
         for r in range(a.rounds):
             res["untraced"].append(loop(a.calls))
-            out = os.path.join(tmp, f"trace{r}")
-            p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(w.pid), "--output", out,
-                              "--hook", a.hook], "Tracing")
-            res["engramprof"].append(timed_loop("engramprof", p.pid))
-            stop_tracer(p)
-            meta = json.load(open(os.path.join(out, "meta.json")))
-            lost.append(meta.get("lost_records"))
-            recorded.append(meta.get("calls_written"))
-            shutil.rmtree(out)
+            for k, tree in tracers.items():
+                out = os.path.join(tmp, f"trace{r}")
+                p = start_tracer([PY, "-m", "engramprof", "syscalls", "--pid", str(w.pid), "--output", out,
+                                  "--hook", a.hook], "Tracing", tree=tree)
+                res[k].append(timed_loop(k, p.pid))
+                stop_tracer(p)
+                meta = json.load(open(os.path.join(out, "meta.json")))
+                lost.append(meta.get("lost_records"))
+                recorded.append(meta.get("calls_written"))
+                shutil.rmtree(out)
             if have_bpftrace:
                 p = start_tracer(["bpftrace", "-e", BPFTRACE.format(pid=w.pid)], "Attaching", stream="stdout")
                 time.sleep(0.5)
@@ -234,12 +241,17 @@ def main() -> int:
             ba = med["bpftrace"] - med["untraced"]
             print(f"engramprof adds {ea:.0f} ns/call, bpftrace one-liner adds {ba:.0f} ns/call: "
                   f"ratio {ea / ba:.2f} (target <= 0.70)")
-        print(f"engramprof lost records per run: {lost}; records written per run: {recorded}")
+        print(f"engramprof{' (and @base, alternating)' if a.baseline else ''} lost records per run: {lost}; "
+              f"records written per run: {recorded}")
         held.close()
         if prog_ns["engramprof"] and prog_ns["bpftrace"]:
             pe, pb = statistics.median(prog_ns["engramprof"]), statistics.median(prog_ns["bpftrace"])
             print(f"BPF program time per traced call (bpf_stats, the tracer process's programs, its sched/block hooks too): "
                   f"engramprof {pe:.0f} ns, bpftrace {pb:.0f} ns, ratio {pe / pb:.2f}")
+            if prog_ns.get("engramprof@base"):
+                po = statistics.median(prog_ns["engramprof@base"])
+                print(f"  engramprof@base {po:.0f} ns, ratio {po / pb:.2f}; rounds: " + "; ".join(
+                    f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in prog_ns.items()))
 
         if a.rss_seconds:
             import psutil
@@ -407,6 +419,8 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
         with open(os.path.join(cg, "cgroup.procs"), "w") as f:
             f.write(str(w.pid))
         sel = {"--pid": ["--pid", str(w.pid)], "--cgroup": ["--cgroup", cg], "--file": ["--file", data]}
+        if a.arms:
+            sel = {k: v for k, v in sel.items() if k in a.arms.split(",")}
         arms = {k: (None, v) for k, v in sel.items()}
         if a.baseline:
             arms.update({f"{k}@base": (os.path.abspath(a.baseline), v) for k, v in sel.items()})
@@ -468,8 +482,10 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
             add = f"  (+{v - med['untraced']:.0f} ns)" if k != "untraced" else ""
             print(f"  {k:9s} {v:8.0f}{add}   rounds: {', '.join(f'{x:.0f}' for x in d[k])}")
         for sfx in ("", "@base") if a.baseline else ("",):
+            if "--pid" + sfx not in med:
+                continue
             base = med["--pid" + sfx] - med["untraced"]
-            for k in ("--cgroup" + sfx, "--file" + sfx):
+            for k in [x + sfx for x in ("--cgroup", "--file") if x + sfx in med]:
                 add = med[k] - med["untraced"]
                 ratio = f"{add / base:.2f}" if base > 0 else "n/a (--pid adds nothing measurable)"
                 print(f"  {k} adds {add:.0f} ns/call, --pid{sfx} {base:.0f}: ratio {ratio} (target <= 1.10)")
@@ -484,7 +500,7 @@ def selector_overhead(tmp: str, w: subprocess.Popen, loop, last_cpu: list, data:
             f"{k} {', '.join(f'{x:.0f}' for x in v)}" for k, v in d.items()))
         lo = {k: min(v) for k, v in d.items()}  # others' load only adds: the least round is the quietest
         for sfx in ("", "@base") if a.baseline else ("",):
-            for k in ("--cgroup" + sfx, "--file" + sfx):
+            for k in [x + sfx for x in ("--cgroup", "--file") if x + sfx in pm and "--pid" + sfx in pm]:
                 print(f"  {k} / --pid{sfx}: median {pm[k] / pm['--pid' + sfx]:.2f}, least round "
                       f"{lo[k]:.0f} / {lo['--pid' + sfx]:.0f} ns = {lo[k] / lo['--pid' + sfx]:.2f} (target <= 1.10)")
     if any(per.values()):
@@ -527,6 +543,12 @@ def print_per_program(per: dict, names: list[str]) -> None:
                 continue
             diffs = sorted(((med(k, lb, 0) or 0) - (med("--pid", lb, 0) or 0), lb) for lb in labels)
             print(f"   {k}: " + ", ".join(f"{lb} {d:+.0f}" for d, lb in reversed(diffs) if abs(d) >= 5))
+    pairs = [k for k in names if "@" not in k and k + "@base" in names]
+    if pairs:
+        print("  this tree over the baseline (ns per traced call, programs that moved 3 ns or more):")
+        for k in pairs:
+            diffs = sorted(((med(k, lb, 0) or 0) - (med(k + "@base", lb, 0) or 0), lb) for lb in labels)
+            print(f"   {k}: " + (", ".join(f"{lb} {d:+.0f}" for d, lb in diffs if abs(d) >= 3) or "none"))
 
 
 #: targets.h's ways of telling a target (and the empty floor), as a C expression

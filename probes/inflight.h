@@ -234,6 +234,8 @@ static __always_inline void call_record_fill(struct call_record *r, struct infli
 #define NR_PREAD64 17
 #define NR_PREADV 295
 #define NR_PREADV2 327
+/* pt_regs from r10 (the 4th argument) to di (the 1st), r9 (the 6th) among them */
+#define REGS_SPAN (__builtin_offsetof(struct pt_regs, di) + 8 - __builtin_offsetof(struct pt_regs, r10))
 #if INFLIGHT_PLAIN_READS
 #define TRACED_ID(id) ((id) == NR_PREADV2 || (id) == NR_PREADV || (id) == NR_PREAD64 || (id) == NR_READ || (id) == NR_READV)
 #else
@@ -255,9 +257,10 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 	if (!is_target(bpf_get_current_pid_tgid()))
 		return 0;
 #endif
-	/* one read of the saved registers (cheaper than one probe read per argument) */
+	/* one read of the saved registers the arguments are in, r10..di (cheaper than one probe
+	 * read per argument; 64 of pt_regs' 168 bytes) */
 	struct pt_regs regs = {};
-	bpf_probe_read_kernel(&regs, sizeof(regs), (void *)ctx->args[0]);
+	bpf_probe_read_kernel(&regs.r10, REGS_SPAN, (char *)ctx->args[0] + __builtin_offsetof(struct pt_regs, r10));
 	u64 a0 = regs.di, a1 = regs.si, a2 = regs.dx, a3 = regs.r10;
 	u64 a5 = id == NR_PREADV2 ? regs.r9 : 0;
 	if (id == NR_PREAD64) {

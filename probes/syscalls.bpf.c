@@ -73,13 +73,15 @@ static __always_inline void nonregular_skipped(void)
 /* A target thread entered a read call (is_target passed): one walk of its fd names the file for
  * both --file and the record (probes/targets.h).  read() / readv() read from the file position,
  * and only a regular file's read is a table read: a pipe, socket, tty, or a file of procfs, sysfs
- * or another pseudo filesystem (PSEUDO_FS) is counted (nonregular_skipped) and not traced.  preadv2 / preadv / pread64 are traced on any file. */
+ * or another pseudo filesystem (PSEUDO_FS) is counted (nonregular_skipped) and not traced.  preadv2 / preadv / pread64 are traced on any file,
+ * and their walk reads only the identity and f_flags (FD_ID: smaller spans of the file and inode). */
 static __always_inline void call_enter(u16 sc, s32 fd, s64 offset, u64 size, u64 flags)
 {
 	struct fd_file f;
-	if (!target_fd_file(fd, &f))
+	int plain = sc == SYSCALL_READ || sc == SYSCALL_READV;  /* a constant at each call site */
+	if (!target_fd_file_parts(fd, &f, plain ? FD_ALL : FD_ID))
 		return;      /* --file: a read of another file */
-	if (sc == SYSCALL_READ || sc == SYSCALL_READV) {
+	if (plain) {
 		if ((f.mode & S_IFMT) != S_IFREG || f.pseudo) {
 			nonregular_skipped();
 			return;

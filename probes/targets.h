@@ -40,7 +40,9 @@
  *   --file    task->files->fdt->{max_fds, fd} are direct loads through the BTF pointer of
  *             bpf_get_current_task_btf() (verifier-checked against the running kernel's BTF,
  *             no helper call); the fd slot, the file's f_inode..f_pos span, the inode's
- *             i_mode..i_ino span and the superblock's s_dev are four bpf_probe_read_kernel.
+ *             i_mode..i_ino span and the superblock's s_dev are four bpf_probe_read_kernel
+ *             (FD_ID, a pread's walk: the f_inode..f_flags and i_sb..i_ino spans, 12 and 32
+ *             bytes on 6.x against 88 and 72; benchmarks/RESULTS.md "Tracer overhead").
  *             Nothing about an fd is cached: a closed, reused or dup2'ed fd is followed afresh on
  *             every call, to its inode's (i_sb, i_ino); only the superblock's s_dev and the
  *             verdict for the pair are memoized per CPU (`file_memo`: the s_dev read and the hash
@@ -125,6 +127,11 @@ struct fd_file {
 #define FILE_SPAN_TO MAX2(OFF_FILE_INODE + 8, MAX2(OFF_FILE_FLAGS + 4, OFF_FILE_POS + 8))
 #define INODE_SPAN_FROM MIN2(OFF_INODE_MODE, MIN2(OFF_INODE_SB, OFF_INODE_INO))
 #define INODE_SPAN_TO MAX2(OFF_INODE_MODE + 2, MAX2(OFF_INODE_SB + 8, OFF_INODE_INO + 8))
+/* the same for the identity alone (FD_ID: no f_pos, no i_mode) */
+#define FILE_ID_SPAN_FROM MIN2(OFF_FILE_INODE, OFF_FILE_FLAGS)
+#define FILE_ID_SPAN_TO MAX2(OFF_FILE_INODE + 8, OFF_FILE_FLAGS + 4)
+#define INODE_ID_SPAN_FROM MIN2(OFF_INODE_SB, OFF_INODE_INO)
+#define INODE_ID_SPAN_TO MAX2(OFF_INODE_SB + 8, OFF_INODE_INO + 8)
 #define SB_SPAN_FROM MIN2(OFF_SB_DEV, OFF_SB_MAGIC)
 #define SB_SPAN_TO MAX2(OFF_SB_DEV + 4, OFF_SB_MAGIC + 8)
 #endif
@@ -134,9 +141,13 @@ struct fd_file {
  * (a NULL or bad pointer reads as 0, no fault); then one probe read of the fd slot, one of the
  * file's span, one of the inode's span, one of the superblock's s_dev..s_magic unless the
  * superblock is the memo's (each span is at most 128 bytes on the kernels we know; else member by
- * member).  Returns 0
+ * member).  parts FD_ID reads less of the file and the inode: no f_pos, no i_mode (a pread has
+ * its offset; only read() / readv() are tested for a regular file).  Returns 0
  * (f zeroed) when a hop fails or is NULL (fd closed meanwhile, a kernel thread).  Nothing about
  * an fd is cached: a closed, reused or dup2'ed fd is followed afresh on every call. */
+#define FD_ALL 1  /* the walk reads everything struct fd_file has */
+#define FD_ID 0   /* the identity and the flags only: dev, ino, f_flags, pseudo (f->pos, f->mode stay 0):
+                   * a smaller span of the file and of the inode (a pread's walk: it has its offset) */
 #if FD_WALK_ON
 /* The struct file * behind fd of the current task now (the walk's first hops); 0: none. */
 static __always_inline u64 fd_file_ptr(s32 fd)
@@ -161,7 +172,7 @@ static __always_inline u64 fd_file_ptr(s32 fd)
 }
 #endif
 
-static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
+static __always_inline int fd_file_walk_parts(s32 fd, struct fd_file *f, int parts)
 {
 	__builtin_memset(f, 0, sizeof(*f));
 #if FD_WALK_ON
@@ -171,35 +182,64 @@ static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
 	/* one buffer for the three spans (a caller may run the walk in an unrolled loop: the BPF
 	 * stack has 512 bytes in all) */
 	char buf[128];
+	if (parts == FD_ALL) {
 #if FILE_SPAN_TO - FILE_SPAN_FROM <= 128
-	char *fspan = buf;
-	if (bpf_probe_read_kernel(fspan, FILE_SPAN_TO - FILE_SPAN_FROM, (void *)(file + FILE_SPAN_FROM)))
-		return 0;
-	__builtin_memcpy(&inode, fspan + (OFF_FILE_INODE - FILE_SPAN_FROM), 8);
-	__builtin_memcpy(&f->flags, fspan + (OFF_FILE_FLAGS - FILE_SPAN_FROM), 4);
-	__builtin_memcpy(&f->pos, fspan + (OFF_FILE_POS - FILE_SPAN_FROM), 8);
+		char *fspan = buf;
+		if (bpf_probe_read_kernel(fspan, FILE_SPAN_TO - FILE_SPAN_FROM, (void *)(file + FILE_SPAN_FROM)))
+			return 0;
+		__builtin_memcpy(&inode, fspan + (OFF_FILE_INODE - FILE_SPAN_FROM), 8);
+		__builtin_memcpy(&f->flags, fspan + (OFF_FILE_FLAGS - FILE_SPAN_FROM), 4);
+		__builtin_memcpy(&f->pos, fspan + (OFF_FILE_POS - FILE_SPAN_FROM), 8);
 #else
-	if (bpf_probe_read_kernel(&inode, 8, (void *)(file + OFF_FILE_INODE)) ||
-	    bpf_probe_read_kernel(&f->flags, 4, (void *)(file + OFF_FILE_FLAGS)) ||
-	    bpf_probe_read_kernel(&f->pos, 8, (void *)(file + OFF_FILE_POS)))
-		return 0;
+		if (bpf_probe_read_kernel(&inode, 8, (void *)(file + OFF_FILE_INODE)) ||
+		    bpf_probe_read_kernel(&f->flags, 4, (void *)(file + OFF_FILE_FLAGS)) ||
+		    bpf_probe_read_kernel(&f->pos, 8, (void *)(file + OFF_FILE_POS)))
+			return 0;
 #endif
+	} else {
+#if FILE_ID_SPAN_TO - FILE_ID_SPAN_FROM <= 128
+		char *fspan = buf;
+		if (bpf_probe_read_kernel(fspan, FILE_ID_SPAN_TO - FILE_ID_SPAN_FROM, (void *)(file + FILE_ID_SPAN_FROM)))
+			return 0;
+		__builtin_memcpy(&inode, fspan + (OFF_FILE_INODE - FILE_ID_SPAN_FROM), 8);
+		__builtin_memcpy(&f->flags, fspan + (OFF_FILE_FLAGS - FILE_ID_SPAN_FROM), 4);
+#else
+		if (bpf_probe_read_kernel(&inode, 8, (void *)(file + OFF_FILE_INODE)) ||
+		    bpf_probe_read_kernel(&f->flags, 4, (void *)(file + OFF_FILE_FLAGS)))
+			return 0;
+#endif
+	}
 	if (!inode)
 		return 0;
+	if (parts == FD_ALL) {
 #if INODE_SPAN_TO - INODE_SPAN_FROM <= 128
-	/* i_mode, i_sb and i_ino in one read (they are within 72 bytes in 6.x's struct inode) */
-	char *span = buf;
-	if (bpf_probe_read_kernel(span, INODE_SPAN_TO - INODE_SPAN_FROM, (void *)(inode + INODE_SPAN_FROM)))
-		return 0;
-	__builtin_memcpy(&f->mode, span + (OFF_INODE_MODE - INODE_SPAN_FROM), 2);
-	__builtin_memcpy(&sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(sb));
-	__builtin_memcpy(&ino, span + (OFF_INODE_INO - INODE_SPAN_FROM), sizeof(ino));
+		/* i_mode, i_sb and i_ino in one read (they are within 72 bytes in 6.x's struct inode) */
+		char *span = buf;
+		if (bpf_probe_read_kernel(span, INODE_SPAN_TO - INODE_SPAN_FROM, (void *)(inode + INODE_SPAN_FROM)))
+			return 0;
+		__builtin_memcpy(&f->mode, span + (OFF_INODE_MODE - INODE_SPAN_FROM), 2);
+		__builtin_memcpy(&sb, span + (OFF_INODE_SB - INODE_SPAN_FROM), sizeof(sb));
+		__builtin_memcpy(&ino, span + (OFF_INODE_INO - INODE_SPAN_FROM), sizeof(ino));
 #else
-	if (bpf_probe_read_kernel(&f->mode, 2, (void *)(inode + OFF_INODE_MODE)) ||
-	    bpf_probe_read_kernel(&ino, sizeof(ino), (void *)(inode + OFF_INODE_INO)) ||
-	    bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)))
-		return 0;
+		if (bpf_probe_read_kernel(&f->mode, 2, (void *)(inode + OFF_INODE_MODE)) ||
+		    bpf_probe_read_kernel(&ino, sizeof(ino), (void *)(inode + OFF_INODE_INO)) ||
+		    bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)))
+			return 0;
 #endif
+	} else {
+#if INODE_ID_SPAN_TO - INODE_ID_SPAN_FROM <= 128
+		/* i_sb and i_ino (32 bytes in 6.x's struct inode) */
+		char *span = buf;
+		if (bpf_probe_read_kernel(span, INODE_ID_SPAN_TO - INODE_ID_SPAN_FROM, (void *)(inode + INODE_ID_SPAN_FROM)))
+			return 0;
+		__builtin_memcpy(&sb, span + (OFF_INODE_SB - INODE_ID_SPAN_FROM), sizeof(sb));
+		__builtin_memcpy(&ino, span + (OFF_INODE_INO - INODE_ID_SPAN_FROM), sizeof(ino));
+#else
+		if (bpf_probe_read_kernel(&ino, sizeof(ino), (void *)(inode + OFF_INODE_INO)) ||
+		    bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + OFF_INODE_SB)))
+			return 0;
+#endif
+	}
 	if (!sb)
 		return 0;
 	f->sb = sb;
@@ -237,6 +277,11 @@ static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
 #endif
 }
 
+static __always_inline int fd_file_walk(s32 fd, struct fd_file *f)
+{
+	return fd_file_walk_parts(fd, f, FD_ALL);
+}
+
 /* Is the walked file f one of the target files (--file)?  1 when there is no --file.  The
  * verdict for (superblock, inode number) is memoized per CPU (file_memo).  The one case it could
  * misjudge: the file's filesystem unmounted and another mounted whose superblock lands at the
@@ -264,11 +309,16 @@ static __always_inline int is_target_fd_file(struct fd_file *f)
 /* Walk fd into f and say whether it is a target file: the one walk of a call serves both the
  * --file filter and the record (f: the file's identity, flags, position; zeroed when neither
  * --file nor FD_WALK asked for the walk). */
-static __always_inline int target_fd_file(s32 fd, struct fd_file *f)
+static __always_inline int target_fd_file_parts(s32 fd, struct fd_file *f, int parts)
 {
-	if (!fd_file_walk(fd, f))
+	if (!fd_file_walk_parts(fd, f, parts))
 		return !MATCH_FILES;
 	return is_target_fd_file(f);
+}
+
+static __always_inline int target_fd_file(s32 fd, struct fd_file *f)
+{
+	return target_fd_file_parts(fd, f, FD_ALL);
 }
 
 /* Is fd (of the current task) one of the target files (--file)?  1 when there is no --file. */
