@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 import os
 import sys
 
@@ -161,8 +162,8 @@ def test_bad_input_gives_one_line_and_nonzero_exit(tmp_path, capsys, monkeypatch
         args = ["batch-tail", tmp_path / "nope"]
     elif case == "wall-markers":
         mk = tmp_path / "m.jsonl"
-        mk.write_text("".join(json.dumps({"start_ns": int(a) + 1_700_000_000 * 10**9,
-                                          "end_ns": int(b) + 1_700_000_000 * 10**9}) + "\n"
+        now = int(time.time()) * 10**9  # wall-clock markers of today: the trace's own date
+        mk.write_text("".join(json.dumps({"start_ns": int(a) + now, "end_ns": int(b) + now}) + "\n"
                               for a, b, _ in markers.itertuples(index=False)))
         args += ["--markers", mk]
     elif case == "bad-markers":
