@@ -15,7 +15,7 @@ from engramprof.record.columns import EventTableBuilder
 from engramprof.record.decode import CallDecoder, VmEventDecoder, syscall_names
 from engramprof.record.enrich import TensorEnricher
 from engramprof.record.live import LiveAccount, LiveState
-from engramprof.record.sources.uring import FilePathEnricher
+from engramprof.record.sources.filepaths import FilePathEnricher
 from engramprof.record.strings import Interner
 
 

@@ -1,7 +1,7 @@
 """Load the file-name probe (probes/names.bpf.c) with BCC and name identities from its map.
 
 A read event names its file by identity (device, inode), taken in the kernel at the read; the
-recorder's :class:`~engramprof.record.sources.uring.FilePathEnricher` names identities from the
+recorder's :class:`~engramprof.record.sources.filepaths.FilePathEnricher` names identities from the
 process's open files and mappings.  A file opened, read and closed between two looks at /proc
 is named here instead: the probe stores, at every open of a target that returns a regular
 file, the file's dentry name and its parents' (up to ``NAME_LEVELS``), keyed by identity;
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from engramprof.bpf import structs as layout
 from engramprof.bpf import targets
-from engramprof.bpf.base import DeferredProbe, compile_program, import_bcc
+from engramprof.bpf.base import compile_program, import_bcc
+from engramprof.bpf.request import DeferredProbe
 from engramprof.bpf.sched import deferred_bpf
 from engramprof.errors import UserError
 from engramprof.host import btf as kbtf

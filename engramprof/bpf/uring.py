@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from engramprof.bpf import structs as layout
 from engramprof.bpf import bios, readstats, targets
-from engramprof.bpf.base import RequestProbe
+from engramprof.bpf.request import RequestProbe
 from engramprof.errors import UserError
 from engramprof.host import btf as kbtf
 from engramprof.host import tracepoints as tp

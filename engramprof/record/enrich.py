@@ -8,7 +8,7 @@ event:
 
 A read event's path is a name for the file (device, inode) the kernel took at the read, never a
 guess from an fd number: the path enrichers are the sources' own
-(:class:`~.sources.uring.FilePathEnricher` for syscall and io_uring reads,
+(:class:`~.sources.filepaths.FilePathEnricher` for syscall and io_uring reads,
 :class:`~.sources.faults.MappingPathEnricher` for faults).
 """
 from __future__ import annotations

@@ -23,6 +23,10 @@ import struct
 import threading
 from typing import Callable
 
+import pyarrow as pa
+
+from engramprof.trace.schema import sample_schema
+
 #: the interpreter's own modules: the walk stops there (py-spy has the Python frames above)
 PYTHON_MODULES = ("python", "libpython")
 MAX_FRAMES = 48
@@ -383,9 +387,5 @@ def _nice() -> None:
 
 def native_table(rows: list[dict]):
     """The ``native_stacks`` series (engramprof.trace.SAMPLE_SCHEMAS)."""
-    import pyarrow as pa
-
-    from engramprof.trace.schema import sample_schema
-
     sch = sample_schema("native_stacks")
     return pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in sch}, schema=sch)

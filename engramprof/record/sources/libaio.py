@@ -9,7 +9,7 @@ it inside io_submit, and their queue -> complete time).  The other in-flight evi
 are not measured by this probe: written null, never a misleading 0.
 
 The scheme of the io_uring source (engramprof/record/sources/uring.py), whose
-:class:`~.uring.FilePathEnricher` names the (dev, ino): decoder -> path -> tensor -> table.
+:class:`~.filepaths.FilePathEnricher` names the (dev, ino): decoder -> path -> tensor -> table.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import numpy as np
 from engramprof.bpf import libaio as aio_probe
 from engramprof.host import libaio as aio_needs
 from engramprof.record.decode import ReadBatch, WindowStart
-from engramprof.record.sources.base import ProbeSource, Recording
+from engramprof.record.sources.base import Recording
+from engramprof.record.sources.probe import ProbeSource
 from engramprof.record.sources.faults import FaultColumns
 
 KIND = aio_probe.KIND  # "libaio"

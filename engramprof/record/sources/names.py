@@ -1,7 +1,7 @@
 """The file-name source: probes/names.bpf.c names, at every open of a target, the file it opened
 by identity (device, inode), from the kernel's dentries.
 
-It writes no events.  The read sources' :class:`~.uring.FilePathEnricher` asks it
+It writes no events.  The read sources' :class:`~.filepaths.FilePathEnricher` asks it
 (:meth:`Recording.kernel_file_name`) for an identity the process's open files and mappings do
 not name: a file opened, read and closed between two looks at /proc (open / read / close per
 chunk).  It is attached while it loads, first of all sources, so that a file opened after the

@@ -7,7 +7,7 @@ O_DIRECT: probes/targets.h fd_file_walk), so a path is a name for that identity 
 from the fd number, which another file may have had before or since.  Each drain sends the records
 down the pipeline of engramprof/record: decoder -> enrichers ((device, inode) -> path, from the
 process's open files and mappings as scanned, the io_uring source's
-:class:`~.uring.FilePathEnricher`; the file's fingerprint; path + offset -> tensor / row) -> Arrow
+:class:`~.filepaths.FilePathEnricher`; the file's fingerprint; path + offset -> tensor / row) -> Arrow
 table -> sink, and
 into the running aggregates of the live view and the summary (:class:`~engramprof.record.live.LiveAccount`).
 The kernel keeps exact totals and per-fd log2 histograms so the summary stays right when
@@ -34,8 +34,9 @@ from engramprof.record.decode import CallDecoder, LostRecords, VmEventDecoder
 from engramprof.record.enrich import PerPid, TensorEnricher
 from engramprof.record.live import LiveAccount
 from engramprof.record.sources.base import YES, Availability, Recording, Source, sync_probe_targets
-from engramprof.record.sources.uring import FilePathEnricher
+from engramprof.record.sources.filepaths import FilePathEnricher
 from engramprof.record.summary import RunFacts, summarize_run
+from engramprof.sampling.native import NativeStacks, native_table
 from engramprof.target.identity import FileIdentities
 
 
@@ -105,8 +106,6 @@ class SyscallsSource(Source):
             self.config.native_every_ns = 0
             self.probe = syscalls_probe.SyscallsProbe(self.plan)
         if self.probe.native_ring is not None:
-            from engramprof.sampling.native import NativeStacks
-
             self.native = NativeStacks(rec.notes)
         # probe -> decoder -> enrichers -> table -> sink, plus the live aggregates
         self.calls = CallDecoder(self.probe.record_dtype, self.probe.armed_ns)
@@ -167,8 +166,6 @@ class SyscallsSource(Source):
         if self.detached and self.final is None:
             self.native.stop()
             if self.native.rows:
-                from engramprof.sampling.native import native_table
-
                 sink.add_samples("native_stacks", native_table(self.native.rows))
 
     def _kernel_state(self) -> tuple[dict, dict, object]:

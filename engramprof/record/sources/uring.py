@@ -15,7 +15,7 @@ Followed as data, the scheme of the fault source (engramprof/record/sources/faul
 1. :class:`UringDecoder` -- ``struct uring_record`` (engramprof/bpf/uring.py) -> a
    :class:`~.decode.ReadBatch` of kind ``io_uring`` whose records are contiguous columns
    (:class:`~.faults.FaultColumns`);
-2. :class:`FilePathEnricher` -- the file's identity taken in the kernel at the read (device,
+2. :class:`~.filepaths.FilePathEnricher` -- the file's identity taken in the kernel at the read (device,
    inode; never an fd number, which another file may reuse) -> ``path``: from the target's open
    files (``/proc/PID/fd``), its mappings (``/proc/PID/maps``, the fault source's reading),
    the ``--file`` selection and the kernel's name at the open (the file-name source,
@@ -25,18 +25,15 @@ Followed as data, the scheme of the fault source (engramprof/record/sources/faul
 """
 from __future__ import annotations
 
-import os
-import time
 
 import numpy as np
 
 from engramprof.bpf import uring as uring_probe
 from engramprof.host import uring as uring_needs
-from engramprof.host.files import file_identities, kernel_dev, st_dev_of
+from engramprof.host.files import st_dev_of
 from engramprof.record.decode import ReadBatch, WindowStart
-from engramprof.record.sources.base import ProbeSource
-from engramprof.record.sources.faults import FaultColumns, _distinct_files, read_maps
-from engramprof.record.strings import Interner
+from engramprof.record.sources.probe import ProbeSource
+from engramprof.record.sources.faults import FaultColumns
 
 KIND = uring_probe.KIND  # "io_uring"
 
@@ -74,84 +71,6 @@ class UringDecoder:
     @property
     def partial_at_start(self) -> int:
         return self.window.partial_at_start
-
-
-class FilePathEnricher:
-    """Adds ``path`` and ``path_stale`` (false) from a (device, inode) the kernel took at the
-    read: the names the process's open files and mappings give that identity now, and the
-    ``--file`` selection's.  An identity they do not name is looked up again (a new walk of
-    /proc/PID/fd and maps) at most once per ``UNNAMED_TTL_NS``; never found: path ""."""
-
-    UNNAMED_TTL_NS = 1_000_000_000
-
-    def __init__(self, pid: int, paths: Interner, known: dict | None = None, proc_root: str = "/proc",
-                 names=None):
-        self.pid = pid
-        self.paths = paths
-        self.proc_root = proc_root
-        #: names(pid, dev, ino) -> path | None: the kernel's name at an open (the file-name
-        #: source, :meth:`Recording.kernel_file_name`), asked before /proc is walked again
-        self.names = names
-        self.kernel_named = 0
-        self.files: dict[tuple[int, int], tuple[str, bool]] = dict(known or {})
-        self._unnamed: dict[tuple[int, int], int] = {}
-        self._named: set[str] = set()
-        self.rereads = 0
-        self.refresh()
-
-    def refresh(self) -> None:
-        """The identities of the process's open files and mappings now."""
-        fd_dir = f"{self.proc_root}/{self.pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            fds = []
-        for fd in fds:
-            try:
-                link = os.readlink(f"{fd_dir}/{fd}")
-                st = os.stat(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if not link.startswith("/") or not os.path.isfile(link):
-                continue
-            self._name(kernel_dev(st.st_dev), st.st_ino, link)
-        for _s, _e, _off, dev, ino, path in read_maps(self.pid):
-            if path.startswith("/"):
-                self._name(dev, ino, path)
-
-    def _name(self, dev: int, ino: int, path: str) -> None:
-        self.files.setdefault((dev, ino), (path, False))
-        if path in self._named:
-            return
-        self._named.add(path)
-        try:  # overlayfs: the request reads the layer's inode; the path names the overlay's
-            for i in file_identities(path):
-                self.files.setdefault((i.dev, i.ino), (path, False))
-        except OSError:
-            pass
-
-    def enrich(self, batch: ReadBatch) -> None:
-        recs = batch.recs
-        pairs, inv = _distinct_files(recs["dev"], recs["ino"])
-        unknown = [p for p in pairs if p not in self.files]
-        if unknown and self.names is not None:
-            for p in unknown:
-                name = self.names(self.pid, *p)
-                if name:
-                    self.files[p] = (name, False)
-                    self.kernel_named += 1
-            unknown = [p for p in unknown if p not in self.files]
-        if unknown:
-            now = time.monotonic_ns()
-            if any(now - self._unnamed.get(p, -self.UNNAMED_TTL_NS) >= self.UNNAMED_TTL_NS for p in unknown):
-                self.rereads += 1
-                self.refresh()
-                for p in unknown:
-                    if p not in self.files:
-                        self._unnamed[p] = now
-        codes = np.array([self.paths.code(self.files.get(p, ("", False))[0]) for p in pairs], dtype=np.int32)
-        batch.cols["path"] = codes[inv]
-        batch.cols["path_stale"] = np.zeros(len(inv), dtype=bool)
 
 
 class UringSource(ProbeSource):
