@@ -61,6 +61,9 @@ def _record(tmp: str, lib: str, data: str, name: str, evict: bool, procs: str | 
         rc, out, err = diag.finish(timeout=180)
         assert rc == 0, err[-3000:]
         d = json.loads(out)
+        # its steps end on their own, SECONDS + 3 s after SIGUSR1 and its last step (a throttled or
+        # memory-starved step takes seconds): wait for its report rather than end it
+        reader.p.wait(timeout=120)
     finally:
         if reader.p.poll() is None:
             reader.p.terminate()
