@@ -258,7 +258,7 @@ def two_readers(tmp_path_factory):
         (tmp / "fio.dat").write_bytes(os.urandom(8 << 20))
         fio = subprocess.Popen(["fio", "--name=codeview", f"--filename={tmp / 'fio.dat'}", "--size=8m",
                                 "--rw=randread", "--bs=4k", "--ioengine=psync", "--rate_iops=300", "--invalidate=0",
-                                "--time_based", "--runtime=15", "--thread"],
+                                "--time_based", "--runtime=120", "--thread"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp / "trace"
     pids = [p.pid for p in labs.values()] + ([fio.pid] if fio is not None else [])

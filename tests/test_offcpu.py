@@ -21,10 +21,12 @@ from tests.tracing import PY, Proc, engramprof, traced_lab
 PINGPONG = r"""
 import os, sys
 r1, w1 = os.pipe(); r2, w2 = os.pipe()
-if os.fork() == 0:
+if os.fork() == 0:  # its own ends only: the parent's death closes r1's last writer, and it exits
+    os.close(w1); os.close(r2)
     while os.read(r1, 1):
         os.write(w2, b"x")
     os._exit(0)
+os.close(r1); os.close(w2)
 print("ready", flush=True)
 while True:
     os.write(w1, b"x"); os.read(r2, 1)
