@@ -202,3 +202,26 @@ def test_recording_identifies_the_table_without_changing_its_residency(tmp_path)
     assert (rec["dev"], rec["ino"], rec["size"], rec["mtime_ns"]) == (now.dev, now.ino, now.size, now.mtime_ns)
     assert rec["header_sha256"] == now.header_sha256 and rec["head_sha256"] == now.head_sha256
     assert rec["method"] == "O_DIRECT"
+
+
+def test_open_regular_files_names_the_open_file_not_what_its_path_names_now(tmp_path):
+    """/proc/PID/fd gives the identity of the file that is open: a file renamed over its path
+    later must not take its place, and pipes are not files."""
+    from engramprof.host.files import kernel_dev, open_regular_files
+    first, second = tmp_path / "table.bin", tmp_path / "other.bin"
+    first.write_bytes(b"a" * 4096)
+    second.write_bytes(b"b" * 4096)
+    fd = os.open(first, os.O_RDONLY)
+    r, w = os.pipe()
+    try:
+        st_first = os.fstat(fd)
+        os.rename(second, first)  # the path now names another inode
+        files = open_regular_files(os.getpid())
+        key = (kernel_dev(st_first.st_dev), st_first.st_ino)
+        assert files.get(key) == str(first)  # the kernel says "(deleted)": dropped
+        assert (kernel_dev(st_first.st_dev), os.stat(first).st_ino) not in files
+        assert not any(p.startswith("pipe:") for p in files.values())
+    finally:
+        for f in (fd, r, w):
+            os.close(f)
+    assert open_regular_files(2 ** 22 + 12345) == {}

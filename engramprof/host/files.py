@@ -59,6 +59,27 @@ class Mount:
     options: str  # the super options (overlay: lowerdir=, upperdir=, workdir=, ...)
 
 
+def open_regular_files(pid: int, proc_root: str = "/proc") -> dict[tuple[int, int], str]:
+    """(kernel dev_t, inode) -> path of the regular files ``pid`` has open now, from
+    /proc/PID/fd: the identity is the open file's own (a stat through the fd link), never that
+    of whatever the path names now.  A process that is gone or unreadable has none."""
+    out: dict[tuple[int, int], str] = {}
+    d = f"{proc_root}/{pid}/fd"
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for n in names:
+        try:
+            st = os.stat(f"{d}/{n}")
+            link = os.readlink(f"{d}/{n}")
+        except OSError:
+            continue
+        if stat_mod.S_ISREG(st.st_mode) and link.startswith("/"):
+            out.setdefault((kernel_dev(st.st_dev), st.st_ino), link.removesuffix(" (deleted)"))
+    return out
+
+
 def mount_of(mnt_id: int) -> Mount | None:
     """This process's mount ``mnt_id`` (from /proc/self/mountinfo)."""
     try:

@@ -27,7 +27,7 @@ import pyarrow as pa
 from engramprof import trace
 from engramprof.bpf import evictions as eviction_probe
 from engramprof.bpf import structs as layout
-from engramprof.host.files import kernel_dev
+from engramprof.host.files import kernel_dev, open_regular_files
 from engramprof.record.decode import LostRecords, ProbeTotals, drain_into
 from engramprof.record.sources.base import NOT_ASKED, YES, Availability, Recording, Source, sync_probe_targets
 from engramprof.record.sources.faults import read_maps
@@ -53,20 +53,7 @@ def context_codes() -> dict[int, str]:
 
 def target_files(pid: int) -> list[tuple[int, int, str]]:
     """(kernel dev_t, inode, path) of the regular files pid has open or mapped now."""
-    out: dict[tuple[int, int], str] = {}
-    d = f"/proc/{pid}/fd"
-    try:
-        names = os.listdir(d)
-    except OSError:
-        names = []
-    for n in names:
-        try:
-            st = os.stat(f"{d}/{n}")
-            if (st.st_mode & 0o170000) != 0o100000:
-                continue
-            out.setdefault((kernel_dev(st.st_dev), st.st_ino), os.readlink(f"{d}/{n}"))
-        except OSError:
-            continue
+    out = open_regular_files(pid)
     for _s, _e, _off, dev, ino, path in read_maps(pid):
         out.setdefault((dev, ino), path.removesuffix(" (deleted)"))
     return [(dev, ino, path) for (dev, ino), path in out.items()]

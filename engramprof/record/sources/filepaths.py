@@ -6,12 +6,11 @@ open; an identity none of them names keeps path "".
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from engramprof.host.files import file_identities, kernel_dev
+from engramprof.host.files import file_identities, open_regular_files
 from engramprof.record.decode import ReadBatch
 from engramprof.record.sources.faults import _distinct_files, read_maps
 from engramprof.record.strings import Interner
@@ -42,20 +41,8 @@ class FilePathEnricher:
 
     def refresh(self) -> None:
         """The identities of the process's open files and mappings now."""
-        fd_dir = f"{self.proc_root}/{self.pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            fds = []
-        for fd in fds:
-            try:
-                link = os.readlink(f"{fd_dir}/{fd}")
-                st = os.stat(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if not link.startswith("/") or not os.path.isfile(link):
-                continue
-            self._name(kernel_dev(st.st_dev), st.st_ino, link)
+        for (dev, ino), link in open_regular_files(self.pid, self.proc_root).items():
+            self._name(dev, ino, link)
         for _s, _e, _off, dev, ino, path in read_maps(self.pid):
             if path.startswith("/"):
                 self._name(dev, ino, path)
