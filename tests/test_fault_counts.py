@@ -288,6 +288,7 @@ def test_a_pread_only_reader_is_read_path_syscalls_and_its_code_faults_are_count
     flt = summary["faults"]
     assert len(faults) > 0 and flt["code_faults"] == len(faults), (flt, faults["path"].tolist())
     assert all(CODE_PATH.search(p) for p in faults["path"].astype(str)), faults["path"].tolist()
+    assert faults["on_code"].all(), faults.loc[~faults["on_code"], "path"].tolist()  # the recorder's own flag (format 6)
     bt = analyse(trace.load_bundle(out)).summary
     assert set(bt["read_events"]) == {"syscall"} and bt["code_faults"] == len(faults), bt["read_events"]
     assert read_path_of(bt) == "syscalls"
@@ -319,6 +320,24 @@ def test_code_faults_do_not_make_a_syscall_batch_mixed_or_both():
     # a mapped table's faults are table reads
     data = calls.assign(path=pd.Categorical(["/data/table.bin"] * len(calls)))
     assert read_event_counts(data) == {"syscall": n_sys, "fault": 6}
+
+
+def test_a_fault_the_recorder_flags_as_code_is_code_wherever_the_file_lives():
+    """An interpreter outside the system's directories (conda's /opt/conda/bin/python, uv's
+    ~/.local/share/uv/python/.../bin/python3.12) matches no CODE_PATH rule: the recorder's
+    ``on_code`` (the file is mapped executable) names it; without the column, the path decides."""
+    import pandas as pd
+
+    from engramprof.analysis import read_event_counts
+    from engramprof.analysis.events import code_faults
+
+    paths = ["/data/table.bin"] * 4 + ["/opt/conda/bin/python3.11"] * 3
+    calls = pd.DataFrame({"kind": pd.Categorical(["fault"] * 7), "path": pd.Categorical(paths),
+                          "ts_ns": np.arange(7, dtype=np.int64)})
+    assert int(code_faults(calls).sum()) == 0  # format 5: the path alone cannot tell
+    flagged = calls.assign(on_code=[False] * 4 + [True] * 3)
+    assert code_faults(flagged).tolist() == [False] * 4 + [True] * 3
+    assert read_event_counts(flagged) == {"fault": 4}
 
 
 KERNEL_MODE_WRITER = COMMON + textwrap.dedent("""

@@ -208,7 +208,9 @@ CODE_PATH = host_files.CODE_PATH
 
 
 def code_faults(calls: pd.DataFrame) -> np.ndarray | None:
-    """Per row, a page fault on an executable or a shared library (None: no fault events)."""
+    """Per row, a page fault on the process's own code: an executable or a shared library, by
+    the recorder's flag (``on_code``: it maps the file executable; format 6) or by its path
+    (CODE_PATH: older bundles) (None: no fault events)."""
     if "kind" not in calls.columns or "path" not in calls.columns or not len(calls):
         return None
     kind = calls["kind"]
@@ -224,6 +226,8 @@ def code_faults(calls: pd.DataFrame) -> np.ndarray | None:
     else:
         uniq, inverse = np.unique(path.astype(str).to_numpy(), return_inverse=True)
         code_path = np.array([bool(CODE_PATH.search(u)) for u in uniq], dtype=bool)[inverse]
+    if "on_code" in calls.columns:
+        code_path = code_path | calls["on_code"].to_numpy(dtype=bool, na_value=False)
     return is_fault & code_path
 
 

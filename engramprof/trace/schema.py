@@ -34,6 +34,10 @@ Format versions:
    calls' tid), ``thread_name``, ``gil`` (it held the GIL), ``active`` (runnable in /proc),
    ``frames`` (innermost first, one a line: function TAB filename TAB line) and ``depth``.
    Older bundles, and targets that are not CPython, have none.
+6. calls/ gains ``on_code`` (:data:`FAULT_FIELDS`): a page fault on the process's own code
+   (a file it maps executable, or a runtime file such as the loader's cache), as the recorder
+   saw its mappings; false for every other row.  Such faults are not table reads.  Older
+   bundles have it false and the analysis also names code by its path (CODE_PATH), as before.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 FORMAT = "engramprof-trace"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 # ---------------------------------------------------------------------- read events (calls/)
 
@@ -85,8 +89,9 @@ FAULT_FIELDS = [
     pa.field("major", pa.bool_()),  # a major fault by the kernel's rule (docs/model.md: page missing, mmap-lock retry)
     pa.field("mapped_pages", pa.int32()),  # pages of its fault-around window (mm_filemap_map_pages)
     pa.field("address", pa.int64()),  # faulting user address; null where the kernel cannot tell
+    pa.field("on_code", pa.bool_()),  # (format 6) on the process's own code or runtime files: not a table read
 ]
-FAULT_DEFAULTS = {"major": False, "mapped_pages": 0, "address": None}
+FAULT_DEFAULTS = {"major": False, "mapped_pages": 0, "address": None, "on_code": False}
 # Columns only an io_uring read request fills (format 4); null for every other kind.
 URING_FIELDS = [
     pa.field("uring_path", pa.string()),  # inline | async | punted: how the request was served
@@ -407,7 +412,7 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
 #: with only these, compact (load_bundle(columns=EVENT_READ_COLUMNS, compact=True))
 EVENT_READ_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "kind", "path", "offset", "ret", "flags",
                       "pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns", "tensor", "row",
-                      "uring_path", "direct", "syscall", "dev"]
+                      "uring_path", "direct", "syscall", "dev", "on_code"]
 # The sample columns the analysis reads (engramprof.analysis.context); each is in SAMPLE_SCHEMAS.
 SAMPLE_READ_COLUMNS = {
     "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],

@@ -279,8 +279,9 @@ class MappingPathEnricher:
         batch.cols["path"] = codes[inv]
         batch.cols["path_stale"] = stale[inv]
         is_code = np.array([p in self.code for p in pairs], dtype=bool)
+        on_code = is_code[inv]
+        batch.cols["on_code"] = on_code
         if is_code.any():
-            on_code = is_code[inv]
             self.code_faults += int(on_code.sum())
             self.code_major += int((on_code & ((recs["fault_flags"] & self.bits["MAJOR"]) != 0)).sum())
         self._exact_pages(batch, pairs, inv)
