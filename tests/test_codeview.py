@@ -119,6 +119,31 @@ def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
     assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
 
 
+def test_a_read_takes_its_functions_call_line_unless_sampled_inside_its_blocked_read():
+    """A sample holding the GIL is executing bytecode: its line (the loop's head) names no read;
+    the read takes the line its function is seen in a call at most often.  A sample taken while
+    the thread was blocked in a read overlapping its window keeps its own line (exact)."""
+    import pandas as pd
+
+    pool = f"\n_WorkItem.run\t{STDLIB}/concurrent/futures/thread.py\t58\n_worker\t{STDLIB}/concurrent/futures/thread.py\t83"
+    at = {ln: f"read_rows\t/srv/app/reader.py\t{ln}{pool}" for ln in (38, 40)}
+    scan = {ln: f"scan\t/srv/app/scan.py\t{ln}" for ln in (9, 12)}
+    stacks = _stack_rows([(100, 11, "w1", at[40]), (200, 11, "w1", at[38]), (300, 11, "w1", at[38]),
+                          (400, 11, "w1", at[40]), (450, 12, "MainThread", scan[9]), (528, 12, "MainThread", scan[12]),
+                          (560, 12, "MainThread", scan[9])])
+    stacks["gil"] = [False, True, False, False, False, False, False]  # 300 ms: a forced switch at the loop's head
+    calls = pd.DataFrame({"ts_ns": [int(199e6), int(301e6), int(500e6), int(600e6)],
+                          "dur_ns": [1000, 1000, 30_000_000, 1000], "pid": [1] * 4, "tid": [11, 11, 12, 12],
+                          "offcpu_ns": [0, 0, 25_000_000, 0], "runq_ns": [0] * 4})
+    samples = codeview.prepare_samples(stacks, calls)
+    assert samples["state"].tolist()[5] == sf.READ  # the 30 ms read slept across its window
+    assert codeview.call_lines(samples[samples["user"]]) == {(1, "read_rows (app/reader.py)"): "read_rows (app/reader.py:40)",
+                                                            (1, "scan (app/scan.py)"): "scan (app/scan.py:9)"}
+    j = codeview.join_reads(samples, calls)
+    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:12)", "scan (app/scan.py:9)"]
+    assert list(j["exact"]) == [False, False, True, False]
+
+
 def test_native_frames_join_their_own_read_and_name_the_caller_of_libc():
     import pandas as pd
 
@@ -252,7 +277,9 @@ def two_readers(tmp_path_factory):
         p.wait_line("lab: ready")
     # and a reader that is not CPython: fio's psync job as a thread of its one process, paced, on
     # a file written (and cached) before: no write-back, no eviction (--invalidate=0), so the disk
-    # stays idle for the lab readers
+    # stays idle for the lab readers.  It runs until the lab readers are done (then killed: the
+    # recording ends when its last target exits), at most 120 s: a fixed 15 s ran out before the
+    # tracer was tracing when the tracer's start-up took longer (load 14: no fio reads recorded)
     fio = None
     if shutil.which("fio"):
         (tmp / "fio.dat").write_bytes(os.urandom(8 << 20))
@@ -270,10 +297,10 @@ def two_readers(tmp_path_factory):
     for p in labs.values():
         rc, _, err = p.finish()
         assert rc == 0, err
-    rc, tout, terr = tracer.finish()
     if fio is not None:
         fio.kill()
         fio.wait()
+    rc, tout, terr = tracer.finish()
     assert rc == 0, terr
     from engramprof import trace
     from engramprof.analysis import batches
@@ -304,9 +331,10 @@ def test_pool_reader_reads_at_its_read_line_submitted_from_the_gather_where_the_
     top = v["read_sites"][0]
     assert top["site"] == f"_read_rows (lab/readers.py:{read_line})", v["read_sites"]
     assert top["submitted_from"] == "PoolReader._run (lab/readers.py)", top
-    # the share joined at the read line: 0.9-0.95 on a quiet machine, 0.5 in CI run 6 (a cached read
-    # lasts microseconds, a sample comes every 50 ms: docs/model.md, the join's bounds)
-    assert top["reads"] > 0.4 * v["join"]["reads"], (top, v["join"])
+    # the share joined at the read line: the line is the one _read_rows is seen in a call at most
+    # often, not where the nearest sample sat (a sample holding the GIL sits anywhere in the loop:
+    # a few such samples named 0.5 of the reads in CI run 6, docs/model.md, "The code view")
+    assert top["reads"] >= 0.8 * v["join"]["reads"], (top, v["join"])
     assert v["step_thread"]["name"] == "MainThread" and v["step_thread"]["tid"] == two_readers["pids"]["pool"]
     # where the step waits: on the pool's futures at the gather line, more than in any other wait
     waits = [w for w in v["step_waits"] if w["state"] in (sf.FUTURE, sf.WAIT, sf.GIL_WAIT, sf.BLOCKED)]
