@@ -328,7 +328,9 @@ def test_pool_reader_reads_at_its_read_line_submitted_from_the_gather_where_the_
     v = two_readers["views"]["pool"]
     read_line = _line_of(readers._read_rows, "n = preadv(")
     gather_line = _line_of(readers.PoolReader._run, "fut.result()")
-    top = v["read_sites"][0]
+    # the site of most reads (read_sites ranks by slow time, then miss time: on a loaded machine a
+    # library page of the main thread evicted by others, faulted back in, can rank first)
+    top = max(v["read_sites"], key=lambda s: s["reads"])
     assert top["site"] == f"_read_rows (lab/readers.py:{read_line})", v["read_sites"]
     assert top["submitted_from"] == "PoolReader._run (lab/readers.py)", top
     # the share joined at the read line: the line is the one _read_rows is seen in a call at most
@@ -363,7 +365,8 @@ def test_nowait_reader_spends_its_step_in_its_own_read_loop_on_cpu(two_readers):
     assert on_cpu > 0.5 * sum(w["share"] for w in loop), v["step_waits"]
     assert not any(w["state"] == sf.FUTURE for w in v["step_waits"])
     # its reads are its own: issued on the step thread, no pool behind them
-    assert v["read_sites"][0]["site"].startswith("NowaitReader._nowait_pass") and not v["read_sites"][0]["submitted_from"]
+    top = max(v["read_sites"], key=lambda s: s["reads"])  # as above: not a library fault that missed
+    assert top["site"].startswith("NowaitReader._nowait_pass") and not top["submitted_from"], v["read_sites"]
 
 
 @pytest.mark.bpf

@@ -3,11 +3,12 @@
 Joins the sampled Python stacks (samples/stacks, engramprof/sampling/stacks.py) to the read
 events and the batches by thread and time, and answers three questions:
 
-1. **who issues the reads** (:func:`read_sites`): each read event of a thread gets the code
-   site of that thread's nearest *busy* sample (by its frames: not an idle pool worker, not a
+1. **who issues the reads** (:func:`read_sites`): each read event of a thread gets the function
+   of that thread's nearest *busy* sample (by its frames: not an idle pool worker, not a
    wait), the sample's window overlapping the read (``inside``) or within :data:`NEAR_NS` of
    it (``near``); a worker with none borrows its pool's nearest (``pool``: another worker of
-   the same process, running the same code).  A pool worker's site is the function it runs; the code that submitted it is the
+   the same process, running the same code).  The line is the one that function is seen in a
+   call at most often (:func:`call_lines`), not where the nearest sample sat.  A pool worker's site is the function it runs; the code that submitted it is the
    site where, in the same round, a thread of the process waited on a future or submitted one.
    Sites are ranked by slow-read time, miss time, then read time.
 2. **where each step waits** (:func:`step_waits`): the step thread (the thread other than a
