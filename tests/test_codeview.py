@@ -315,7 +315,7 @@ def two_readers(tmp_path_factory):
     if fio is not None:
         views["fio"] = codeview.code_view(tr.samples("stacks"), tr.calls, None, 4.0, pid=fio.pid, meta=tr.meta,
                                           native=tr.samples("native_stacks"))
-    return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views,
+    return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views, "markers": tmp / "pool.jsonl",
             "fio": fio.pid if fio is not None else None,
             "read_tids": {k: set(tr.calls.loc[tr.calls["pid"] == pid, "tid"]) for k, pid in pids.items()},
             "kinds": tr.table("thread_kinds")}
@@ -370,12 +370,19 @@ def test_nowait_reader_spends_its_step_in_its_own_read_loop_on_cpu(two_readers):
 
 
 @pytest.mark.bpf
-def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers):
-    r = subprocess.run(engramprof("batch-tail", two_readers["trace"], "--json"), capture_output=True, text=True, timeout=120)
+def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers, tmp_path):
+    # the pool reader's markers, naming its pid: the summary is its (with batches inferred from the
+    # reads, the slowest process was at times fio's, whose view is a note)
+    pool = two_readers["pids"]["pool"]
+    markers = tmp_path / "pool.jsonl"
+    markers.write_text("".join(json.dumps(json.loads(ln) | {"pid": pool}) + "\n"
+                               for ln in two_readers["markers"].read_text().splitlines()))
+    r = subprocess.run(engramprof("batch-tail", two_readers["trace"], "--markers", markers, "--json"),
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     cv = summary["code_view"]
-    assert cv["pid"] == summary["slowest_process"] and cv["read_sites"], cv
+    assert cv.get("pid") == summary["slowest_process"] == pool and cv["read_sites"], cv
     # the split's python-scheduling time set against what the samples saw of it
     ps = cv["python_scheduling"]
     assert ps["split_ms"] >= 0 and ps["residual_ms"] == pytest.approx(
