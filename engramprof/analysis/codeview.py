@@ -8,8 +8,9 @@ events and the batches by thread and time, and answers three questions:
    wait), the sample's window overlapping the read (``inside``) or within :data:`NEAR_NS` of
    it (``near``); a worker with none borrows its pool's nearest (``pool``: another worker of
    the same process, running the same code).  The line is the one that function is seen in a
-   call at most often (:func:`call_lines`), not where the nearest sample sat.  A pool worker's site is the function it runs; the code that submitted it is the
-   site where, in the same round, a thread of the process waited on a future or submitted one.
+   call at most often (:func:`call_lines`), not where the nearest sample sat.  A pool
+   worker's site is the function it runs; the code that submitted it is the site where, in
+   the same round, a thread of the process waited on a future or submitted one.
    Sites are ranked by slow-read time, miss time, then read time.
 2. **where each step waits** (:func:`step_waits`): the step thread (the thread other than a
    pool worker with the most samples inside batches outside a plain wait) and its share of
@@ -227,10 +228,10 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         k = picked[got]
         own = busy["site"].to_numpy()[k]
         exact[got] = (how[got] == "inside") & (busy["state"].to_numpy()[k] == sf.READ)
-        lines = call_lines(busy)
-        line = [lines.get((int(p), f), o) for p, f, o in
-                zip(busy["pid"].to_numpy()[k], busy["function"].to_numpy()[k], own)]
-        site[got] = np.where(exact[got], own, np.asarray(line, dtype=object))
+        lines = call_lines(busy)  # per busy sample (hundreds), then per read by index
+        line = np.asarray([lines.get((int(p), f), o) for p, f, o in
+                           zip(busy["pid"].to_numpy(), busy["function"].to_numpy(), busy["site"].to_numpy())], dtype=object)
+        site[got] = np.where(exact[got], own, line[k])
     return pd.DataFrame({"site": site, "submitter": sub, "join": how, "exact": exact}, index=calls.index)
 
 
