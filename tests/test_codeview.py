@@ -122,26 +122,33 @@ def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
 def test_a_read_takes_its_functions_call_line_unless_sampled_inside_its_blocked_read():
     """A sample holding the GIL is executing bytecode: its line (the loop's head) names no read;
     the read takes the line its function is seen in a call at most often.  A sample taken while
-    the thread was blocked in a read overlapping its window keeps its own line (exact)."""
+    the thread was blocked in a read overlapping its window keeps its own line (exact).  A page
+    fault, taken by the running code, takes the line its function is seen at most at all."""
     import pandas as pd
 
     pool = f"\n_WorkItem.run\t{STDLIB}/concurrent/futures/thread.py\t58\n_worker\t{STDLIB}/concurrent/futures/thread.py\t83"
     at = {ln: f"read_rows\t/srv/app/reader.py\t{ln}{pool}" for ln in (38, 40)}
     scan = {ln: f"scan\t/srv/app/scan.py\t{ln}" for ln in (9, 12)}
+    gather = {ln: f"gather\t/srv/app/g.py\t{ln}" for ln in (5, 7)}
     stacks = _stack_rows([(100, 11, "w1", at[40]), (200, 11, "w1", at[38]), (300, 11, "w1", at[38]),
                           (400, 11, "w1", at[40]), (450, 12, "MainThread", scan[9]), (528, 12, "MainThread", scan[12]),
-                          (560, 12, "MainThread", scan[9])])
-    stacks["gil"] = [False, True, False, False, False, False, False]  # 300 ms: a forced switch at the loop's head
-    calls = pd.DataFrame({"ts_ns": [int(199e6), int(301e6), int(500e6), int(600e6)],
-                          "dur_ns": [1000, 1000, 30_000_000, 1000], "pid": [1] * 4, "tid": [11, 11, 12, 12],
-                          "offcpu_ns": [0, 0, 25_000_000, 0], "runq_ns": [0] * 4})
+                          (560, 12, "MainThread", scan[9]), (700, 13, "g", gather[5]), (710, 13, "g", gather[5]),
+                          (720, 13, "g", gather[7])])
+    # 200 ms: holding the GIL; 300 ms: a forced switch at the loop's head; the gather faults holding it
+    stacks["gil"] = [False, True, False, False, False, False, False, True, True, False]
+    calls = pd.DataFrame({"ts_ns": [int(199e6), int(301e6), int(500e6), int(600e6), int(722e6), int(723e6)],
+                          "dur_ns": [1000, 1000, 30_000_000, 1000, 1000, 1000], "pid": [1] * 6,
+                          "tid": [11, 11, 12, 12, 13, 13], "offcpu_ns": [0, 0, 25_000_000, 0, 0, 0], "runq_ns": [0] * 6,
+                          "kind": pd.Categorical(["syscall"] * 5 + ["fault"], categories=["syscall", "fault"])})
     samples = codeview.prepare_samples(stacks, calls)
     assert samples["state"].tolist()[5] == sf.READ  # the 30 ms read slept across its window
     assert codeview.call_lines(samples[samples["user"]]) == {(1, "read_rows (app/reader.py)"): "read_rows (app/reader.py:40)",
-                                                            (1, "scan (app/scan.py)"): "scan (app/scan.py:9)"}
+                                                            (1, "scan (app/scan.py)"): "scan (app/scan.py:9)",
+                                                            (1, "gather (app/g.py)"): "gather (app/g.py:7)"}
     j = codeview.join_reads(samples, calls)
-    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:12)", "scan (app/scan.py:9)"]
-    assert list(j["exact"]) == [False, False, True, False]
+    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:12)", "scan (app/scan.py:9)",
+                                                                    "gather (app/g.py:7)", "gather (app/g.py:5)"]
+    assert list(j["exact"]) == [False, False, True, False, False, False]
 
 
 def test_native_frames_join_their_own_read_and_name_the_caller_of_libc():

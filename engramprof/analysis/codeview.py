@@ -160,14 +160,16 @@ def _nearest(sample_t: np.ndarray, read_lo: np.ndarray, read_hi: np.ndarray) -> 
     return pick, np.minimum(d_after, d_before)
 
 
-def call_lines(busy: pd.DataFrame) -> dict[tuple[int, str], str]:
+def call_lines(busy: pd.DataFrame, calls: bool = True) -> dict[tuple[int, str], str]:
     """(pid, function) -> the site (its line) where that function's busy samples sat most often
     without the GIL -- inside a call that released it (a read) or re-taking the GIL after one --
     else most often at all (a function that reads holding the GIL).  A sample holding the GIL
-    is executing bytecode between calls: its line is where the interpreter was, not a call."""
+    is executing bytecode between calls: its line is where the interpreter was, not a call.
+    ``calls=False`` (page faults: taken with or without the GIL, by the code running): the line
+    seen most often at all."""
     if not len(busy):
         return {}
-    d = busy.assign(called=~busy["gil"])
+    d = busy.assign(called=~busy["gil"] if calls else True)
     n = d.groupby(["pid", "function", "called", "site"], sort=False).size().reset_index(name="n")
     n = n.sort_values(["pid", "function", "called", "n", "site"], ascending=[True, True, False, False, True])
     top = n.drop_duplicates(["pid", "function"])
@@ -180,7 +182,8 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     The function and call path come from the nearest busy sample (of the read's thread, else
     of its pool); the line from :func:`call_lines` -- the line that function is seen in a call
     at most often -- unless the sample was taken while the thread was blocked in a read that
-    overlaps the sample's window (``exact``: the stack was read during that read)."""
+    overlaps the sample's window (``exact``: the stack was read during that read).  A page
+    fault takes the line its function is seen at most often, whatever the GIL."""
     # busy: not waiting by its frames, and in the user's code (a stack of library frames only --
     # a thread starting, or a stack py-spy read torn -- names no site)
     busy = samples[~samples["state"].isin(sf.WAITING) & samples["user"]].sort_values("at_ns", kind="stable")
@@ -228,10 +231,12 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         k = picked[got]
         own = busy["site"].to_numpy()[k]
         exact[got] = (how[got] == "inside") & (busy["state"].to_numpy()[k] == sf.READ)
-        lines = call_lines(busy)  # per busy sample (hundreds), then per read by index
-        line = np.asarray([lines.get((int(p), f), o) for p, f, o in
-                           zip(busy["pid"].to_numpy(), busy["function"].to_numpy(), busy["site"].to_numpy())], dtype=object)
-        site[got] = np.where(exact[got], own, line[k])
+        # per busy sample (hundreds), then per read by index
+        keys = list(zip(busy["pid"].to_numpy().tolist(), busy["function"].to_numpy(), busy["site"].to_numpy()))
+        line, seen = (np.asarray([m.get((p, f), o) for p, f, o in keys], dtype=object)
+                      for m in (call_lines(busy), call_lines(busy, calls=False)))
+        fault = (calls["kind"] == "fault").to_numpy()[got] if "kind" in calls.columns else np.zeros(len(got), bool)
+        site[got] = np.where(exact[got], own, np.where(fault, seen[k], line[k]))
     return pd.DataFrame({"site": site, "submitter": sub, "join": how, "exact": exact}, index=calls.index)
 
 
