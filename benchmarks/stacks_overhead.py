@@ -15,7 +15,8 @@ With ``--arms on,off,record`` a third arm runs one long-lived ``py-spy record --
 --idle --threads --rate HZ --format chrometrace`` for the window instead of repeated dumps (a
 sampler that parses the target's binaries once; it reports neither the GIL holder nor the run
 state per sample, and writes its samples only when it exits), so the two samplers' costs are
-measured side by side in one run.
+measured side by side in one run.  An arm ``on@HZ`` samples at HZ instead of ``--hz``:
+``--arms on@10,off,on@5,off`` measures two rates side by side in one run.
 
 Usage: benchmarks/stacks_overhead.py [--windows 10] [--window 3] [--hz 20] [--threads 32] [--nice N]
                                      [--arms on,off]
@@ -49,7 +50,8 @@ def main() -> None:
     ap.add_argument("--hz", type=float, default=20.0, help="stack rounds a second when on")
     ap.add_argument("--threads", type=int, default=32, help="the pool's threads")
     ap.add_argument("--nice", type=int, default=None, help="py-spy's nice value (default: the sampler's)")
-    ap.add_argument("--arms", default="on,off", help="the arms' cycle: on (dumps), off, record (py-spy record)")
+    ap.add_argument("--arms", default="on,off",
+                    help="the arms' cycle: on (dumps at --hz), on@HZ (dumps at HZ), off, record (py-spy record)")
     a = ap.parse_args()
     if a.nice is not None:
         stacks.DUMP_NICE = a.nice
@@ -68,10 +70,9 @@ def main() -> None:
     time.sleep(1.0)
     arms: list[tuple[int, int, str]] = []  # (start ns, end ns, arm)
     cycle = a.arms.split(",")
-    cpu = wall_on = 0.0
+    cost = {k: {"cpu": 0.0, "wall": 0.0, "dumps": 0, "dump_ns": 0} for k in cycle if k.startswith("on")}
     rec_cpu = rec_wall = 0.0
     rec_samples = 0
-    dumps = dump_ns = 0
     try:
         for w in range(a.windows):
             arm = cycle[w % len(cycle)]
@@ -81,16 +82,17 @@ def main() -> None:
                 rec_cpu += c
                 rec_samples += n
                 rec_wall += a.window
-            elif arm == "on":
-                s = StackSampler(lambda: [lab.pid], hz=a.hz)
+            elif arm.startswith("on"):
+                s = StackSampler(lambda: [lab.pid], hz=_hz(arm, a.hz))
                 s.start()
                 time.sleep(a.window)
                 s.stop()
                 s.rows.clear()
-                cpu += s.cpu_s
-                dumps += s.dumps
-                dump_ns += s.wall_ns
-                wall_on += a.window
+                c = cost[arm]
+                c["cpu"] += s.cpu_s
+                c["dumps"] += s.dumps
+                c["dump_ns"] += s.wall_ns
+                c["wall"] += a.window
             else:
                 time.sleep(a.window)
             arms.append((t0, time.monotonic_ns(), arm))
@@ -110,20 +112,26 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in steps.items()}
     p90 = {k: statistics.quantiles(v, n=10)[-1] for k, v in steps.items()}
     print(f"lab pool reader, cached, {a.threads} threads; {a.windows} windows of {a.window:g} s alternating, "
-          f"stack sampling at {a.hz:g} Hz when on, py-spy at nice {stacks.DUMP_NICE}")
+          f"stack sampling at {a.hz:g} Hz when on (on@HZ: at HZ), py-spy at nice {stacks.DUMP_NICE}")
     secs = {k: sum(t1 - t0 - SETTLE_NS for t0, t1, arm in arms if arm == k) / 1e9 for k in steps}
-    print(f"{'arm':<7}{'steps':>8}{'steps/s':>9}{'p50 ms':>10}{'p90 ms':>10}")
+    print(f"{'arm':<8}{'steps':>8}{'steps/s':>9}{'p50 ms':>10}{'p90 ms':>10}")
     for k in steps:
-        print(f"{k:<7}{len(steps[k]):>8}{len(steps[k]) / secs[k]:>9.0f}{med[k]:>10.3f}{p90[k]:>10.3f}")
+        print(f"{k:<8}{len(steps[k]):>8}{len(steps[k]) / secs[k]:>9.0f}{med[k]:>10.3f}{p90[k]:>10.3f}")
     for k in steps:
         if k != "off":
             print(f"{k} / off: p50 x{med[k] / med['off']:.3f}, p90 x{p90[k] / p90['off']:.3f}")
-    if "on" in steps:
-        print(f"dumps: {dumps} dumps, {dump_ns / max(dumps, 1) / 1e6:.1f} ms wall a dump, py-spy CPU "
-              f"{cpu / wall_on * 100:.1f}% of a core while on ({cpu / max(dumps, 1) * 1e3:.1f} ms a dump)")
+    for k, c in cost.items():
+        n = max(c["dumps"], 1)
+        print(f"{k}: {c['dumps']} dumps, {c['dump_ns'] / n / 1e6:.1f} ms wall a dump, py-spy CPU "
+              f"{c['cpu'] / c['wall'] * 100:.1f}% of a core while on ({c['cpu'] / n * 1e3:.1f} ms a dump)")
     if "record" in steps:
         print(f"record: {rec_samples} samples (py-spy's count), py-spy CPU {rec_cpu / rec_wall * 100:.1f}% of a core while on")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _hz(arm: str, default: float) -> float:
+    """An ``on`` arm's rate: ``on@HZ``, else ``--hz``."""
+    return float(arm.split("@", 1)[1]) if "@" in arm else default
 
 
 def _record_window(pid: int, hz: float, seconds: float, tmp: str) -> tuple[float, int]:

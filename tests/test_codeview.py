@@ -119,6 +119,38 @@ def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
     assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
 
 
+def test_a_read_takes_its_functions_call_line_unless_sampled_inside_its_blocked_read():
+    """A sample holding the GIL is executing bytecode: its line (the loop's head) names no read;
+    the read takes the line its function is seen in a call at most often.  A sample taken while
+    the thread was blocked in a read overlapping its window keeps its own line (exact).  A page
+    fault, taken by the running code, takes the line its function is seen at most at all."""
+    import pandas as pd
+
+    pool = f"\n_WorkItem.run\t{STDLIB}/concurrent/futures/thread.py\t58\n_worker\t{STDLIB}/concurrent/futures/thread.py\t83"
+    at = {ln: f"read_rows\t/srv/app/reader.py\t{ln}{pool}" for ln in (38, 40)}
+    scan = {ln: f"scan\t/srv/app/scan.py\t{ln}" for ln in (9, 12)}
+    gather = {ln: f"gather\t/srv/app/g.py\t{ln}" for ln in (5, 7)}
+    stacks = _stack_rows([(100, 11, "w1", at[40]), (200, 11, "w1", at[38]), (300, 11, "w1", at[38]),
+                          (400, 11, "w1", at[40]), (450, 12, "MainThread", scan[9]), (528, 12, "MainThread", scan[12]),
+                          (560, 12, "MainThread", scan[9]), (700, 13, "g", gather[5]), (710, 13, "g", gather[5]),
+                          (720, 13, "g", gather[7])])
+    # 200 ms: holding the GIL; 300 ms: a forced switch at the loop's head; the gather faults holding it
+    stacks["gil"] = [False, True, False, False, False, False, False, True, True, False]
+    calls = pd.DataFrame({"ts_ns": [int(199e6), int(301e6), int(500e6), int(600e6), int(722e6), int(723e6)],
+                          "dur_ns": [1000, 1000, 30_000_000, 1000, 1000, 1000], "pid": [1] * 6,
+                          "tid": [11, 11, 12, 12, 13, 13], "offcpu_ns": [0, 0, 25_000_000, 0, 0, 0], "runq_ns": [0] * 6,
+                          "kind": pd.Categorical(["syscall"] * 5 + ["fault"], categories=["syscall", "fault"])})
+    samples = codeview.prepare_samples(stacks, calls)
+    assert samples["state"].tolist()[5] == sf.READ  # the 30 ms read slept across its window
+    assert codeview.call_lines(samples[samples["user"]]) == {(1, "read_rows (app/reader.py)"): "read_rows (app/reader.py:40)",
+                                                            (1, "scan (app/scan.py)"): "scan (app/scan.py:9)",
+                                                            (1, "gather (app/g.py)"): "gather (app/g.py:7)"}
+    j = codeview.join_reads(samples, calls)
+    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:12)", "scan (app/scan.py:9)",
+                                                                    "gather (app/g.py:7)", "gather (app/g.py:5)"]
+    assert list(j["exact"]) == [False, False, True, False, False, False]
+
+
 def test_native_frames_join_their_own_read_and_name_the_caller_of_libc():
     import pandas as pd
 
@@ -252,7 +284,9 @@ def two_readers(tmp_path_factory):
         p.wait_line("lab: ready")
     # and a reader that is not CPython: fio's psync job as a thread of its one process, paced, on
     # a file written (and cached) before: no write-back, no eviction (--invalidate=0), so the disk
-    # stays idle for the lab readers
+    # stays idle for the lab readers.  It runs until the lab readers are done (then killed: the
+    # recording ends when its last target exits), at most 120 s: a fixed 15 s ran out before the
+    # tracer was tracing when the tracer's start-up took longer (load 14: no fio reads recorded)
     fio = None
     if shutil.which("fio"):
         (tmp / "fio.dat").write_bytes(os.urandom(8 << 20))
@@ -270,10 +304,10 @@ def two_readers(tmp_path_factory):
     for p in labs.values():
         rc, _, err = p.finish()
         assert rc == 0, err
-    rc, tout, terr = tracer.finish()
     if fio is not None:
         fio.kill()
         fio.wait()
+    rc, tout, terr = tracer.finish()
     assert rc == 0, terr
     from engramprof import trace
     from engramprof.analysis import batches
@@ -288,7 +322,7 @@ def two_readers(tmp_path_factory):
     if fio is not None:
         views["fio"] = codeview.code_view(tr.samples("stacks"), tr.calls, None, 4.0, pid=fio.pid, meta=tr.meta,
                                           native=tr.samples("native_stacks"))
-    return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views,
+    return {"trace": out, "summary": json.loads(tout), "pids": pids, "views": views, "markers": tmp / "pool.jsonl",
             "fio": fio.pid if fio is not None else None,
             "read_tids": {k: set(tr.calls.loc[tr.calls["pid"] == pid, "tid"]) for k, pid in pids.items()},
             "kinds": tr.table("thread_kinds")}
@@ -301,12 +335,15 @@ def test_pool_reader_reads_at_its_read_line_submitted_from_the_gather_where_the_
     v = two_readers["views"]["pool"]
     read_line = _line_of(readers._read_rows, "n = preadv(")
     gather_line = _line_of(readers.PoolReader._run, "fut.result()")
-    top = v["read_sites"][0]
+    # the site of most reads (read_sites ranks by slow time, then miss time: on a loaded machine a
+    # library page of the main thread evicted by others, faulted back in, can rank first)
+    top = max(v["read_sites"], key=lambda s: s["reads"])
     assert top["site"] == f"_read_rows (lab/readers.py:{read_line})", v["read_sites"]
     assert top["submitted_from"] == "PoolReader._run (lab/readers.py)", top
-    # the share joined at the read line: 0.9-0.95 on a quiet machine, 0.5 in CI run 6 (a cached read
-    # lasts microseconds, a sample comes every 50 ms: docs/model.md, the join's bounds)
-    assert top["reads"] > 0.4 * v["join"]["reads"], (top, v["join"])
+    # the share joined at the read line: the line is the one _read_rows is seen in a call at most
+    # often, not where the nearest sample sat (a sample holding the GIL sits anywhere in the loop:
+    # a few such samples named 0.5 of the reads in CI run 6, docs/model.md, "The code view")
+    assert top["reads"] >= 0.8 * v["join"]["reads"], (top, v["join"])
     assert v["step_thread"]["name"] == "MainThread" and v["step_thread"]["tid"] == two_readers["pids"]["pool"]
     # where the step waits: on the pool's futures at the gather line, more than in any other wait
     waits = [w for w in v["step_waits"] if w["state"] in (sf.FUTURE, sf.WAIT, sf.GIL_WAIT, sf.BLOCKED)]
@@ -335,16 +372,24 @@ def test_nowait_reader_spends_its_step_in_its_own_read_loop_on_cpu(two_readers):
     assert on_cpu > 0.5 * sum(w["share"] for w in loop), v["step_waits"]
     assert not any(w["state"] == sf.FUTURE for w in v["step_waits"])
     # its reads are its own: issued on the step thread, no pool behind them
-    assert v["read_sites"][0]["site"].startswith("NowaitReader._nowait_pass") and not v["read_sites"][0]["submitted_from"]
+    top = max(v["read_sites"], key=lambda s: s["reads"])  # as above: not a library fault that missed
+    assert top["site"].startswith("NowaitReader._nowait_pass") and not top["submitted_from"], v["read_sites"]
 
 
 @pytest.mark.bpf
-def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers):
-    r = subprocess.run(engramprof("batch-tail", two_readers["trace"], "--json"), capture_output=True, text=True, timeout=120)
+def test_batch_tail_json_and_terminal_carry_the_code_view(two_readers, tmp_path):
+    # the pool reader's markers, naming its pid: the summary is its (with batches inferred from the
+    # reads, the slowest process was at times fio's, whose view is a note)
+    pool = two_readers["pids"]["pool"]
+    markers = tmp_path / "pool.jsonl"
+    markers.write_text("".join(json.dumps(json.loads(ln) | {"pid": pool}) + "\n"
+                               for ln in two_readers["markers"].read_text().splitlines()))
+    r = subprocess.run(engramprof("batch-tail", two_readers["trace"], "--markers", markers, "--json"),
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     cv = summary["code_view"]
-    assert cv["pid"] == summary["slowest_process"] and cv["read_sites"], cv
+    assert cv.get("pid") == summary["slowest_process"] == pool and cv["read_sites"], cv
     # the split's python-scheduling time set against what the samples saw of it
     ps = cv["python_scheduling"]
     assert ps["split_ms"] >= 0 and ps["residual_ms"] == pytest.approx(

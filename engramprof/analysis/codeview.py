@@ -3,12 +3,14 @@
 Joins the sampled Python stacks (samples/stacks, engramprof/sampling/stacks.py) to the read
 events and the batches by thread and time, and answers three questions:
 
-1. **who issues the reads** (:func:`read_sites`): each read event of a thread gets the code
-   site of that thread's nearest *busy* sample (by its frames: not an idle pool worker, not a
+1. **who issues the reads** (:func:`read_sites`): each read event of a thread gets the function
+   of that thread's nearest *busy* sample (by its frames: not an idle pool worker, not a
    wait), the sample's window overlapping the read (``inside``) or within :data:`NEAR_NS` of
    it (``near``); a worker with none borrows its pool's nearest (``pool``: another worker of
-   the same process, running the same code).  A pool worker's site is the function it runs; the code that submitted it is the
-   site where, in the same round, a thread of the process waited on a future or submitted one.
+   the same process, running the same code).  The line is the one that function is seen in a
+   call at most often (:func:`call_lines`), not where the nearest sample sat.  A pool
+   worker's site is the function it runs; the code that submitted it is the site where, in
+   the same round, a thread of the process waited on a future or submitted one.
    Sites are ranked by slow-read time, miss time, then read time.
 2. **where each step waits** (:func:`step_waits`): the step thread (the thread other than a
    pool worker with the most samples inside batches outside a plain wait) and its share of
@@ -158,14 +160,37 @@ def _nearest(sample_t: np.ndarray, read_lo: np.ndarray, read_hi: np.ndarray) -> 
     return pick, np.minimum(d_after, d_before)
 
 
+def call_lines(busy: pd.DataFrame, calls: bool = True) -> dict[tuple[int, str], str]:
+    """(pid, function) -> the site (its line) where that function's busy samples sat most often
+    without the GIL -- inside a call that released it (a read) or re-taking the GIL after one --
+    else most often at all (a function that reads holding the GIL).  A sample holding the GIL
+    is executing bytecode between calls: its line is where the interpreter was, not a call.
+    ``calls=False`` (page faults: taken with or without the GIL, by the code running): the line
+    seen most often at all."""
+    if not len(busy):
+        return {}
+    d = busy.assign(called=~busy["gil"] if calls else True)
+    n = d.groupby(["pid", "function", "called", "site"], sort=False).size().reset_index(name="n")
+    n = n.sort_values(["pid", "function", "called", "n", "site"], ascending=[True, True, False, False, True])
+    top = n.drop_duplicates(["pid", "function"])
+    return {(int(p), f): site for p, f, site in zip(top["pid"], top["function"], top["site"])}
+
+
 def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
-    """Per read event: ``site``, ``submitter``, ``join`` (inside | near | pool | none)."""
+    """Per read event: ``site``, ``submitter``, ``join`` (inside | near | pool | none), ``exact``.
+
+    The function and call path come from the nearest busy sample (of the read's thread, else
+    of its pool); the line from :func:`call_lines` -- the line that function is seen in a call
+    at most often -- unless the sample was taken while the thread was blocked in a read that
+    overlaps the sample's window (``exact``: the stack was read during that read).  A page
+    fault takes the line its function is seen at most often, whatever the GIL."""
     # busy: not waiting by its frames, and in the user's code (a stack of library frames only --
     # a thread starting, or a stack py-spy read torn -- names no site)
-    busy = samples[~samples["state"].isin(sf.WAITING) & samples["user"]].sort_values("at_ns")
+    busy = samples[~samples["state"].isin(sf.WAITING) & samples["user"]].sort_values("at_ns", kind="stable")
+    busy = busy.assign(_k=np.arange(len(busy)))
     subs = submitters(samples)
     n = len(calls)
-    site = np.full(n, None, dtype=object)
+    picked = np.full(n, -1, dtype=np.int64)  # position in busy
     sub = np.full(n, None, dtype=object)
     how = np.full(n, "none", dtype=object)
     tid = calls["tid"].to_numpy()
@@ -180,7 +205,7 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         pick, dist = _nearest(t, lo[rows], hi[rows])
         ok = dist <= near_ns
         rows, pick, dist = rows[ok], pick[ok], dist[ok]
-        site[rows] = pool["site"].to_numpy()[pick]
+        picked[rows] = pool["_k"].to_numpy()[pick]
         # inside: the read overlaps the sample's window (its end, less the window's length)
         window = (pool["end_ns"] - pool["start_ns"]).to_numpy(np.int64)[pick]
         inside = (hi[rows] >= t[pick] - window) & (lo[rows] <= t[pick])
@@ -199,7 +224,20 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         seen_worker = set(samples.loc[samples["worker"], "tid"].tolist())
         left = left[np.isin(tid[left], list(seen_worker))]
         assign(left, workers, "pool", "pool", near_ns=np.iinfo(np.int64).max)
-    return pd.DataFrame({"site": site, "submitter": sub, "join": how}, index=calls.index)
+    site = np.full(n, None, dtype=object)
+    exact = np.zeros(n, dtype=bool)
+    got = np.flatnonzero(picked >= 0)
+    if len(got):
+        k = picked[got]
+        own = busy["site"].to_numpy()[k]
+        exact[got] = (how[got] == "inside") & (busy["state"].to_numpy()[k] == sf.READ)
+        # per busy sample (hundreds), then per read by index
+        keys = list(zip(busy["pid"].to_numpy().tolist(), busy["function"].to_numpy(), busy["site"].to_numpy()))
+        line, seen = (np.asarray([m.get((p, f), o) for p, f, o in keys], dtype=object)
+                      for m in (call_lines(busy), call_lines(busy, calls=False)))
+        fault = (calls["kind"] == "fault").to_numpy()[got] if "kind" in calls.columns else np.zeros(len(got), bool)
+        site[got] = np.where(exact[got], own, np.where(fault, seen[k], line[k]))
+    return pd.DataFrame({"site": site, "submitter": sub, "join": how, "exact": exact}, index=calls.index)
 
 
 def read_sites(calls: pd.DataFrame, joined: pd.DataFrame, slow_ms: float, top: int = TOP_SITES,
@@ -380,7 +418,7 @@ def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.Data
     round_ts = samples.groupby("round")["end_ns"].max().sort_values().to_numpy()
     interval = float(np.median(np.diff(round_ts))) if len(round_ts) > 1 else float("nan")
     window = float(samples["end_ns"].sub(samples["start_ns"]).median())
-    joined = join_reads(samples, calls) if len(calls) else pd.DataFrame(columns=["site", "submitter", "join"])
+    joined = join_reads(samples, calls) if len(calls) else pd.DataFrame(columns=["site", "submitter", "join", "exact"])
     sites = read_sites(calls, joined, slow_ms, native=nat.reindex(calls.index)) if len(calls) else []
     tid = step_thread(samples)
     step_ns = float((end - start).sum())
@@ -395,7 +433,7 @@ def code_view(stacks: pd.DataFrame | None, calls: pd.DataFrame, batches: pd.Data
                    "states_from": "py-spy and the off-CPU spans" if offcpu is not None and len(offcpu) else "py-spy"},
         "python_threads": python_threads(stacks),
         "join": {k: int((joined["join"] == k).sum()) for k in ("inside", "near", "pool", "none")} | {
-            "reads": int(len(joined)), "near_ms": NEAR_NS / 1e6},
+            "reads": int(len(joined)), "exact": int(joined["exact"].sum()), "near_ms": NEAR_NS / 1e6},
         "read_sites": sites,
         "native_read_sites": nsites,
         "step_thread": None if tid is None else {"tid": tid, "name": name, "batches": int(len(start)),

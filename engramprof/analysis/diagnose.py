@@ -31,6 +31,7 @@ from engramprof.errors import UserError
 from engramprof.host import residency
 from engramprof.jsonable import jsonable  # noqa: F401  (commands print diagnose.jsonable)
 from engramprof.record.recorder import Recorder
+from engramprof.sampling.stacks import DEFAULT_STACK_HZ
 from engramprof.units import duration, pct
 
 #: a second cause is named as runner-up from this share of batch time on
@@ -399,7 +400,7 @@ def keep_markers(markers: str, trace_dir: str) -> None:
 
 def run(pid, duration: float = 20.0, markers: str | None = None, output: str | None = None,
         slow_ms: float = 4.0, sample_hz: float = 10.0, stop=None, on_tracing=None, argv=None,
-        offcpu: bool = True, fault_address: bool = True, stack_hz: float = 10.0) -> dict:
+        offcpu: bool = True, fault_address: bool = True, stack_hz: float = DEFAULT_STACK_HZ) -> dict:
     """Record the target (a pid or a Selection) for `duration` seconds, then diagnose.  `stop`
     (threading.Event) ends early; `offcpu` / `fault_address` / `stack_hz`: see
     record.sources.base.Options."""

@@ -38,7 +38,7 @@ def output_option(help: str):
 
 # ------------------------------------------------ --stack-hz: the Python stacks (py-spy)
 
-STACK_HZ_DEFAULT = 10.0  # engramprof.sampling.stacks.DEFAULT_STACK_HZ (not imported: --help stays fast)
+STACK_HZ_DEFAULT = 5.0  # engramprof.sampling.stacks.DEFAULT_STACK_HZ (not imported: --help stays fast)
 STACK_HZ_MAX = 50.0  # a py-spy dump takes 10-20 ms: more rounds a second than this cannot be had
 
 

@@ -42,9 +42,10 @@ import pyarrow as pa
 
 from engramprof.trace.schema import sample_schema, table_schema
 
-#: rounds a second by default: a dump costs 9-10 ms of CPU, so 10 Hz takes about 10% of one core
-#: (5% of a 2-core host, the added step time at worst); benchmarks/RESULTS.md
-DEFAULT_STACK_HZ = 10.0
+#: rounds a second by default: a dump costs about 6 ms of CPU (quiet machine), so 5 Hz takes 3% of
+#: one core; the lab pool reader's steps: p50 x1.03, p90 x1.05 at 5 Hz, x1.05 / x1.12 at 10 Hz
+#: (benchmarks/RESULTS.md, "Stack sampling at 5 vs 10 Hz"; the target is at most 5% added)
+DEFAULT_STACK_HZ = 5.0
 #: processes dumped a round at most (a dump costs ~10 ms of CPU): a --cgroup of many processes
 #: gets its lowest pids sampled, and one note says how many were left out
 MAX_PROCESSES = 4

@@ -59,7 +59,7 @@ class Options:
     evictions: bool = True  # evictions of the target's files' pages (probes/evictions.bpf.c)
     uring: bool = True  # io_uring read requests (probes/uring.bpf.c)
     libaio: bool = True  # Linux AIO read iocbs (probes/libaio.bpf.c)
-    stack_hz: float = 0.0  # the target's Python stacks with py-spy (0: off; the commands default to 10)
+    stack_hz: float = 0.0  # the target's Python stacks with py-spy (0: off; the commands default to 5)
 
 
 class Recording:
