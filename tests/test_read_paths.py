@@ -237,6 +237,12 @@ def test_requests_reaped_late_are_not_storage(kind):
     assert s["evidence"]["reap_wait_share"] == pytest.approx((5.7 * 10 + 0.2 * 20) / (6.035 * 10 + 0.535 * 20),
                                                              rel=0.01)
     assert s["share"]["residency"] > 0.95
+    seen = {x["step"]: x for x in read_path_steps(s)}["read paths"]["finding"]
+    assert "not yet reaped 86%" in seen and "never storage" in seen
+    buf = StringIO()
+    report.render((table, s), Console(file=buf, width=80, color_system=None))
+    assert "not yet reaped 86%" in " ".join(buf.getvalue().split())
+    assert max(len(x) for x in buf.getvalue().splitlines()) <= 80
 
 
 def test_throttled_requests_stay_storage_beside_requests_with_fast_bios():
