@@ -227,6 +227,9 @@ def test_requests_reaped_late_are_not_storage(kind):
     storage.  (Judged by submit -> reap, the late batches came back 12x slower than the others:
     storage ~80%.)"""
     calls, markers = reaped(kind, [500.0, 500.0, 6000.0])
+    # one request a batch has a bio time longer than its own interval (seen on io_uring
+    # requests with readahead): not a measure of it; its device part ends with its batch's
+    calls.loc[calls.index % 32 == 5, "bio_ns"] = 10**10
     table, s = _bt(calls, markers)
     assert s["verdict"] == "residency", s["share"]
     assert s["share"]["storage"] < 0.02, s["share"]

@@ -306,22 +306,32 @@ def device_ends(s: np.ndarray, e: np.ndarray, ev: Evidence, batch: np.ndarray, n
     * a request (io_uring, libaio) with timed bios of its own: its submit plus its bios' mean
       queue -> complete (the bios of one request are queued together at its issue);
     * a request whose bios were counted but not timed (merged into another request's, or the
-      bio table's slot was taken), or with no bio because another request of its batch read the
-      same offset (the libaio probe credits one of them): the latest device end of its batch's
-      timed requests (its data came with one of theirs);
+      bio table's slot was taken; or timed longer than its own interval, which no bio credited
+      inside it can be), with no bio because another request of its batch read the
+      same offset (the libaio probe credits one of them), or buffered with neither a bio nor a
+      page inserted (it waited for a page another read brought in): the latest device end of
+      its batch's timed requests (its data came with one of theirs);
     * every other event: its exit.  A call's whole interval is its own service; a request with
       no bio of its own keeps its whole interval as the device's: bios held by a throttle before
       the block layer are queued by the throttle's worker, never credited to the request."""
     if ev.uring is None or ev.bio_count is None or ev.bio_ns is None:
         return None
     req = ev.uring
-    timed = req & (ev.bio_count > 0) & (ev.bio_ns > 0)
+    # a bio's queue -> complete is credited only inside its request's interval: a mean beyond the
+    # interval is not a measure of it (seen on io_uring requests with readahead: seconds)
+    per_bio = safe_div(ev.bio_ns, ev.bio_count)
+    timed = req & (ev.bio_count > 0) & (ev.bio_ns > 0) & (per_bio <= e - s)
     if not timed.any():
         return None
     t = e.astype(np.int64, copy=True)
-    per_bio = np.ceil(ev.bio_ns[timed] / ev.bio_count[timed]).astype(np.int64)
-    t[timed] = np.clip(s[timed] + per_bio, s[timed], e[timed])
+    t[timed] = np.clip(s[timed] + np.ceil(per_bio[timed]).astype(np.int64), s[timed], e[timed])
     untimed = req & (ev.bio_count > 0) & ~timed
+    if ev.pages_added is not None:
+        # buffered, no page inserted, no bio: it waited for a page another read brought in
+        # (readahead, or a request reading the same page); a throttle-held buffered request did
+        # insert its pages (before its bios were held), an O_DIRECT one inserts none: both stay whole
+        buffered = ~ev.direct if ev.direct is not None else np.ones(len(req), dtype=bool)
+        untimed |= req & buffered & (ev.bio_count <= 0) & (ev.pages_added <= 0)
     if offset is not None:
         lost = np.flatnonzero(req & (ev.bio_count <= 0))
         if len(lost):
