@@ -167,3 +167,6 @@ def test_aio_reader_cold_is_residency(runs):
     assert bt["share"]["python-scheduling"] < 0.10 and bt["share"]["unexplained"] < 0.10, bt["share"]
     assert {(p["kind"], p["direct"]) for p in bt["read_paths"]} == {("libaio", True)}
     assert bt["queue_depth"]["max"]["p50"] > 1  # the batch's iocbs go in one io_submit
+    # each iocb's own bio ends its device part; the rest of its interval, until the reap, is the
+    # reap's wait: shown apart, counted in residency, never storage (docs/model.md)
+    assert 0 < bt["evidence"]["reap_wait_share"] <= bt["share"]["residency"], (bt["evidence"], bt["share"])

@@ -20,6 +20,8 @@ import numpy as np
 
 from engramprof.analysis.components import (
     Evidence,
+    device_ends,
+    device_weights,
     distinct_per_batch,
     inflight_weights,
     miss_io_bytes,
@@ -101,7 +103,7 @@ def _zeros(n: int) -> np.ndarray:
 #: the per-batch arrays of a BatchAccumulator (length n each)
 PER_BATCH_ARRAYS = ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms", "queue_depth_max",
-                    "native_wait")
+                    "native_wait", "reap_wait")
 #: per batch, its io_uring requests by how each was served (evidence keys, uring_path values)
 URING_PATH_COUNTS = ("uring_inline", "uring_async", "uring_punted")
 
@@ -127,6 +129,7 @@ class BatchAccumulator:
     slowest_ms: np.ndarray = field(init=False)
     queue_depth_max: np.ndarray = field(init=False)  # most reads in flight at once
     native_wait: np.ndarray = field(init=False)  # of cpu-copy: native threads' own waits (thread_kinds.py)
+    reap_wait: np.ndarray = field(init=False)  # of residency: requests done at the device, not yet reaped
     slowest_pos: np.ndarray = field(init=False)
     evidence: dict = field(init=False)  # per-batch evidence sums and the slowest event's
     totals: Totals = field(default_factory=Totals)
@@ -273,6 +276,9 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     t.miss_wait_ns += float(comp.miss_wait.sum())
     pages = ev.pages_added
     other = comp.miss_cpu + comp.wake
+    if comp.reap is not None:  # a request's wait for its reap: the miss's cost, never storage
+        acc.reap_wait[sl] = ch.per_batch(comp.reap * scale)
+        other = other + comp.reap
     sel = (comp.miss_wait > 0) | (other > 0)
     if pages is not None:
         sel |= pages > 0
@@ -423,15 +429,23 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     e = np.minimum(s + dur, bend[ch.batches][ch.batch])
     tcode = ch.pick(inp.threads.code[ch.lo:ch.hi])
     eo = np.argsort(e, kind="stable")  # exits in time order: the union's and the queue depth's
-    u = inflight_weights(s, e, eo)
-    acc.inflight[ch.batches] = ch.per_batch(u)
-    _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
-                  inp.threads.native)
     ev = Evidence.read(events.cols, ch)
     for c, k in ev.nulls.items():
         acc.totals.nulls[c] += k
-    comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch)
-    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u)
+    off = ch.pick(events.cols.raw("offset", ch.lo, ch.hi)) if events.cols.has("offset") else None
+    t_dev = device_ends(s, e, ev, ch.batch, ch.n_batches, off)
+    if t_dev is None:
+        u = u_dev = inflight_weights(s, e, eo)
+        tail_frac = None
+    else:  # requests with their own bios: the union by device part, then the wait for the reap
+        u_dev, u_tail = device_weights(s, e, t_dev)
+        u = u_dev + u_tail
+        tail_frac = safe_div(u_tail, u)
+    acc.inflight[ch.batches] = ch.per_batch(u)
+    _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
+                  inp.threads.native)
+    comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch, tail_frac)
+    obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u_dev)
     io_bytes = None
     if obs is not None:
         ret = ch.pick(events.cols.raw("ret", ch.lo, ch.hi)) if events.cols.has("ret") else None

@@ -212,7 +212,10 @@ class Components:
     contention); wake: run-queue wait of an event that slept on a miss (waiting for a CPU once
     its page is there: part of the miss's cost); miss_wait: voluntary off-CPU time in a miss
     context (the event or its batch had misses); unexplained: voluntary off-CPU time otherwise;
-    miss_cpu: on-CPU time of an event with misses; copy: on-CPU time of an event without.
+    miss_cpu: on-CPU time of an event with misses; copy: on-CPU time of an event without;
+    reap: of a request, the time after its device part (its bios done) until its completion
+    reached the process (the reaping thread's wake-up or late reap: the miss's cost, never
+    storage; :func:`device_weights`).
     ``missed``: the event inserted pages (or queued bios); None when the trace cannot tell."""
 
     reclaim: np.ndarray
@@ -223,6 +226,7 @@ class Components:
     copy: np.ndarray
     unexplained: np.ndarray
     missed: np.ndarray | None
+    reap: np.ndarray | None = None
 
 
 def missed_events(ev: Evidence) -> np.ndarray | None:
@@ -245,11 +249,13 @@ def _bincounter(batch: np.ndarray, n_batches: int):
 
 
 def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evidence, per_batch=None,
-                     any_per_batch=None) -> Components:
+                     any_per_batch=None, tail_frac: np.ndarray | None = None) -> Components:
     """Split durations ``d`` into :class:`Components`.  Without offcpu_ns the time left after
     reclaim and the run-queue wait is a miss wait in events with misses, unexplained otherwise.
     ``per_batch(weights)``: per-batch sums (default: a bincount over ``batch``);
-    ``any_per_batch(flags)``: per batch, whether any flag is set (default: from per_batch)."""
+    ``any_per_batch(flags)``: per batch, whether any flag is set (default: from per_batch);
+    ``tail_frac``: per event, the share of its time after its device part (a request's wait for
+    its reap, :func:`device_weights`): taken from a request's miss wait as ``reap``."""
     per_batch = per_batch or _bincounter(batch, n_batches)
     n = len(d)
     recl = np.clip(ev.reclaim_ns, 0, d) if ev.reclaim_ns is not None else np.zeros(n)
@@ -283,8 +289,93 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
         wake = np.where(missed, runq, 0.0) if missed is not None else np.zeros(n)
         unexplained = rest - miss_wait
         miss_cpu = copy = np.zeros(n)
+    reap = None
+    if tail_frac is not None and ev.uring is not None:
+        # a request's time after its bios were done: waiting for its reap, not for the device
+        reap = np.where(ev.uring, np.minimum(miss_wait, d * tail_frac), 0.0)
+        miss_wait = miss_wait - reap
     return Components(reclaim=recl, preempt=runq - wake, wake=wake, miss_wait=miss_wait, miss_cpu=miss_cpu,
-                      copy=copy, unexplained=unexplained, missed=missed)
+                      copy=copy, unexplained=unexplained, missed=missed, reap=reap)
+
+
+def device_ends(s: np.ndarray, e: np.ndarray, ev: Evidence, batch: np.ndarray, n_batches: int,
+                offset: np.ndarray | None = None) -> np.ndarray | None:
+    """Per event, when its device part ended (int64 ns; None when no request has timed bios:
+    nothing changes).
+
+    * a request (io_uring, libaio) with timed bios of its own: its submit plus its bios' mean
+      queue -> complete (the bios of one request are queued together at its issue);
+    * a request whose bios were counted but not timed (merged into another request's, or the
+      bio table's slot was taken; or timed longer than its own interval, which no bio credited
+      inside it can be), with no bio because another request of its batch read the
+      same offset (the libaio probe credits one of them), or buffered with neither a bio nor a
+      page inserted (it waited for a page another read brought in): the latest device end of
+      its batch's timed requests (its data came with one of theirs);
+    * every other event: its exit.  A call's whole interval is its own service; a request with
+      no bio of its own keeps its whole interval as the device's: bios held by a throttle before
+      the block layer are queued by the throttle's worker, never credited to the request."""
+    if ev.uring is None or ev.bio_count is None or ev.bio_ns is None:
+        return None
+    req = ev.uring
+    # a bio's queue -> complete is credited only inside its request's interval: a mean beyond the
+    # interval is not a measure of it (seen on io_uring requests with readahead: seconds)
+    per_bio = safe_div(ev.bio_ns, ev.bio_count)
+    timed = req & (ev.bio_count > 0) & (ev.bio_ns > 0) & (per_bio <= e - s)
+    if not timed.any():
+        return None
+    t = e.astype(np.int64, copy=True)
+    t[timed] = np.clip(s[timed] + np.ceil(per_bio[timed]).astype(np.int64), s[timed], e[timed])
+    untimed = req & (ev.bio_count > 0) & ~timed
+    if ev.pages_added is not None:
+        # buffered, no page inserted, no bio: it waited for a page another read brought in
+        # (readahead, or a request reading the same page); a throttle-held buffered request did
+        # insert its pages (before its bios were held), an O_DIRECT one inserts none: both stay whole
+        buffered = ~ev.direct if ev.direct is not None else np.ones(len(req), dtype=bool)
+        untimed |= req & buffered & (ev.bio_count <= 0) & (ev.pages_added <= 0)
+    if offset is not None:
+        lost = np.flatnonzero(req & (ev.bio_count <= 0))
+        if len(lost):
+            with_bio = np.flatnonzero(req & (ev.bio_count > 0))
+            mine = pd.MultiIndex.from_arrays([batch[lost], offset[lost]])
+            untimed[lost[mine.isin(pd.MultiIndex.from_arrays([batch[with_bio], offset[with_bio]]))]] = True
+    if untimed.any():
+        latest = np.full(n_batches, np.iinfo(np.int64).min)
+        np.maximum.at(latest, batch[timed], t[timed])
+        lb = latest[batch[untimed]]
+        known = lb > np.iinfo(np.int64).min
+        idx = np.flatnonzero(untimed)[known]
+        t[idx] = np.clip(lb[known], s[idx], e[idx])
+    return t
+
+
+def device_weights(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per event, its part of the in-flight union split into (device, tail): each instant at
+    which some event is in its device part ([s, t]) is shared among those events; each instant
+    at which events are in flight but none is in its device part (every one of them done at the
+    device, waiting to be reaped) is shared among the events in flight, as their tail.  The two
+    sum, over the events, to the union of [s, e] (:func:`inflight_weights` shares it by
+    in-flight events alone); an event with ``t == e`` has no tail.  A sweep over the entries,
+    device ends and exits (at equal times in that order)."""
+    n = len(s)
+    if n == 0:
+        return np.empty(0), np.empty(0)
+    times = np.concatenate([np.asarray(s, np.int64), np.asarray(t, np.int64), np.asarray(e, np.int64)])
+    what = np.repeat(np.arange(3, dtype=np.int8), n)  # 0 entry, 1 device end, 2 exit
+    if -_KEY_LIMIT // 2 <= times.min() and times.max() < _KEY_LIMIT // 2:  # time * 4 + what fits
+        order = np.argsort(times * 4 + what, kind="stable")
+    else:
+        order = np.lexsort((what, times))
+    w = what[order]
+    k = np.cumsum(np.where(w == 0, 1, np.where(w == 2, -1, 0)))[:-1]  # in flight after each point
+    m = np.cumsum(np.where(w == 0, 1, np.where(w == 1, -1, 0)))[:-1]  # in their device part
+    dt = np.diff(times[order]).astype(np.float64)
+    dev = np.zeros(len(order))
+    tail = np.zeros(len(order))
+    np.cumsum(np.where(m > 0, dt / np.maximum(m, 1), 0.0), out=dev[1:])
+    np.cumsum(np.where((m == 0) & (k > 0), dt / np.maximum(k, 1), 0.0), out=tail[1:])
+    pos = np.empty(3 * n, dtype=np.int64)
+    pos[order] = np.arange(3 * n)
+    return dev[pos[n:2 * n]] - dev[pos[:n]], tail[pos[2 * n:]] - tail[pos[:n]]
 
 
 def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_wait: np.ndarray, per_batch=None,
@@ -297,8 +388,9 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     (on a page another thread's read or readahead is bringing in): its whole voluntary miss
     wait.  Otherwise the batch's mean bio time.  Without bio columns the same with pages
     inserted as the I/O count.  A request that waited (io_uring, libaio) is one I/O of its own,
-    served at the interval its batch's waited requests came back at: their part of the in-flight
-    union (``union_share``, :func:`inflight_weights`) over their number -- not its own
+    served at the interval its batch's waited requests came back at from the device: their part
+    of the union while in their device part (``union_share``, :func:`device_weights`: up to their
+    bios' completion, not their reap) over their number -- not its own
     submit -> complete nor its bios' queue -> complete, which at queue depth N hold the N - 1
     requests ahead of it (a batch submitted at once would make half its requests "slower than
     normal" on a device at its normal speed).  Returns (observed, own): ``own`` marks events that did

@@ -236,6 +236,10 @@ def read_path_steps(bt: dict) -> list[dict]:
     qd = (bt.get("queue_depth") or {}).get("max") or {}
     if qd.get("p50") is not None:
         seen += f"; reads in flight at once per batch p50 {qd['p50']:.0f}, p99 {qd['p99']:.0f}"
+    reap = (bt.get("evidence") or {}).get("reap_wait_share")
+    if reap:
+        seen += (f"; requests done at the device (their bios complete) and not yet reaped {pct(reap)} of "
+                 "batch time (in residency: the reaping thread's wait, never storage)")
     steps = [{"step": "read paths", "finding": seen, "value": paths}]
     d = bt.get("direct")
     if d:

@@ -111,6 +111,9 @@ def _evidence(acc, events, threads, context, service, ctx, tot_wall, t_first, t_
             # calls that slept on a miss (in residency / reclaim)
             evidence["runq_preempt_share"] = float(acc.runq_preempt.sum() / tot_wall)
             evidence["runq_wake_share"] = float(acc.runq_wake.sum() / tot_wall)
+    if tot_wall > 0 and acc.reap_wait.any():
+        # of residency / reclaim: requests done at the device (their bios complete), not yet reaped
+        evidence["reap_wait_share"] = float(acc.reap_wait.sum() / tot_wall)
     if ctx is not None:
         sw, _inv, totals = ctx
         evidence["ctx_switches_per_batch"] = {"p50": percentile(sw, 50), "p99": percentile(sw, 99)}

@@ -77,6 +77,8 @@ def _cause_evidence(s: dict) -> dict[str, str]:
         miss_bits.append(f"O_DIRECT {pct(s['direct']['share'])} of reads: every one waits for the device")
     if ev.get("runq_wake_share"):
         miss_bits.append(f"of which waiting for a CPU after the miss {pct(ev['runq_wake_share'])}")
+    if ev.get("reap_wait_share"):
+        miss_bits.append(f"of which requests done at the device, not yet reaped {pct(ev['reap_wait_share'])}")
     out["residency"] = "; ".join(miss_bits)
     rb = []
     if "reclaim_ms" in ev:
