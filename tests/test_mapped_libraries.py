@@ -163,6 +163,8 @@ def test_warm_is_healthy_not_python_scheduling(runs):
     assert d["verdict"] == "healthy", (sh, d["batch_tail"]["notes"])
     assert sh["python-scheduling"] < 0.1, sh
     assert "GIL" not in d["recommendation"]["fix"]
+    # no thread read (rows mapped and resident): no note about the reading threads' samples
+    assert not any("reading threads" in n for n in d["batch_tail"]["notes"]), d["batch_tail"]["notes"]
     kinds = d["batch_tail"]["thread_kinds"]
     pid = d["trace"]["pid"]
     assert any(t["tid"] == pid and t["kind"] == "python" for t in kinds["threads"]), kinds
