@@ -251,3 +251,17 @@ def test_a_queue_of_the_readers_own_windows_on_a_healthy_device_is_residency():
                       "tid": 1})
     _, s = analyse(calls, m)
     assert s["verdict"] == "storage" and s["share"]["storage"] > 0.8, s["share"]
+
+
+def test_bytes_read_beside_is_the_overlap_weighted_sum_of_the_other_reads():
+    from engramprof.analysis.components import bytes_read_beside
+
+    rng = np.random.default_rng(3)
+    n = 120
+    s = rng.integers(0, 10**6, n)  # unsorted on purpose
+    e = s + rng.integers(0, 10**5, n)  # some of zero length
+    own = rng.random(n) < 0.7
+    b = rng.integers(0, 10**6, n).astype(float)
+    want = [sum(b[j] * max(0, min(e[i], e[j]) - max(s[i], s[j])) / (e[j] - s[j])
+                for j in range(n) if own[j] and j != i and e[j] > s[j]) for i in range(n)]
+    assert bytes_read_beside(s, e, own, b) == pytest.approx(want, rel=1e-9, abs=1e-6)
