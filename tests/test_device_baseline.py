@@ -187,3 +187,81 @@ def test_a_mapped_batch_waiting_for_a_native_thread_is_a_native_pool_wait():
         m = pd.DataFrame({"start_ns": [0], "end_ns": [10 * MS], "tid": [1], "python_tids": [listed]})
         _, s = analyse(calls, m, samples={"offcpu": offcpu}, meta=meta)
         assert s["share"][cause] == pytest.approx(1.0 if cause == "cpu-copy" else 0.8), (listed, s["share"])
+
+
+def test_threads_the_interpreter_list_never_held_are_native_without_markers_lists():
+    # markers without python_tids; a sampler's table read the interpreter at its rounds: tid 1
+    # Python, tid 3 native.  Tid 2 lived between two rounds (faiss's per-search prefetch
+    # threads live ~13 ms): never listed, so native; the submitter's preempted wait while it ran
+    # is that pool's, not python-scheduling.  Without the table, tid 2 is unknown (Python).
+    calls = fault_rows(0, pages=0, bios=0, bio_ns=0, wait_ns=0)
+    offcpu = pd.DataFrame({"tid": [1, 2], "start_ns": [1 * MS, 1 * MS], "end_ns": [9 * MS, 2 * MS],
+                           "preempted": [True, True], "waker_tid": [-1, 1], "waker_pid": [-1, 1]})
+    meta = {"fault_probe": True, "start_ns": 0, "end_ns": 10 * MS}
+    m = pd.DataFrame({"start_ns": [0], "end_ns": [10 * MS], "tid": [1]})
+    table = pd.DataFrame({"pid": [1, 1], "tid": [1, 3], "kind": ["python", "native"],
+                          "source": ["py-spy: a Python thread state", "py-spy: in /proc/PID/task"]})
+    k = thread_kinds.thread_kinds([1, 2, 3], m, None, table).set_index("tid")
+    assert k.loc[2, "kind"] == "native" and "never in the interpreter" in k.loc[2, "source"]
+    assert thread_kinds.thread_kinds([1, 2], m, None, None).set_index("tid").loc[2, "kind"] == "unknown"
+
+    class WithTable:  # a Trace-like input: its calls, samples and tables
+        def __init__(self):
+            self.calls, self.meta = calls, meta
+
+        def samples(self, name):
+            return offcpu if name == "offcpu" else None
+
+        def table(self, name):
+            return table if name == "thread_kinds" else None
+
+    _, s = analyse(WithTable(), m)
+    assert s["share"]["cpu-copy"] == pytest.approx(1.0), s["share"]
+    _, s = analyse(calls, m, samples={"offcpu": offcpu}, meta=meta)  # no table: the old answer
+    assert s["share"]["python-scheduling"] == pytest.approx(0.8), s["share"]
+
+
+def _queued_windows(mb_s: float, batches: int = 4, threads: int = 8) -> pd.DataFrame:
+    """``threads`` threads each fault an 8 MiB readahead window (8 bios of 1 MiB) at the same
+    instant, every batch: the device serves the 64 MiB at ``mb_s``, so each fault and each of
+    its bios waits for the whole queue (the reader's own readahead ahead of it)."""
+    wait = int(threads * 8 * (1 << 20) / (mb_s * 1e6) * 1e9)
+    rows = []
+    for b in range(batches):
+        for t in range(threads):
+            rows.append(fault_rows(1, pages=PAGES_PER_WINDOW, bios=8, bio_ns=8 * wait, wait_ns=wait, tid=t + 1)
+                        .assign(ts_ns=MS + b * (wait + 50 * MS)))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_a_queue_of_the_readers_own_windows_on_a_healthy_device_is_residency():
+    # 8 threads x 8 MiB at 200 MB/s: each 1 MiB bio takes 335 ms queue -> complete, far past the
+    # ceiling for 1 MiB (11.5 ms) -- but behind 56 MiB of the reader's own reads beside it,
+    # which a device at the 100 MB/s floor serves in 587 ms: normal.  (The old rule: 97% storage.)
+    calls = _queued_windows(200)
+    m = pd.DataFrame({"start_ns": calls.groupby(calls.index // 8)["ts_ns"].min().to_numpy(),
+                      "end_ns": (calls["ts_ns"] + calls["dur_ns"]).groupby(calls.index // 8).max().to_numpy(),
+                      "tid": 1})
+    _, s = analyse(calls, m)
+    assert s["verdict"] == "residency" and s["share"]["storage"] < 0.02, s["share"]
+    # the same queue on a device at 12.5 MB/s (5.4 s a batch): slower than the floor allows
+    calls = _queued_windows(12.5)
+    m = pd.DataFrame({"start_ns": calls.groupby(calls.index // 8)["ts_ns"].min().to_numpy(),
+                      "end_ns": (calls["ts_ns"] + calls["dur_ns"]).groupby(calls.index // 8).max().to_numpy(),
+                      "tid": 1})
+    _, s = analyse(calls, m)
+    assert s["verdict"] == "storage" and s["share"]["storage"] > 0.8, s["share"]
+
+
+def test_bytes_read_beside_is_the_overlap_weighted_sum_of_the_other_reads():
+    from engramprof.analysis.components import bytes_read_beside
+
+    rng = np.random.default_rng(3)
+    n = 120
+    s = rng.integers(0, 10**6, n)  # unsorted on purpose
+    e = s + rng.integers(0, 10**5, n)  # some of zero length
+    own = rng.random(n) < 0.7
+    b = rng.integers(0, 10**6, n).astype(float)
+    want = [sum(b[j] * max(0, min(e[i], e[j]) - max(s[i], s[j])) / (e[j] - s[j])
+                for j in range(n) if own[j] and j != i and e[j] > s[j]) for i in range(n)]
+    assert bytes_read_beside(s, e, own, b) == pytest.approx(want, rel=1e-9, abs=1e-6)

@@ -303,7 +303,8 @@ def _report(calls, events, seg, acc, threads, threads_per_batch, context, servic
         ctx = context_switches(context.threads, threads.in_batches, seg.start_ns.astype(np.int64),
                                seg.end_ns.astype(np.int64))
         if ctx[2]["threads_sampled"] == 0:
-            notes.append("threads samples hold none of the reading threads: no context-switch counts")
+            if len(threads.in_batches):  # (no thread read at all: mapped, resident rows; nothing to say)
+                notes.append("threads samples hold none of the reading threads: no context-switch counts")
             ctx = None
     table = batch_table(acc, seg, events, threads_per_batch, shares, settings.meaningful_share,
                         None if ctx is None else ctx[:2])

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engramprof.analysis.components import (
+    PAGE_BYTES,
     Evidence,
+    bytes_read_beside,
     device_ends,
     device_weights,
     distinct_per_batch,
@@ -86,6 +88,7 @@ class MissParts:
     interval: list = field(default_factory=list)
     pages: list = field(default_factory=list)
     io_bytes: list = field(default_factory=list)  # the size of the I/O ``observed`` is the service of
+    beside: list = field(default_factory=list)  # bytes of the target's other reads in flight beside it
 
     def add(self, **parts: np.ndarray) -> None:
         for k, v in parts.items():
@@ -93,7 +96,7 @@ class MissParts:
 
     def arrays(self) -> dict:
         return {k: np.concatenate(getattr(self, k)) if getattr(self, k) else np.empty(0)
-                for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes")}
+                for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes", "beside")}
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -257,7 +260,7 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
 
 
 def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, refaults, io_bytes=None,
-            native_ev: np.ndarray | None = None) -> None:
+            native_ev: np.ndarray | None = None, beside: np.ndarray | None = None) -> None:
     """Each event's share of the union (u) split in the proportions of its components; the
     miss parts whose split waits for stage 6 go to ``acc.miss``."""
     sl = ch.batches
@@ -293,7 +296,8 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=comp.miss_wait[sel] * scale_sel,
                  other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
                  interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())),
-                 io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan))
+                 io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan),
+                 beside=beside[sel] if beside is not None else np.zeros(int(sel.sum())))
 
 
 def _uring_paths_per_batch(acc: BatchAccumulator, ch: Chunk, events: ReadEvents) -> None:
@@ -418,6 +422,28 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
         t.runq_ns += float(ev.runq_ns.sum())
 
 
+def _bytes_beside(ev: Evidence, s: np.ndarray, e: np.ndarray, ret: np.ndarray | None) -> np.ndarray | None:
+    """Per event, the bytes the target's other reads (calls and faults that queued bios of their
+    own) brought in while it was in flight (components.bytes_read_beside); 0 for a read request
+    (io_uring, libaio), whose observed service is already its batch's completion interval."""
+    if ev.bio_count is not None:
+        own = ev.bio_count > 0
+    elif ev.pages_added is not None:
+        own = np.nan_to_num(ev.pages_added) > 0
+    else:
+        return None
+    pages = np.nan_to_num(ev.pages_added) * PAGE_BYTES if ev.pages_added is not None else np.zeros(len(s))
+    nbytes = np.where(pages > 0, pages, np.maximum(np.nan_to_num(np.asarray(ret, dtype=np.float64)), 0.0)) \
+        if ret is not None else pages
+    request = ev.uring if ev.uring is not None else (ev.io_wait if ev.io_wait is not None else None)
+    if request is not None:
+        own = own & ~request
+    out = bytes_read_beside(s, e, own, nbytes)
+    if request is not None:
+        out[request] = 0.0
+    return out
+
+
 def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs) -> None:
     """Everything the pass learns from one chunk of whole batches, into ``acc``."""
     seg = inp.seg
@@ -446,10 +472,11 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
                   inp.threads.native)
     comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch, tail_frac)
     obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u_dev)
-    io_bytes = None
+    io_bytes = beside = None
     if obs is not None:
         ret = ch.pick(events.cols.raw("ret", ch.lo, ch.hi)) if events.cols.has("ret") else None
         io_bytes = miss_io_bytes(ch.batch, ch.n_batches, ev, own, ret, lambda w: np.maximum.reduceat(w, ch.firsts))
+        beside = _bytes_beside(ev, s, e, ret)
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
     if ev.bio_count is not None and ev.bio_ns is not None:
@@ -461,7 +488,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
             long_copy &= ~ev.uring
         acc.totals.slow_copy += int(long_copy.sum())
     native_ev = inp.threads.native[tcode] if inp.threads.native is not None else None
-    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes, native_ev)
+    _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes, native_ev, beside)
     acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e, e[eo].astype(np.int64, copy=False))
     _per_batch_figures(acc, ch, events, inp, d, ev, comp.missed)
 

@@ -49,6 +49,14 @@ def ceiling_ns(nbytes) -> np.ndarray:
     return LATENCY_CEILING_NS + np.maximum(np.asarray(nbytes, dtype=np.float64), 0.0) / THROUGHPUT_FLOOR * 1e9
 
 
+def queued_ns(beside_bytes) -> np.ndarray:
+    """What a read may wait, on a healthy device, behind ``beside_bytes`` of the target's own
+    reads in flight beside it: those bytes at THROUGHPUT_FLOOR.  A deep queue of the reader's
+    own readahead windows (a pool of threads faulting 8 MiB windows) makes each read wait for
+    the others; a device that streams them at its normal rate is not slow."""
+    return np.maximum(np.nan_to_num(np.asarray(beside_bytes, dtype=np.float64)), 0.0) / THROUGHPUT_FLOOR * 1e9
+
+
 def size_class(nbytes) -> np.ndarray:
     """log2 size class of a read of ``nbytes`` (rounded up: 4 KiB -> 12, 5 KiB -> 13)."""
     b = np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0)

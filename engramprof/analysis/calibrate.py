@@ -5,7 +5,9 @@ miss's time into residency, storage and reclaim (docs/model.md, "Misses").
   (engramprof.analysis.baseline: the trace's own bios per size class, else the device's own
   counters); else the median observed service per miss I/O of the events that did their own
   I/O, capped at NORMAL_MISS_CEILING_US;
-* storage fraction of a miss wait = max(0, 1 - normal / observed);
+* storage fraction of a miss wait = max(0, 1 - normal / observed), where a read that was in
+  flight beside other reads of the target (a queue of its own readahead windows) has their
+  bytes at the throughput floor added to its normal (baseline.queued_ns);
 * refault fraction of a sample interval = the target's (or the system's) refaults in it per
   page the target inserted in it, capped at 1: that share of the miss time is reclaim.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engramprof.analysis.attribute import BatchAccumulator
-from engramprof.analysis.baseline import DeviceBaseline
+from engramprof.analysis.baseline import DeviceBaseline, queued_ns
 from engramprof.analysis.components import safe_div
 from engramprof.analysis.context import RefaultSeries
 
@@ -116,6 +118,8 @@ def split_miss_time(acc: BatchAccumulator, service: MissService, fractions: np.n
         if service.baseline is not None and len(obs):
             sized = service.baseline.normal_ns_for(np.nan_to_num(parts["io_bytes"], nan=4096.0))
             normal = np.where(np.isfinite(sized), sized, normal)
+        # behind the target's own reads in flight beside it a read waits for them too
+        normal = normal + queued_ns(parts["beside"])
         ok = np.isfinite(obs) & (obs > 0)
         f_storage = np.where(ok, np.clip(1.0 - normal / np.where(ok, obs, 1.0), 0, 1), 0.0)
     else:

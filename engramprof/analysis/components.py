@@ -446,3 +446,37 @@ def miss_io_bytes(batch: np.ndarray, n_batches: int, ev: Evidence, own: np.ndarr
     else:
         biggest = max_per_batch(whole)
     return np.where(own, per_io, np.maximum(biggest[batch], PAGE_BYTES))
+
+
+def bytes_read_beside(s: np.ndarray, e: np.ndarray, own: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Per event, the bytes the target's *other* reads brought in while it was in flight: the
+    device's queue of the target's own I/O beside it (docs/model.md, "Queued behind its own
+    reads").  Each event of ``own`` (it queued bios of its own) spreads its ``nbytes`` evenly
+    over its [s, e); the sum of those rates is integrated over each event's own [s, e), less
+    its own bytes.  ``s`` sorted or not; int64 ns."""
+    n = len(s)
+    out = np.zeros(n)
+    s = np.asarray(s, dtype=np.int64)
+    e = np.asarray(e, dtype=np.int64)
+    b = np.nan_to_num(np.asarray(nbytes, dtype=np.float64))
+    sel = np.asarray(own, dtype=bool) & (e > s) & (b > 0)
+    if not sel.any():
+        return out
+    r = b[sel] / (e[sel] - s[sel]).astype(np.float64)  # bytes per ns over its interval
+    t = np.concatenate([s[sel], e[sel]])
+    d = np.concatenate([r, -r])
+    o = np.argsort(t, kind="stable")
+    t, d = t[o], d[o]
+    rate = np.cumsum(d)  # the summed rate from breakpoint k to k + 1
+    g = np.zeros(len(t))
+    np.cumsum(rate[:-1] * np.diff(t).astype(np.float64), out=g[1:])
+
+    def integral(x: np.ndarray) -> np.ndarray:  # of the summed rate from the first breakpoint to x
+        ox = np.argsort(x, kind="stable")  # sorted needles: searchsorted walks t once (10x faster)
+        k = np.empty(len(x), dtype=np.int64)
+        k[ox] = np.searchsorted(t, x[ox], side="right") - 1
+        kk = np.maximum(k, 0)
+        return np.where(k >= 0, g[kk] + rate[kk] * (x - t[kk]).astype(np.float64), 0.0)
+
+    out = integral(e) - integral(s) - np.where(sel, b, 0.0)
+    return np.clip(out, 0.0, None)

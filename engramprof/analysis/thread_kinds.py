@@ -12,7 +12,9 @@ Sources, the first that knows a thread wins:
    Python thread state);
 2. the markers' ``python_tids`` (engramprof.markers writes ``threading.enumerate()``'s kernel
    ids whenever they change): a listed thread is Python; with such a list, every other thread
-   of the process is native;
+   of the process is native; without it, the table's Python threads are that list (read at
+   each of the sampler's rounds): a thread the table does not hold at all lived between two
+   rounds and was never listed -- native (faiss's per-search prefetch threads live ~13 ms);
 3. the thread's name (samples/threads, /proc/PID/task/TID/comm): ``iou-wrk-*`` / ``iou-sqp-*``
    are io_uring's workers (native); the main thread (tid = pid) runs the interpreter (Python);
    a name other than the process's is a library's own named pool (native); a thread named like
@@ -83,6 +85,9 @@ def thread_kinds(tids, markers_df: pd.DataFrame | None = None, threads: pd.DataF
             if k in (PYTHON, NATIVE):
                 given[int(t)] = (k, str(s))
     listed = _listed(markers_df)
+    # the table's Python threads are the interpreter's list read at each of its rounds: with it,
+    # a thread it never listed (one that lived between two rounds) is native, as with the markers'
+    sampled = {t for t, (k, _s) in given.items() if k == PYTHON}
     rows = []
     for t in all_tids:
         name = name_of.get(t, "")
@@ -92,6 +97,8 @@ def thread_kinds(tids, markers_df: pd.DataFrame | None = None, threads: pd.DataF
             kind = PYTHON if t in listed else NATIVE
             source = ("the interpreter's thread list (markers' python_tids)" if t in listed
                       else "not in the interpreter's thread list (markers' python_tids)")
+        elif sampled:
+            kind, source = NATIVE, "never in the interpreter's thread list (thread_kinds table's rounds)"
         else:
             pid = int(pid_of.get(t, -1))
             kind = kind_by_name(t, pid, name, proc_name.get(pid))
