@@ -165,7 +165,11 @@ def test_aio_reader_cold_is_residency(runs):
     assert bt["read_events"].get("libaio") == r["lab"]["rows"]
     assert bt["verdict"] == "residency", bt["share"]
     assert bt["share"]["python-scheduling"] < 0.10 and bt["share"]["unexplained"] < 0.10, bt["share"]
-    assert {(p["kind"], p["direct"]) for p in bt["read_paths"]} == {("libaio", True)}
+    # (a stray fault of the process's own on a file unmapped before the recorder named it: as
+    # in test_read_reader, never the table)
+    assert {(p["kind"], p["direct"]) for p in bt["read_paths"] if p["kind"] != "fault"} == {("libaio", True)}
+    faults = r["calls"][r["calls"]["kind"].astype(str) == "fault"]
+    assert not (faults["path"].astype(str) == str(r["lab"]["table"])).any(), faults["path"].value_counts()
     assert bt["queue_depth"]["max"]["p50"] > 1  # the batch's iocbs go in one io_submit
     # each iocb's own bio ends its device part; the rest of its interval, until the reap, is the
     # reap's wait: shown apart, counted in residency, never storage (docs/model.md)
