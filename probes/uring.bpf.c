@@ -15,7 +15,7 @@
  *   io_uring:io_uring_complete     (req, res, cflags) fires when the CQE is filled: in the
  *       submitter for inline and task-work completions, in the io-wq worker for a punted request
  *       of an ordinary ring (rings with lockless_cq post it from the owner's task work).
- * The request pointer joins them: the in-flight map is keyed by it, filled at submit for the
+ * The request pointer joins them: the in-flight table is keyed by it, filled at submit for the
  * target's read opcodes only, read and deleted at complete.  No tracepoint carries the file,
  * offset or length: they are read from the request with member offsets of the running kernel's
  * BTF (engramprof/bpf/uring.py fills U_OFF_* before load).  At complete, req->file is set (a
@@ -45,7 +45,8 @@
  * file and kind READ_KIND_IO_URING), and a record is written only while `sample_budget` lasts
  * (the window's sample: user space refills it at each window start).
  *
- * Constants filled in before load (-D): RING_PAGES, MAX_INFLIGHT, URING_MAX_IOV, EXPORT_MODE,
+ * Constants filled in before load (-D): RING_PAGES, INFLIGHT_SLOTS (a power of two), INFLIGHT_SLOT_BITS
+ *   (its log2), URING_PROBES (slots a request may take from its home), URING_MAX_IOV, EXPORT_MODE,
  *   MAX_READ_FILES (EXPORT_MODE),
  *   OP_READV, OP_READ_FIXED, OP_READ, OP_READV_FIXED (the kernel's enum io_uring_op; -1 = absent),
  *   U_OFF_* (BTF member offsets), REQ_SPAN / CSPAN (bytes of the request read at submit / complete),
@@ -56,6 +57,7 @@
 #include "uring.h"
 
 struct uring_state {
+	u64 req;          /* the request pointer: 0 = a free slot */
 	u64 ts;
 	s64 offset;
 	u64 size;
@@ -75,7 +77,15 @@ struct uring_state {
 	u32 bio_count;    /* bios queued by that thread */
 };
 
-BPF_HASH(uring_inflight, u64, struct uring_state, MAX_INFLIGHT);
+/* The requests in flight: an open-addressed table of INFLIGHT_SLOTS (a power of two) slots,
+ * each request in one of the URING_PROBES slots from its home (a multiplicative hash of the request
+ * pointer).  A slot is taken by a compare-and-swap of its req from 0; its completion frees it.  No
+ * lock and no helper call (an array lookup is inlined by the verifier), where a hash map cost an
+ * insert at submit and a lookup and a delete at completion (benchmarks/RESULTS.md "io_uring probe
+ * overhead", 2026-12-03).  A find looks at all URING_PROBES slots (a freed slot before the
+ * request's own does not end the search).  A request whose slots are all taken is not tracked
+ * (no_state), as when the hash was full. */
+BPF_ARRAY(uring_inflight, struct uring_state, INFLIGHT_SLOTS);
 BPF_RINGBUF_OUTPUT(uring_records, RING_PAGES);
 BPF_PERCPU_ARRAY(uring_totals, struct uring_totals, 1);
 BPF_ARRAY(uring_record_layout, struct uring_record, 1);
@@ -89,6 +99,72 @@ BPF_ARRAY(uring_totals_layout, struct uring_totals, 1);
  * READ_KIND_IO_URING): probes/readstats.h */
 #include "readstats.h"
 #endif
+
+
+static __always_inline struct uring_totals *totals(void)
+{
+	int zero = 0;
+	return uring_totals.lookup(&zero);
+}
+
+static __always_inline u32 inflight_home(u64 req)
+{
+	return (u32)((req * 0x9e3779b97f4a7c15ULL) >> (64 - INFLIGHT_SLOT_BITS));
+}
+
+static __always_inline struct uring_state *inflight_slot(u32 home, u32 i)
+{
+	u32 idx = (home + i) & (INFLIGHT_SLOTS - 1);
+	return uring_inflight.lookup(&idx);
+}
+
+/* the in-flight state of req, or 0 */
+static __always_inline struct uring_state *inflight_find(u64 req)
+{
+	u32 home = inflight_home(req);
+#pragma unroll
+	for (u32 i = 0; i < URING_PROBES; i++) {
+		struct uring_state *s = inflight_slot(home, i);
+		if (s && s->req == req)
+			return s;
+	}
+	return 0;
+}
+
+/* Store s (s->req set) in req's slot: the slot it still holds (its completion was not seen:
+ * replaced), else a free one.  Returns 0 when stored, 1 replaced, -1 no free slot. */
+static __always_inline int inflight_put(struct uring_state *s)
+{
+	u64 req = s->req;
+	u32 home = inflight_home(req);
+	struct uring_state *fr = 0;
+#pragma unroll
+	for (u32 i = 0; i < URING_PROBES; i++) {
+		struct uring_state *o = inflight_slot(home, i);
+		if (!o)
+			continue;
+		if (o->req == req) {
+			*o = *s;
+			return 1;
+		}
+		if (!fr && !o->req)
+			fr = o;
+	}
+	if (fr && __sync_val_compare_and_swap(&fr->req, 0, req) == 0) {
+		*fr = *s;
+		return 0;
+	}
+	/* the free slot was just taken on another CPU: any other */
+#pragma unroll
+	for (u32 i = 0; i < URING_PROBES; i++) {
+		struct uring_state *o = inflight_slot(home, i);
+		if (o && !o->req && __sync_val_compare_and_swap(&o->req, 0, req) == 0) {
+			*o = *s;
+			return 0;
+		}
+	}
+	return -1;
+}
 
 #if HAVE_ISSUE_EVIDENCE
 /* the request the current thread is issuing (0: none) */
@@ -114,15 +190,9 @@ static __always_inline struct uring_state *issuing_state(u64 *req)
 	if (!i || !i->req)
 		return 0;
 	*req = i->req;
-	return uring_inflight.lookup(req);
+	return inflight_find(*req);
 }
 #endif
-
-static __always_inline struct uring_totals *totals(void)
-{
-	int zero = 0;
-	return uring_totals.lookup(&zero);
-}
 
 /* Any thread of a target process: the request's io-wq workers and SQPOLL thread are threads of
  * its ring's owner (a --tid target's too).  Tested first in the hooks that fire for every io_uring
@@ -232,20 +302,16 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 	struct uring_totals *t = totals();
 	if (t)
 		t->submitted++;
-	/* one hash operation in the common case: insert (BPF_NOEXIST); -EEXIST only when the request
-	 * pointer is still in flight */
-	if (uring_inflight.insert(&req, &s)) {
-		struct uring_state *old = uring_inflight.lookup(&req);
-		if (old) {
-			if (t)
-				t->replaced++;
-			*old = s;
-			return 0;
-		}
-		if (t)
+	s.req = req;
+	int put = inflight_put(&s);
+	if (put && t) {
+		if (put > 0)
+			t->replaced++;
+		else
 			t->no_state++;
-		return 0;
 	}
+	if (put < 0)
+		return 0;
 #if HAVE_ISSUE_EVIDENCE
 	issuing_set(req);
 #endif
@@ -260,7 +326,7 @@ TRACEPOINT_PROBE(io_uring, io_uring_file_get)
 	if (!is_target_process(pid_tgid))
 		return 0;
 	u64 req = (u64)args->req;
-	struct uring_state *s = uring_inflight.lookup(&req);
+	struct uring_state *s = inflight_find(req);
 	if (s) {
 		u32 tid = (u32)pid_tgid;
 		if (tid == s->io_tid)
@@ -330,7 +396,7 @@ static __always_inline void uring_bio_done(u32 dev, u64 sector)
 	if (!bio_completed(dev, sector, &b))
 		return;
 	u64 req = b.owner_ts;
-	struct uring_state *s = uring_inflight.lookup(&req);
+	struct uring_state *s = inflight_find(req);
 	if (s)
 		__sync_fetch_and_add(&s->bio_ns, bpf_ktime_get_ns() - b.ts);
 }
@@ -354,12 +420,37 @@ TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work)
 	if (!is_target_process(bpf_get_current_pid_tgid()))
 		return 0;
 	u64 req = (u64)args->req;
-	struct uring_state *s = uring_inflight.lookup(&req);
+	struct uring_state *s = inflight_find(req);
 	if (s && !s->punt_ts)
 		s->punt_ts = bpf_ktime_get_ns();
 	return 0;
 }
 #endif
+
+/* per-CPU memo of the last superblock's s_dev (a probe read saved while it repeats; a superblock
+ * is freed only at an unmount); tracepoint programs do not nest on a CPU */
+struct uring_sb_memo {
+	u64 sb;
+	u32 dev;
+	u32 __pad0;
+};
+BPF_PERCPU_ARRAY(uring_sb_memo, struct uring_sb_memo, 1);
+
+static __always_inline u32 sb_dev(u64 sb)
+{
+	int zero = 0;
+	struct uring_sb_memo *m = uring_sb_memo.lookup(&zero);
+	if (m && m->sb == sb)
+		return m->dev;
+	u32 dev = 0;
+	if (bpf_probe_read_kernel(&dev, 4, (void *)(sb + U_OFF_SB_DEV)))
+		return 0;
+	if (m) {
+		m->sb = sb;
+		m->dev = dev;
+	}
+	return dev;
+}
 
 #define U_FILE_SPAN_FROM (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_INODE : U_OFF_FILE_FLAGS)
 #define U_FILE_SPAN_TO (U_OFF_FILE_INODE < U_OFF_FILE_FLAGS ? U_OFF_FILE_FLAGS + 4 : U_OFF_FILE_INODE + 8)
@@ -376,12 +467,12 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	if (!is_target_process(pid_tgid))
 		return 0;
 	u64 req = (u64)args->req;
-	struct uring_state *p = uring_inflight.lookup(&req);
+	struct uring_state *p = inflight_find(req);
 	if (!p)
 		return 0;
 	u64 now = bpf_ktime_get_ns();
 	struct uring_state s = *p;
-	uring_inflight.delete(&req);
+	p->req = 0;  /* the slot is free */
 	u32 ctid = (u32)pid_tgid;
 #if HAVE_ISSUE_EVIDENCE
 	if (ctid != s.tid) {
@@ -399,7 +490,8 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	u32 f_flags = 0, dev = 0;
 	u16 mode = 0;
 	/* req->file, kiocb.ki_pos and kiocb.ki_waitq in one read (the first CSPAN bytes of the
-	 * request), f_inode and f_flags in another: four probe reads in all with the inode's */
+	 * request), f_inode and f_flags in another, the inode's span in a third, the superblock's
+ * s_dev in a fourth unless it is the per-CPU memo's (sb_dev) */
 	char rspan[CSPAN];
 	if (bpf_probe_read_kernel(rspan, sizeof(rspan), (void *)req) == 0) {
 		__builtin_memcpy(&file, rspan + U_OFF_REQ_FILE, 8);
@@ -423,7 +515,7 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 			__builtin_memcpy(&mode, span + (U_OFF_INODE_MODE - U_INODE_SPAN_FROM), 2);
 		}
 		if (sb)
-			bpf_probe_read_kernel(&dev, 4, (void *)(sb + U_OFF_SB_DEV));
+			dev = sb_dev(sb);
 	}
 	struct uring_totals *t = totals();
 	if (inode && (mode & U_S_IFMT) != U_S_IFREG) {
