@@ -10,7 +10,8 @@ round) so the shared machine's noise hits them alike:
 
   untraced   no program attached
   empty      empty BPF programs on every tracepoint the probe attaches (the floor): the four
-             io_uring ones, sys_exit_io_uring_enter, the page-cache insertion and the block ones
+             io_uring ones, the page-cache insertion and the block ones (with --before-tree,
+             also sys_exit_io_uring_enter, which the before probe had: its floor is not this one)
   engramprof the io_uring probe (engramprof/bpf/uring.py) for fio's pid, its ring drained every
              50 ms by this process (as a recorder would)
   other      the same probe for another process (this one): fio is not a target, so this is the
@@ -63,7 +64,6 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_complete) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_file_get) { return 0; }
-TRACEPOINT_PROBE(syscalls, sys_exit_io_uring_enter) { return 0; }
 TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) { return 0; }
 TRACEPOINT_PROBE(block, block_bio_queue) { return 0; }
 TRACEPOINT_PROBE(block, block_bio_backmerge) { return 0; }

@@ -31,7 +31,13 @@
  * In-flight evidence (HAVE_ISSUE_EVIDENCE): the thread that issues a request -- the submitter,
  * from io_uring_submit_req (its inline issue follows at once) until the next submit or its
  * io_uring_enter returns; an io-wq worker from io_uring_file_get until it posts the completion --
- * holds the request in task storage (`uring_issuing`).  Pages that thread inserts into the page
+ * holds the request in its slot of `uring_issuing` (by tid).  The submitter's mark is not cleared
+ * when io_uring_enter returns (a program on sys_exit_io_uring_enter cost every io_uring_enter of
+ * the machine a run): it is judged where it is used, in the insertion and bio hooks, which read the
+ * thread's syscall registers (bpf_task_pt_regs): a mark set at a submit counts only while the
+ * thread is in an io_uring_enter that submits (to_submit > 0; submits replace the mark before any
+ * I/O of theirs).  Unlike the hook it replaces, it also credits what the task work run on the way
+ * out of that io_uring_enter (after its sys_exit) inserts or queues.  Pages that thread inserts into the page
  * cache (filemap:mm_filemap_add_to_page_cache: sync readahead of the inline attempt, a worker's
  * blocking read) and bios it queues (block:block_bio_queue: O_DIRECT, readahead) are the
  * request's; a bio is found again at its completion in the bio table of probes/bios.h (its
@@ -51,9 +57,9 @@
  *   OP_READV, OP_READ_FIXED, OP_READ, OP_READV_FIXED (the kernel's enum io_uring_op; -1 = absent),
  *   U_OFF_* (BTF member offsets), REQ_SPAN / CSPAN (bytes of the request read at submit / complete),
  *   O_DIRECT_BIT,
- *   HAVE_QUEUE_ASYNC, HAVE_FILE_GET, HAVE_ISSUE_EVIDENCE (the filemap, block and
- *   sys_exit_io_uring_enter tracepoints), BIO_SLOTS / BIO_STALE_NS (probes/bios.h), and targets.h's.
+ *   HAVE_QUEUE_ASYNC, HAVE_FILE_GET, HAVE_ISSUE_EVIDENCE (the filemap and block tracepoints), BIO_SLOTS / BIO_STALE_NS (probes/bios.h), and targets.h's.
  */
+#include <linux/ptrace.h>  /* struct pt_regs: in_submitting_enter() */
 #include "uring.h"
 
 struct uring_state {
@@ -167,30 +173,78 @@ static __always_inline int inflight_put(struct uring_state *s)
 }
 
 #if HAVE_ISSUE_EVIDENCE
-/* the request the current thread is issuing (0: none) */
+/* The request a thread is issuing (req 0: none), in slot tid & (ISSUE_SLOTS - 1) with its tid: an
+ * inlined array lookup, where task storage cost a helper call at every submit and every
+ * io_uring_enter exit.  ISSUE_SLOTS covers pid_max up to 65536 slots (engramprof/bpf/uring.py);
+ * past it two target threads whose tids share a slot overwrite each other's mark (the
+ * overwritten one's insertions are then credited to no request; tid is compared first). */
 struct uring_issuing {
+	u32 tid;
+	u32 in_enter;     /* set at a submit inside io_uring_enter (not by an SQPOLL thread or a worker) */
 	u64 req;
 };
-BPF_TASK_STORAGE(uring_issuing, struct uring_issuing);
+BPF_ARRAY(uring_issuing, struct uring_issuing, ISSUE_SLOTS);
 /* bio_slots, bio_slots_taken (owner = the request pointer) */
 #include "bios.h"
 
-static __always_inline void issuing_set(u64 req)
+static __always_inline struct uring_issuing *issuing_slot(u32 tid)
 {
-	struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0,
-								 BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (i)
-		i->req = req;
+	u32 idx = tid & (ISSUE_SLOTS - 1);
+	return uring_issuing.lookup(&idx);
+}
+
+static __always_inline void issuing_set(u32 tid, u64 req, u32 in_enter)
+{
+	struct uring_issuing *i = issuing_slot(tid);
+	if (i) {
+		/* req 0 while the tid changes: a colliding thread reading meanwhile sees no mark */
+		*(volatile u64 *)&i->req = 0;
+		*(volatile u32 *)&i->tid = tid;
+		i->in_enter = in_enter;
+		*(volatile u64 *)&i->req = req;
+	}
+}
+
+/* The current thread is in an io_uring_enter that submits (its syscall number and to_submit, the
+ * second argument, from its user registers): a submitter's mark is live.  Read only on the rare
+ * paths (a target's page-cache insertion or bio). */
+#define IO_URING_ENTER_NR 426  /* the same on every architecture (the unified table, Linux 5.1) */
+static __always_inline int in_submitting_enter(void)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	long nr = -1;
+	unsigned long to_submit = 0;
+#if defined(__x86_64__)
+	bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax);
+	bpf_probe_read_kernel(&to_submit, sizeof(to_submit), &regs->si);
+#elif defined(__aarch64__)
+	int n = -1;
+	bpf_probe_read_kernel(&n, sizeof(n), &regs->syscallno);
+	nr = n;
+	bpf_probe_read_kernel(&to_submit, sizeof(to_submit), &regs->regs[1]);
+#endif
+	return nr == IO_URING_ENTER_NR && (u32)to_submit != 0;
+}
+
+/* the current thread's mark, when it is on req (any request: req 0), goes */
+static __always_inline void issuing_clear(u32 tid, u64 req)
+{
+	struct uring_issuing *i = issuing_slot(tid);
+	if (i && i->tid == tid && i->req && (!req || i->req == req))
+		i->req = 0;
 }
 
 /* the in-flight state of the request the current thread issues, if any */
-static __always_inline struct uring_state *issuing_state(u64 *req)
+static __always_inline struct uring_state *issuing_state(u32 tid, u64 *req)
 {
-	struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
-	if (!i || !i->req)
+	struct uring_issuing *i = issuing_slot(tid);
+	if (!i || i->tid != tid || !i->req)
 		return 0;
 	*req = i->req;
-	return inflight_find(*req);
+	struct uring_state *s = inflight_find(*req);
+	if (s && i->in_enter && !in_submitting_enter())
+		return 0;  /* set at a submit in an io_uring_enter that has returned */
+	return s;
 }
 #endif
 
@@ -313,7 +367,7 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 	if (put < 0)
 		return 0;
 #if HAVE_ISSUE_EVIDENCE
-	issuing_set(req);
+	issuing_set((u32)pid_tgid, req, !args->sq_thread);
 #endif
 	return 0;
 }
@@ -333,7 +387,7 @@ TRACEPOINT_PROBE(io_uring, io_uring_file_get)
 			return 0;  /* its submitter, issuing it inline: already its issuing thread (submit) */
 		s->io_tid = tid;
 #if HAVE_ISSUE_EVIDENCE
-		issuing_set(req);
+		issuing_set(tid, req, 0);
 #endif
 	}
 	return 0;
@@ -341,23 +395,13 @@ TRACEPOINT_PROBE(io_uring, io_uring_file_get)
 #endif
 
 #if HAVE_ISSUE_EVIDENCE
-/* the submitter's io_uring_enter is over: what it inserts or queues next is not the request's */
-TRACEPOINT_PROBE(syscalls, sys_exit_io_uring_enter)
-{
-	if (!is_target(bpf_get_current_pid_tgid()))
-		return 0;
-	struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
-	if (i)
-		i->req = 0;
-	return 0;
-}
-
 TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
 		return 0;
 	u64 req;
-	struct uring_state *s = issuing_state(&req);
+	struct uring_state *s = issuing_state((u32)pid_tgid, &req);
 	if (s)
 		s->pages_added += 1 << args->order;
 	return 0;
@@ -365,10 +409,11 @@ TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
 
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
-	if (!is_target(bpf_get_current_pid_tgid()))
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!is_target(pid_tgid))
 		return 0;
 	u64 req;
-	struct uring_state *s = issuing_state(&req);
+	struct uring_state *s = issuing_state((u32)pid_tgid, &req);
 	if (!s)
 		return 0;
 	s->bio_count++;
@@ -477,11 +522,10 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 #if HAVE_ISSUE_EVIDENCE
 	if (ctid != s.tid) {
 		/* a worker that issued it has posted it: its next insertions are not this request's.
-		 * (The submitter's own mark goes at its next submit or when its io_uring_enter returns;
-		 * meanwhile it names a request no longer in flight, which issuing_state() does not find.) */
-		struct uring_issuing *i = uring_issuing.task_storage_get(bpf_get_current_task_btf(), 0, 0);
-		if (i && i->req == req)
-			i->req = 0;
+		 * (The submitter's own mark goes at its next submit and counts only inside a submitting
+		 * io_uring_enter; meanwhile it names a request no longer in flight, which issuing_state()
+		 * does not find.) */
+		issuing_clear(ctid, req);
 	}
 #endif
 	s64 res = args->res;

@@ -41,6 +41,7 @@ KIND = "io_uring"  # the read events' kind (the trace schema's READ_KINDS gains 
 
 MAX_IOV = 8
 INFLIGHT_PROBES = 4  # slots of the in-flight table a request may take, from its home (probes/uring.bpf.c)
+ISSUE_SLOTS_MAX = 65536  # 16 bytes each: 1 MiB
 MAX_REQ_SPAN = 256  # bytes of the request read in one go at submit (the BPF stack is 512)
 
 PATHS = ("inline", "async", "punted")  # URING_PATH_* by code
@@ -115,11 +116,22 @@ def inflight_defines(slots: int) -> dict[str, int]:
     return {"INFLIGHT_SLOTS": slots, "INFLIGHT_SLOT_BITS": slots.bit_length() - 1, "URING_PROBES": INFLIGHT_PROBES}
 
 
+def issue_slots() -> int:
+    """Slots of the issuing-thread table (probes/uring.bpf.c `uring_issuing`, by tid): a power of
+    two covering pid_max (a tid its own slot), at most ISSUE_SLOTS_MAX."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid_max = int(f.read())
+    except (OSError, ValueError):
+        pid_max = ISSUE_SLOTS_MAX
+    return min(1 << max(pid_max - 1, 1).bit_length(), ISSUE_SLOTS_MAX)
+
+
 def program_text(p: UringProbePlan) -> str:
     src = layout.inline_headers((layout.probe_dir() / PROBE_FILE).read_text())  # uring.h, targets.h
     c = p.config
     defines = {**targets.defines(c.selection, c.tgid, c.tid), "RING_PAGES": c.ring_pages,
-               **inflight_defines(c.max_inflight), "URING_MAX_IOV": MAX_IOV, "REQ_SPAN": _req_span(p.offsets),
+               **inflight_defines(c.max_inflight), "ISSUE_SLOTS": issue_slots(), "URING_MAX_IOV": MAX_IOV, "REQ_SPAN": _req_span(p.offsets),
                "CSPAN": _complete_span(p.offsets),
                "O_DIRECT_BIT": os.O_DIRECT, **bios.defines(), "EXPORT_MODE": int(c.export_mode),
                "MAX_READ_FILES": c.max_files, **{m: -1 for m in OPCODES}, **p.opcodes,

@@ -21,7 +21,7 @@ FEATURES = {
     "HAVE_QUEUE_ASYNC": ["io_uring:io_uring_queue_async_work"],  # punted to io-wq (else: counted inline/async)
     "HAVE_FILE_GET": ["io_uring:io_uring_file_get"],  # the io-wq worker that issued a punted plain-fd read
     # a request's page-cache insertions and bios, in the thread issuing it
-    "HAVE_ISSUE_EVIDENCE": ["syscalls:sys_exit_io_uring_enter", "filemap:mm_filemap_add_to_page_cache",
+    "HAVE_ISSUE_EVIDENCE": ["filemap:mm_filemap_add_to_page_cache",
                             "block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete",
                             "block:block_bio_complete"],
 }
