@@ -137,39 +137,36 @@ static __always_inline struct uring_state *inflight_find(u64 req)
 	return 0;
 }
 
-/* Store s (s->req set) in req's slot: the slot it still holds (its completion was not seen:
- * replaced), else a free one.  Returns 0 when stored, 1 replaced, -1 no free slot. */
-static __always_inline int inflight_put(struct uring_state *s)
+/* Take a slot for req: the slot it still holds (its completion was not seen: *replaced = 1), else
+ * a free one (compare-and-swap of req from 0); 0 when its slots are all taken.  The caller
+ * writes every other member. */
+static __always_inline struct uring_state *inflight_claim(u64 req, int *replaced)
 {
-	u64 req = s->req;
 	u32 home = inflight_home(req);
 	struct uring_state *fr = 0;
+	*replaced = 0;
 #pragma unroll
 	for (u32 i = 0; i < URING_PROBES; i++) {
 		struct uring_state *o = inflight_slot(home, i);
 		if (!o)
 			continue;
 		if (o->req == req) {
-			*o = *s;
-			return 1;
+			*replaced = 1;
+			return o;
 		}
 		if (!fr && !o->req)
 			fr = o;
 	}
-	if (fr && __sync_val_compare_and_swap(&fr->req, 0, req) == 0) {
-		*fr = *s;
-		return 0;
-	}
+	if (fr && __sync_val_compare_and_swap(&fr->req, 0, req) == 0)
+		return fr;
 	/* the free slot was just taken on another CPU: any other */
 #pragma unroll
 	for (u32 i = 0; i < URING_PROBES; i++) {
 		struct uring_state *o = inflight_slot(home, i);
-		if (o && !o->req && __sync_val_compare_and_swap(&o->req, 0, req) == 0) {
-			*o = *s;
-			return 0;
-		}
+		if (o && !o->req && __sync_val_compare_and_swap(&o->req, 0, req) == 0)
+			return o;
 	}
-	return -1;
+	return 0;
 }
 
 #if HAVE_ISSUE_EVIDENCE
@@ -307,34 +304,52 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 	if (!is_target(pid_tgid))
 		return 0;
 	u64 req = (u64)args->req;
-	struct uring_state s = {};
-	s.ts = bpf_ktime_get_ns();
-	s.pid = pid_tgid >> 32;
-	s.tid = (u32)pid_tgid;
-	s.io_tid = s.tid;  /* the submitter issues it inline (io_queue_sqe follows this tracepoint) */
-	s.user_data = args->user_data;
-	s.ctx = (u64)args->ctx;
-	s.opcode = op;
-	s.sqe_flags = args->flags & 0xff;
+	u64 now = bpf_ktime_get_ns();
+	struct uring_totals *t = totals();
+	if (t)
+		t->submitted++;
+	/* the state is written straight into the request's slot (no copy from the stack) */
+	int replaced;
+	struct uring_state *s = inflight_claim(req, &replaced);
+	if (!s) {
+		if (t)
+			t->no_state++;
+		return 0;
+	}
+	if (replaced && t)
+		t->replaced++;
+	s->ts = now;
+	s->pid = pid_tgid >> 32;
+	s->tid = (u32)pid_tgid;
+	s->io_tid = (u32)pid_tgid;  /* the submitter issues it inline (io_queue_sqe follows this tracepoint) */
+	s->user_data = args->user_data;
+	s->ctx = (u64)args->ctx;
+	s->opcode = op;
+	s->sqe_flags = args->flags & 0xff;
+	s->punt_ts = 0;
+	s->bio_ns = 0;
+	s->pages_added = 0;
+	s->bio_count = 0;
+	u16 uflags = 0;
 	if (args->sq_thread)
-		s.uflags |= URING_SQPOLL;
+		uflags |= URING_SQPOLL;
 	if (args->flags & 1)  /* REQ_F_FIXED_FILE == IOSQE_FIXED_FILE */
-		s.uflags |= URING_FIXED_FILE;
+		uflags |= URING_FIXED_FILE;
 	/* the prepared request: io_rw (req->cmd) and req->cqe.fd, in one read */
+	s64 offset = 0;
+	u64 size = 0, addr = 0;
+	u32 len = 0, rwf = 0;
+	s32 fd = 0;
 	char span[REQ_SPAN];
 	if (bpf_probe_read_kernel(span, sizeof(span), (void *)req) == 0) {
-		__builtin_memcpy(&s.offset, span + U_OFF_RW_POS, 8);
-		u64 addr = 0;
-		u32 len = 0, rwf = 0;
+		__builtin_memcpy(&offset, span + U_OFF_RW_POS, 8);
 		__builtin_memcpy(&addr, span + U_OFF_RW_ADDR, 8);
 		__builtin_memcpy(&len, span + U_OFF_RW_LEN, 4);
 		__builtin_memcpy(&rwf, span + U_OFF_RW_FLAGS, 4);
-		__builtin_memcpy(&s.fd, span + U_OFF_REQ_FD, 4);
-		s.flags = rwf;
+		__builtin_memcpy(&fd, span + U_OFF_REQ_FD, 4);
 		if (is_vectored(op)) {
 			/* len is the iovec count: sum the first URING_MAX_IOV iov_len (user memory; an
 			 * SQPOLL thread shares the owner's mm) */
-			u64 total = 0;
 #pragma unroll
 			for (int i = 0; i < URING_MAX_IOV; i++) {
 				if (i >= len)
@@ -342,30 +357,21 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 				u64 iov[2] = {};
 				if (bpf_probe_read_user(iov, sizeof(iov), (void *)(addr + 16 * i)))
 					break;
-				total += iov[1];
+				size += iov[1];
 			}
 			if (len > URING_MAX_IOV)
-				s.uflags |= URING_IOV_TRUNC;
-			s.size = total;
+				uflags |= URING_IOV_TRUNC;
 		} else {
-			s.size = len;
+			size = len;
 		}
-		if (s.offset == -1)
-			s.uflags |= URING_CUR_POS;
+		if (offset == -1)
+			uflags |= URING_CUR_POS;
 	}
-	struct uring_totals *t = totals();
-	if (t)
-		t->submitted++;
-	s.req = req;
-	int put = inflight_put(&s);
-	if (put && t) {
-		if (put > 0)
-			t->replaced++;
-		else
-			t->no_state++;
-	}
-	if (put < 0)
-		return 0;
+	s->offset = offset;
+	s->size = size;
+	s->flags = rwf;
+	s->fd = fd;
+	s->uflags = uflags;
 #if HAVE_ISSUE_EVIDENCE
 	issuing_set((u32)pid_tgid, req, !args->sq_thread);
 #endif
