@@ -267,31 +267,13 @@ static __always_inline int is_vectored(u32 op)
 }
 
 #if EXPORT_MODE
-/* The request, aggregated per file; 1 when it is also to be recorded (the budget lasts). */
+/* The request, aggregated per file (probes/readstats.h); 1 when it is also to be recorded. */
 static __always_inline int uring_export(struct uring_state *s, u32 dev, u64 ino, s64 res, u64 dur, u32 direct,
 					struct uring_totals *t)
 {
-	struct read_key k = {.ino = ino, .dev = dev, .kind = READ_KIND_IO_URING};
-	struct read_stats *st = read_stats_of(&k);
-	if (!st && t)
-		t->files_overflow++;
-	if (st) {
-		st->reads++;
-		if (res > 0)
-			st->bytes += res;
-		if (s->pages_added || s->bio_count || direct)
-			st->misses++;  /* the page cache did not have it (or was bypassed) */
-		st->pages_added += s->pages_added;
-		st->bio_count += s->bio_count;
-		st->bio_ns += s->bio_ns;
-		read_stats_latency(st, dur);
-	}
-	if (!sample_take()) {
-		if (t)
-			t->unsampled++;
-		return 0;
-	}
-	return 1;
+	return read_stats_account(dev, ino, READ_KIND_IO_URING, res, dur, s->pages_added || s->bio_count || direct,
+				  s->pages_added, s->bio_count, s->bio_ns, t ? &t->files_overflow : 0,
+				  t ? &t->unsampled : 0);
 }
 #endif
 
