@@ -9,9 +9,10 @@ cost per request shows.  Arms, interleaved round by round in one run (the order 
 round) so the shared machine's noise hits them alike:
 
   untraced   no program attached
-  empty      empty BPF programs on every tracepoint the probe attaches (the floor): the four
-             io_uring ones, the page-cache insertion and the block ones (with --before-tree,
-             also sys_exit_io_uring_enter, which the before probe had: its floor is not this one)
+  empty      empty BPF programs on every tracepoint the probe attaches (the floor): the three
+             io_uring ones (submit_req, queue_async_work, complete), the page-cache insertion
+             and the block ones (with --before-tree: the before probe also had file_get and
+             sys_exit_io_uring_enter, so its floor is not this one)
   engramprof the io_uring probe (engramprof/bpf/uring.py) for fio's pid, its ring drained every
              50 ms by this process (as a recorder would)
   other      the same probe for another process (this one): fio is not a target, so this is the
@@ -63,7 +64,6 @@ EMPTY = """
 TRACEPOINT_PROBE(io_uring, io_uring_submit_req) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_complete) { return 0; }
 TRACEPOINT_PROBE(io_uring, io_uring_queue_async_work) { return 0; }
-TRACEPOINT_PROBE(io_uring, io_uring_file_get) { return 0; }
 TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache) { return 0; }
 TRACEPOINT_PROBE(block, block_bio_queue) { return 0; }
 TRACEPOINT_PROBE(block, block_bio_backmerge) { return 0; }

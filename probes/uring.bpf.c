@@ -7,9 +7,9 @@
  *       io_rw's kiocb.ki_pos = sqe->off, addr, len, rw_flags; req->cqe.fd = sqe->fd.  req->file is
  *       still NULL (it is assigned at issue).  The thread is the submitter: the user's thread, or
  *       the ring's SQPOLL kernel thread (sq_thread), a thread of the ring owner's process.
- *   io_uring:io_uring_file_get     (req, fd) fires where a plain fd becomes req->file at issue:
- *       in the thread that issues the read (the submitter inline, or an io-wq worker for a
- *       request punted before it was ever issued).  Not for registered files.
+ *   (io_uring:io_uring_file_get, where a plain fd becomes req->file at issue, is not hooked: it
+ *   cost a program run on every request; the io-wq worker issuing a punted request is found from
+ *   the worker itself, current->worker_private->cur_work, where its insertions and bios are seen.)
  *   io_uring:io_uring_queue_async_work (req, ...) fires when the request is handed to io-wq
  *       (IOSQE_ASYNC, or an inline attempt that could not proceed without blocking).
  *   io_uring:io_uring_complete     (req, res, cflags) fires when the CQE is filled: in the
@@ -30,8 +30,9 @@
  *
  * In-flight evidence (HAVE_ISSUE_EVIDENCE): the thread that issues a request -- the submitter,
  * from io_uring_submit_req (its inline issue follows at once) until the next submit or its
- * io_uring_enter returns; an io-wq worker from io_uring_file_get until it posts the completion --
- * holds the request in its slot of `uring_issuing` (by tid).  The submitter's mark is not cleared
+ * io_uring_enter returns -- holds the request in its slot of `uring_issuing` (by tid); an io-wq
+ * worker (PF_IO_WORKER) issues the request its struct io_worker's cur_work is (the request's
+ * embedded io_wq_work: req = cur_work - U_OFF_REQ_WORK), read where it is used (worker_req()).  The submitter's mark is not cleared
  * when io_uring_enter returns (a program on sys_exit_io_uring_enter cost every io_uring_enter of
  * the machine a run): it is judged where it is used, in the insertion and bio hooks, which read the
  * thread's syscall registers (bpf_task_pt_regs): a mark set at a submit counts only while the
@@ -57,7 +58,7 @@
  *   OP_READV, OP_READ_FIXED, OP_READ, OP_READV_FIXED (the kernel's enum io_uring_op; -1 = absent),
  *   U_OFF_* (BTF member offsets), REQ_SPAN / CSPAN (bytes of the request read at submit / complete),
  *   O_DIRECT_BIT,
- *   HAVE_QUEUE_ASYNC, HAVE_FILE_GET, HAVE_ISSUE_EVIDENCE (the filemap and block tracepoints), BIO_SLOTS / BIO_STALE_NS (probes/bios.h), and targets.h's.
+ *   HAVE_QUEUE_ASYNC, HAVE_ISSUE_EVIDENCE (the filemap and block tracepoints), BIO_SLOTS / BIO_STALE_NS (probes/bios.h), and targets.h's.
  */
 #include <linux/ptrace.h>  /* struct pt_regs: in_submitting_enter() */
 #include "uring.h"
@@ -231,16 +232,40 @@ static __always_inline void issuing_clear(u32 tid, u64 req)
 		i->req = 0;
 }
 
+/* The request an io-wq worker (current) is working on: its struct io_worker's cur_work, the
+ * request's embedded io_wq_work; 0 when current is not a worker or has none. */
+#define PF_IO_WORKER 0x00000010
+static __always_inline u64 worker_req(void)
+{
+	char *task = (char *)bpf_get_current_task_btf();
+	u32 flags = 0;
+	u64 worker = 0, work = 0;
+	if (bpf_probe_read_kernel(&flags, sizeof(flags), task + U_OFF_TASK_FLAGS) || !(flags & PF_IO_WORKER))
+		return 0;
+	if (bpf_probe_read_kernel(&worker, sizeof(worker), task + U_OFF_TASK_WORKER) || !worker)
+		return 0;  /* (an SQPOLL thread: PF_IO_WORKER without an io_worker) */
+	if (bpf_probe_read_kernel(&work, sizeof(work), (void *)(worker + U_OFF_WORKER_CUR_WORK)) || !work)
+		return 0;
+	return work - U_OFF_REQ_WORK;
+}
+
 /* the in-flight state of the request the current thread issues, if any */
 static __always_inline struct uring_state *issuing_state(u32 tid, u64 *req)
 {
 	struct uring_issuing *i = issuing_slot(tid);
-	if (!i || i->tid != tid || !i->req)
+	if (i && i->tid == tid && i->req) {
+		*req = i->req;
+		struct uring_state *s = inflight_find(*req);
+		if (s && !(i->in_enter && !in_submitting_enter()))
+			return s;  /* (a mark set at a submit counts inside a submitting io_uring_enter) */
+	}
+	/* an io-wq worker: the request it is working on */
+	*req = worker_req();
+	if (!*req)
 		return 0;
-	*req = i->req;
 	struct uring_state *s = inflight_find(*req);
-	if (s && i->in_enter && !in_submitting_enter())
-		return 0;  /* set at a submit in an io_uring_enter that has returned */
+	if (s && s->io_tid == s->tid)
+		s->io_tid = tid;  /* the worker that issued it */
 	return s;
 }
 #endif
@@ -359,28 +384,6 @@ TRACEPOINT_PROBE(io_uring, io_uring_submit_req)
 #endif
 	return 0;
 }
-
-#if HAVE_FILE_GET
-/* a plain fd made req->file at issue: this thread issues the read */
-TRACEPOINT_PROBE(io_uring, io_uring_file_get)
-{
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	if (!is_target_process(pid_tgid))
-		return 0;
-	u64 req = (u64)args->req;
-	struct uring_state *s = inflight_find(req);
-	if (s) {
-		u32 tid = (u32)pid_tgid;
-		if (tid == s->io_tid)
-			return 0;  /* its submitter, issuing it inline: already its issuing thread (submit) */
-		s->io_tid = tid;
-#if HAVE_ISSUE_EVIDENCE
-		issuing_set(tid, req, 0);
-#endif
-	}
-	return 0;
-}
-#endif
 
 #if HAVE_ISSUE_EVIDENCE
 TRACEPOINT_PROBE(filemap, mm_filemap_add_to_page_cache)
@@ -565,7 +568,7 @@ TRACEPOINT_PROBE(io_uring, io_uring_complete)
 	if (s.punt_ts) {
 		path = URING_PATH_PUNTED;
 		if (s.io_tid == s.tid) {
-			/* no file_get in a worker (a registered file, or assigned by an inline attempt) */
+			/* its worker inserted no page and queued no bio: the worker that posted it, if any */
 			if (ctid != s.tid) {
 				s.io_tid = ctid;
 				s.uflags |= URING_IO_TID_COMPLETE;
