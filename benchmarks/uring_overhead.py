@@ -112,7 +112,9 @@ def load_before(tree: str, config):
             src = uring.program_text(p)
         finally:
             structs.probe_dir = own
-        return "#define MAX_INFLIGHT 65536\n" + src  # the hash's size, before the slot table
+        # what this tree's plan no longer defines: the hash's size (before the slot table) and
+        # file_get (before it was dropped: without the define the before probe would lose it)
+        return "#define MAX_INFLIGHT 65536\n#define HAVE_FILE_GET 1\n" + src
 
     class Before(uring.UringProbe):
         program_text = staticmethod(text)
