@@ -81,13 +81,34 @@ struct fault_state {
 };
 
 BPF_HASH(fault_by_tid, u32, struct fault_state, 16384);
+#include "tidbits.h"
 #if HAVE_SCHED
 /* that target thread is switched out inside an open fault: sched_switch (next) and sched_wakeup
  * fire for every task of the machine, and test its bit (probes/tidbits.h) before any hash lookup.
  * A tid past the array (no word) is not timed. */
 BPF_ARRAY(fault_out_bits, u64, TID_WORDS);
-#include "tidbits.h"
 #endif
+/* that target thread may have work for its next syscall entry: a fault open or a hardware fault
+ * pending (set where s->ts or s->pfu_ts is set: open_new, hardware_fault; cleared by the
+ * sys_enter that finds them).  raw_syscalls:sys_enter fires for every syscall of the target:
+ * a bit test instead of a hash lookup of fault_by_tid (~53 ns a call, benchmarks/RESULTS.md
+ * "Page-fault probe overhead") when there is none, the common case.  A bit left set with
+ * nothing behind it (a fault closed elsewhere) costs one lookup at the next syscall.  A tid past
+ * the array (no word) is looked up as before. */
+BPF_ARRAY(fault_open_bits, u64, TID_WORDS);
+
+static __always_inline u64 *open_word(u32 tid)
+{
+	u32 w = tid_word_index(tid);
+	return fault_open_bits.lookup(&w);  /* array: inlined, bounds-checked */
+}
+
+static __always_inline void open_bit_set(u32 tid)
+{
+	u64 *w = open_word(tid);
+	if (w && !(*w & tid_bit(tid)))
+		tid_bit_set(w, tid);
+}
 #if HAVE_BIO
 /* bio_slots, bio_slots_taken: the bios the target's faults queued, until their completion */
 #include "bios.h"
@@ -194,8 +215,9 @@ static __always_inline void drop_pending_pfu(struct fault_state *s)
 		drop_pending_pfu_with(s, totals());
 }
 
-static __always_inline void open_new(struct fault_state *s, u64 now, u32 dev, u64 ino)
+static __always_inline void open_new(struct fault_state *s, u32 tid, u64 now, u32 dev, u64 ino)
 {
+	open_bit_set(tid);
 	u8 held = s->lock_held;  /* the thread's, not the fault's */
 	__builtin_memset(s, 0, sizeof(*s));
 	s->lock_held = held;
@@ -261,7 +283,7 @@ static __always_inline void filemap_event(int is_map, u32 dev, u64 ino, u64 inde
 			fl = FAULT_ADDRESS | (s->pfu_kernel ? FAULT_KERNEL_MODE : 0);
 		}
 #endif
-		open_new(s, start, dev, ino);  /* also consumes the pending page_fault_user */
+		open_new(s, tid, start, dev, ino);  /* also consumes the pending page_fault_user */
 		s->end = now;
 		s->address = addr;
 		s->flags = fl;
@@ -344,6 +366,7 @@ static __always_inline void hardware_fault(u64 address, int kernel_mode)
 	if (s->ts)
 		close_fault_with(s, pid_tgid, t);
 	drop_pending_pfu_with(s, t);
+	open_bit_set(tid);
 	s->pfu_ts = bpf_ktime_get_ns();
 	s->pfu_addr = address;
 	s->pfu_kernel = kernel_mode;
@@ -374,7 +397,12 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
 		return 0;
-	struct fault_state *s = state_of((u32)pid_tgid);
+	u32 tid = (u32)pid_tgid;
+	u64 *w = open_word(tid);
+	if (!tid_bit_maybe(w, tid))
+		return 0;  /* no fault open, none pending: the common case */
+	tid_bit_clear(w, tid);  /* what is behind it is handled now */
+	struct fault_state *s = state_of(tid);
 	if (!s)
 		return 0;
 	if (s->ts)

@@ -162,26 +162,8 @@ BPF_ARRAY(aio_totals_layout, struct aio_totals, 1);
  * it (a buffered read that read the device inside io_submit). */
 static __always_inline int aio_export(struct aio_state *s, s64 res, u64 dur, struct aio_totals *t)
 {
-	struct read_key k = {.ino = s->ino, .dev = s->dev, .kind = READ_KIND_LIBAIO};
-	struct read_stats *st = read_stats_of(&k);
-	if (!st && t)
-		t->files_overflow++;
-	if (st) {
-		st->reads++;
-		if (res > 0)
-			st->bytes += res;
-		if ((s->aflags & AIO_DIRECT) || s->bio_count)
-			st->misses++;
-		st->bio_count += s->bio_count;
-		st->bio_ns += s->bio_ns;
-		read_stats_latency(st, dur);
-	}
-	if (!sample_take()) {
-		if (t)
-			t->unsampled++;
-		return 0;
-	}
-	return 1;
+	return read_stats_account(s->dev, s->ino, READ_KIND_LIBAIO, res, dur, (s->aflags & AIO_DIRECT) || s->bio_count,
+				  0, s->bio_count, s->bio_ns, t ? &t->files_overflow : 0, t ? &t->unsampled : 0);
 }
 #endif
 

@@ -58,4 +58,36 @@ static __always_inline int sample_take(void)
 	return 1;
 }
 
+/* A completed request of a read path (io_uring, libaio), aggregated per file (kind READ_KIND_*),
+ * then the window's sample: 1 when it is also to be recorded (the budget lasts).  miss: the page
+ * cache did not have it or was bypassed (insertions, bios, O_DIRECT).  The caller's totals count
+ * a file beyond MAX_READ_FILES (*files_overflow) and a request past the budget (*unsampled);
+ * either pointer may be 0 (no totals). */
+static __always_inline int read_stats_account(u32 dev, u64 ino, u32 kind, s64 res, u64 dur, int miss,
+					      u32 pages_added, u32 bio_count, u64 bio_ns,
+					      u64 *files_overflow, u64 *unsampled)
+{
+	struct read_key k = {.ino = ino, .dev = dev, .kind = kind};
+	struct read_stats *st = read_stats_of(&k);
+	if (st) {
+		st->reads++;
+		if (res > 0)
+			st->bytes += res;
+		if (miss)
+			st->misses++;
+		st->pages_added += pages_added;
+		st->bio_count += bio_count;
+		st->bio_ns += bio_ns;
+		read_stats_latency(st, dur);
+	} else if (files_overflow) {
+		(*files_overflow)++;
+	}
+	if (!sample_take()) {
+		if (unsampled)
+			(*unsampled)++;
+		return 0;
+	}
+	return 1;
+}
+
 #endif

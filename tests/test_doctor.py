@@ -468,17 +468,17 @@ def test_uring_row_names_what_is_missing(fake):
     assert row.status == "warn" and "io_uring:io_uring_submit_req" in row.detail and row.fix
     assert report.ok  # syscall readers are still traced
 
-    _uring_tracefs(fake, drop=("io_uring:io_uring_file_get",), drop_fields=("sq_thread",))
+    _uring_tracefs(fake, drop=("io_uring:io_uring_queue_async_work",), drop_fields=("sq_thread",))
     row = doc.run_checks(**fake, uring_btf=lambda: _URING_BTF_OK).get("io_uring reads")
     assert row.status == "warn" and "io_uring:io_uring_submit_req field sq_thread" in row.detail
 
-    _uring_tracefs(fake, drop=("io_uring:io_uring_file_get",))
+    _uring_tracefs(fake, drop=("io_uring:io_uring_queue_async_work",))
     lacking = dict(_URING_BTF_OK, missing=["io_rw.kiocb.ki_waitq"])
     row = doc.run_checks(**fake, uring_btf=lambda: lacking).get("io_uring reads")
     assert row.status == "warn" and "io_rw.kiocb.ki_waitq" in row.detail
 
     row = doc.run_checks(**fake, uring_btf=lambda: _URING_BTF_OK).get("io_uring reads")
-    assert row.status == "warn" and "io_uring:io_uring_file_get" in row.detail  # optional: named too
+    assert row.status == "warn" and "io_uring:io_uring_queue_async_work" in row.detail  # optional: named too
     _uring_tracefs(fake)
     row = doc.run_checks(**fake, uring_btf=lambda: _URING_BTF_OK).get("io_uring reads")
     assert row.status == "pass" and "IORING_OP_READ_FIXED" in row.detail, row

@@ -40,6 +40,8 @@ HEADER = "uring.h"
 KIND = "io_uring"  # the read events' kind (the trace schema's READ_KINDS gains it with the recorder source)
 
 MAX_IOV = 8
+INFLIGHT_PROBES = 4  # slots of the in-flight table a request may take, from its home (probes/uring.bpf.c)
+ISSUE_SLOTS_MAX = 65536  # 16 bytes each: 1 MiB
 MAX_REQ_SPAN = 256  # bytes of the request read in one go at submit (the BPF stack is 512)
 
 PATHS = ("inline", "async", "punted")  # URING_PATH_* by code
@@ -52,7 +54,7 @@ class UringProbeConfig:
     tgid: int
     tid: int = 0
     ring_pages: int = 1024  # 4 MiB: ~35k requests between drains
-    max_inflight: int = 65536  # requests in flight at once, all target rings together
+    max_inflight: int = 65536  # in-flight table slots (a power of two; ~112 bytes each), all target rings together
     selection: object = None  # engramprof.target.selection.Selection; None: the one process tgid
     export_mode: bool = False  # `engramprof export`: per-file stats in the kernel, records only as a window's sample
     max_files: int = 1024  # export_mode: entries of read_stats_by_file (probes/readstats.h)
@@ -107,11 +109,29 @@ def _complete_span(offsets: dict[str, int]) -> int:
     return (span + 7) & ~7
 
 
+def inflight_defines(slots: int) -> dict[str, int]:
+    """The in-flight table's constants: its slot count (a power of two) and its log2."""
+    if slots < INFLIGHT_PROBES or slots & (slots - 1):
+        raise ValueError(f"io_uring in-flight slots must be a power of two >= {INFLIGHT_PROBES}, not {slots}")
+    return {"INFLIGHT_SLOTS": slots, "INFLIGHT_SLOT_BITS": slots.bit_length() - 1, "URING_PROBES": INFLIGHT_PROBES}
+
+
+def issue_slots() -> int:
+    """Slots of the issuing-thread table (probes/uring.bpf.c `uring_issuing`, by tid): a power of
+    two covering pid_max (a tid its own slot), at most ISSUE_SLOTS_MAX."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid_max = int(f.read())
+    except (OSError, ValueError):
+        pid_max = ISSUE_SLOTS_MAX
+    return min(1 << max(pid_max - 1, 1).bit_length(), ISSUE_SLOTS_MAX)
+
+
 def program_text(p: UringProbePlan) -> str:
     src = layout.inline_headers((layout.probe_dir() / PROBE_FILE).read_text())  # uring.h, targets.h
     c = p.config
     defines = {**targets.defines(c.selection, c.tgid, c.tid), "RING_PAGES": c.ring_pages,
-               "MAX_INFLIGHT": c.max_inflight, "URING_MAX_IOV": MAX_IOV, "REQ_SPAN": _req_span(p.offsets),
+               **inflight_defines(c.max_inflight), "ISSUE_SLOTS": issue_slots(), "URING_MAX_IOV": MAX_IOV, "REQ_SPAN": _req_span(p.offsets),
                "CSPAN": _complete_span(p.offsets),
                "O_DIRECT_BIT": os.O_DIRECT, **bios.defines(), "EXPORT_MODE": int(c.export_mode),
                "MAX_READ_FILES": c.max_files, **{m: -1 for m in OPCODES}, **p.opcodes,
@@ -167,8 +187,8 @@ class UringProbe(RequestProbe):
         readstats.set_sample_budget(self.bpf, n)
 
     def inflight(self) -> int:
-        """Requests submitted and not yet completed, now (the in-flight map's size)."""
-        return sum(1 for _ in self.bpf["uring_inflight"].keys())
+        """Requests submitted and not yet completed, now (the taken slots of the in-flight table)."""
+        return sum(1 for v in self.bpf["uring_inflight"].values() if v.req)
 
 
 # ------------------------------------------------------------------------------ decoding

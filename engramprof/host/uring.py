@@ -19,15 +19,13 @@ REQUIRED_FIELDS = {
 }
 FEATURES = {
     "HAVE_QUEUE_ASYNC": ["io_uring:io_uring_queue_async_work"],  # punted to io-wq (else: counted inline/async)
-    "HAVE_FILE_GET": ["io_uring:io_uring_file_get"],  # the io-wq worker that issued a punted plain-fd read
     # a request's page-cache insertions and bios, in the thread issuing it
-    "HAVE_ISSUE_EVIDENCE": ["syscalls:sys_exit_io_uring_enter", "filemap:mm_filemap_add_to_page_cache",
+    "HAVE_ISSUE_EVIDENCE": ["filemap:mm_filemap_add_to_page_cache",
                             "block:block_bio_queue", "block:block_bio_backmerge", "block:block_rq_complete",
                             "block:block_bio_complete"],
 }
 FEATURE_EFFECT = {
     "HAVE_QUEUE_ASYNC": "punts to io-wq are not seen (punted requests count as inline or async)",
-    "HAVE_FILE_GET": "the io-wq worker of a punted request is known only when it posts the completion",
     "HAVE_ISSUE_EVIDENCE": "requests carry no page-cache insertions, bios or bio time (pages_added, bio_count, "
                            "bio_ns null)",
 }
@@ -47,6 +45,12 @@ BTF_FIELDS = [
     ("U_OFF_INODE_SB", "inode", "i_sb", 8),
     ("U_OFF_INODE_MODE", "inode", "i_mode", 2),  # S_ISREG: a pipe / socket / procfs read is not a table read
     ("U_OFF_SB_DEV", "super_block", "s_dev", 4),
+    # the io-wq worker's request: current->flags (PF_IO_WORKER), ->worker_private (struct io_worker),
+    # its cur_work, the request's embedded io_wq_work (read only where a worker inserts or queues a bio)
+    ("U_OFF_TASK_FLAGS", "task_struct", "flags", 4),
+    ("U_OFF_TASK_WORKER", "task_struct", "worker_private", 8),
+    ("U_OFF_WORKER_CUR_WORK", "io_worker", "cur_work", 8),
+    ("U_OFF_REQ_WORK", "io_kiocb", "work", 16),
 ]
 #: the read opcodes (enum io_uring_op); READV_FIXED is Linux 6.15+
 OPCODES = {"OP_READ": "IORING_OP_READ", "OP_READV": "IORING_OP_READV", "OP_READ_FIXED": "IORING_OP_READ_FIXED",
