@@ -47,6 +47,8 @@ def test_selected_columns_with_categories_equal_the_full_load(tmp_path):
     assert part["dur_ns"].dtype == np.int32 and part["row"].dtype == np.int32
     assert part["ts_ns"].dtype == np.int64
     assert part["offset"].max() > 2**31 and part["offset"].dtype == np.int64
+    # evidence columns: the narrowest type their values fit (bio_ns < 10,000 here: int16)
+    assert part["bio_ns"].dtype == np.int16 and part["bio_ns"].max() > 127
 
 
 def test_nulls_in_one_part_and_a_column_missing_from_another(tmp_path):

@@ -189,7 +189,8 @@ def _path_codes(events: ReadEvents) -> np.ndarray | None:
     if not events.cols.has("path"):
         return None
     codes, uniques = events.cols.codes("path")
-    small = np.int16 if len(uniques) < np.iinfo(np.int16).max else np.int32
+    small = (np.int8 if len(uniques) < np.iinfo(np.int8).max else np.int16 if len(uniques) < np.iinfo(np.int16).max
+             else np.int32)
     return events.cols.in_order(np.add(codes, 1, dtype=small))  # 0: missing
 
 
