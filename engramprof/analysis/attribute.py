@@ -90,8 +90,14 @@ class MissParts:
             getattr(self, k).append(v)
 
     def arrays(self) -> dict:
-        return {k: np.concatenate(getattr(self, k)) if getattr(self, k) else np.empty(0)
-                for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes")}
+        """Each part as one array; the lists are emptied as they are joined (one part's
+        pieces and its joined array in memory at a time, not all of them twice)."""
+        out = {}
+        for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes"):
+            pieces = getattr(self, k)
+            out[k] = np.concatenate(pieces) if pieces else np.empty(0)
+            pieces.clear()
+        return out
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -280,14 +286,20 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
         j, valid = refaults.interval_of_sorted(s)  # entries are in time order
         inserted = valid & (pages > 0)  # the others add nothing to the sums
         acc.pages_per_interval += np.bincount(j[inserted], weights=pages[inserted], minlength=len(refaults.at))
-        interval = np.where(valid[sel], j[sel], -1)
+        interval = np.where(valid[sel], j[sel], -1).astype(_index_type(len(refaults.at)), copy=False)
     else:
-        interval = np.full(int(sel.sum()), -1)
+        interval = np.full(int(sel.sum()), -1, dtype=np.int32)
     scale_sel = scale[sel]
-    acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=comp.miss_wait[sel] * scale_sel,
-                 other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
+    # batch and interval as int32 (stage 6 widens them): 8 bytes less per miss event kept
+    acc.miss.add(batch=np.add(ch.batch[sel], ch.first_batch, dtype=_index_type(acc.n)),
+                 wait=comp.miss_wait[sel] * scale_sel, other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
                  interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())),
                  io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan))
+
+
+def _index_type(n: int) -> np.dtype:
+    """int32 for indices below ``n`` (and -1) where they fit, else int64."""
+    return np.dtype(np.int32 if n < np.iinfo(np.int32).max else np.int64)
 
 
 def _uring_paths_per_batch(acc: BatchAccumulator, ch: Chunk, events: ReadEvents) -> None:
