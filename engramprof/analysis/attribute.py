@@ -437,6 +437,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     eo = np.argsort(e, kind="stable")  # exits in time order: the union's and the queue depth's
     u = inflight_weights(s, e, eo)
     acc.inflight[ch.batches] = ch.per_batch(u)
+    acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e, e[eo].astype(np.int64, copy=False))
+    del eo  # each event's arrays are freed once used: two chunks in flight at once (memory)
     _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
                   inp.threads.native)
     ev = Evidence.read(events.cols, ch)
@@ -460,8 +462,9 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         acc.totals.slow_copy += int(long_copy.sum())
     native_ev = inp.threads.native[tcode] if inp.threads.native is not None else None
     _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes, native_ev)
-    acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e, e[eo].astype(np.int64, copy=False))
-    _per_batch_figures(acc, ch, events, inp, d, ev, comp.missed)
+    missed = comp.missed
+    del comp, u, obs, own, io_bytes, native_ev, s, e, tcode
+    _per_batch_figures(acc, ch, events, inp, d, ev, missed)
 
 
 def _attribute_part(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs):
