@@ -327,8 +327,8 @@ def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray, e_sorted: np.ndarra
     out = np.zeros(ch.n_batches)
     if n == 0:
         return out
-    s = s.astype(np.int64)
-    e = e.astype(np.int64)
+    s = s.astype(np.int64, copy=False)  # read, never written
+    e = e.astype(np.int64, copy=False)
     if max(int(np.abs(s).max()), int(np.abs(e).max())) >= (1 << 61):
         return _queue_depth_max_slow(ch, s, e)
     key = np.concatenate([s * 2 + 1, (np.sort(e, kind="stable") if e_sorted is None else e_sorted) * 2])
@@ -369,7 +369,8 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
     if cols.has("offset"):
         off = ch.pick(cols.raw("offset", ch.lo, ch.hi))
         if off.dtype.kind in "iub":  # offset + 1, 0 for a negative one (no float round trip)
-            off = np.clip(off.astype(np.int64) + 1, 0, None)
+            off = np.add(off, 1, dtype=np.int64)
+            np.clip(off, 0, None, out=off)
         else:  # missing offsets (NaN) count as one value
             off = np.clip(np.nan_to_num(off.astype(np.float64), nan=-1.0) + 1, 0, None).astype(np.int64)
         if inp.path_codes is not None:
@@ -427,8 +428,8 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
 def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs) -> None:
     """Everything the pass learns from one chunk of whole batches, into ``acc``."""
     seg = inp.seg
-    bstart = seg.start_ns.astype(np.int64)
-    bend = seg.end_ns.astype(np.int64)
+    bstart = seg.start_ns.astype(np.int64, copy=False)  # read, never written
+    bend = seg.end_ns.astype(np.int64, copy=False)
     s = ch.pick(events.ts[ch.lo:ch.hi])
     dur = ch.pick(events.dur[ch.lo:ch.hi])
     d = dur.astype(np.float64)
