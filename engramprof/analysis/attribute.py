@@ -292,7 +292,8 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     scale_sel = scale[sel]
     # batch and interval as int32 (stage 6 widens them): 8 bytes less per miss event kept
     acc.miss.add(batch=np.add(ch.batch[sel], ch.first_batch, dtype=_index_type(acc.n)),
-                 wait=comp.miss_wait[sel] * scale_sel, other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
+                 wait=comp.miss_wait[sel] * scale_sel, other=other[sel] * scale_sel,
+                 observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
                  interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())),
                  io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan))
 
