@@ -67,6 +67,10 @@ class Trace:
 #: thread: measured here, decoding each part's columns on Arrow's own thread pool took 1.5x the
 #: CPU time of decoding whole parts side by side (benchmarks/RESULTS.md, "Analysis speed")
 READ_THREADS = max(1, min(2, os.cpu_count() or 1))
+#: columns of a part decoded at once: Arrow's buffers for a few columns, not the part's all (a
+#: 960k-row part's 11 columns held ~85 MB each on two threads, at the load's peak; read a
+#: column at a time, a part took the same CPU here: benchmarks/RESULTS.md)
+COLUMNS_AT_ONCE = 4
 
 
 def _read_part(p: Path, columns: list[str] | None, use_threads: bool = True) -> pa.Table:
@@ -279,22 +283,22 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
     decode = [c for c in present if c not in const]
 
     def read(i: int) -> dict:
-        if not decode:
-            return {}
-        tab = _read_part(parts[i], decode, use_threads=False)
-        lo, m = int(starts[i]), tab.num_rows
-        if m != rows[i]:
-            raise UserError(f"{parts[i]}: corrupt trace part ({m} rows, its footer says {rows[i]})")
         text: dict = {}
-        for c in decode:
-            col = tab.column(c) if c in tab.column_names else None
-            if plan[c] is None:
-                text[c] = [_part_codes(ch) for ch in col.chunks] if col is not None else [(_NO_TEXT, None, m)]
-            elif col is None:
-                out[c][lo:lo + m] = np.nan
-            else:
-                out[c][lo:lo + m] = col.to_numpy()
-        del tab
+        for g in range(0, len(decode), COLUMNS_AT_ONCE):  # a few columns' decode buffers at a time
+            group = decode[g:g + COLUMNS_AT_ONCE]
+            tab = _read_part(parts[i], group, use_threads=False)
+            lo, m = int(starts[i]), tab.num_rows
+            if m != rows[i]:
+                raise UserError(f"{parts[i]}: corrupt trace part ({m} rows, its footer says {rows[i]})")
+            for c in group:
+                col = tab.column(c) if c in tab.column_names else None
+                if plan[c] is None:
+                    text[c] = [_part_codes(ch) for ch in col.chunks] if col is not None else [(_NO_TEXT, None, m)]
+                elif col is None:
+                    out[c][lo:lo + m] = np.nan
+                else:
+                    out[c][lo:lo + m] = col.to_numpy()
+            del tab, col
         return text
 
     if len(parts) > 1 and READ_THREADS > 1:
