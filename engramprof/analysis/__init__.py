@@ -48,6 +48,7 @@ from engramprof.analysis.unread import (
 )
 from engramprof.analysis.verdicts import DEFAULT_MEANINGFUL_SHARE, DEFAULT_SLOW_MS
 from engramprof.errors import UserError
+from engramprof.host.pages import release_free_heap
 
 #: of a gap between two reads of one pool worker (not the submitting thread), this much is the
 #: worker's own read loop (cpu-copy); the rest is executor machinery and GIL waits (a tight
@@ -189,7 +190,8 @@ def _path_codes(events: ReadEvents) -> np.ndarray | None:
     if not events.cols.has("path"):
         return None
     codes, uniques = events.cols.codes("path")
-    small = np.int16 if len(uniques) < np.iinfo(np.int16).max else np.int32
+    small = (np.int8 if len(uniques) < np.iinfo(np.int8).max else np.int16 if len(uniques) < np.iinfo(np.int16).max
+             else np.int32)
     return events.cols.in_order(np.add(codes, 1, dtype=small))  # 0: missing
 
 
@@ -267,12 +269,14 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
                                                       path_codes=_path_codes(events)))
+    release_free_heap()  # the pass's per-chunk arrays, freed but kept by malloc (host/pages.py)
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
     device = _baseline.device_baseline(calls, _disk_samples(getter), _window(events, meta))
     service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio, events.requests_only, device)
     pid = int(pids_of[0]) if len(pids_of := process_ids(calls)) == 1 else None
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)
+    release_free_heap()  # the miss parts, joined and split
     resplit_fault_gaps(acc, events, seg_read, threads, context.offcpu, loop_gap_us, notes)
     threads_per_batch = threads.per_batch
     unread = {"batches": 0, "source": None}

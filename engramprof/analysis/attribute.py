@@ -95,8 +95,14 @@ class MissParts:
             getattr(self, k).append(v)
 
     def arrays(self) -> dict:
-        return {k: np.concatenate(getattr(self, k)) if getattr(self, k) else np.empty(0)
-                for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes", "beside")}
+        """Each part as one array; the lists are emptied as they are joined (one part's
+        pieces and its joined array in memory at a time, not all of them twice)."""
+        out = {}
+        for k in ("batch", "wait", "other", "observed", "interval", "pages", "io_bytes", "beside"):
+            pieces = getattr(self, k)
+            out[k] = np.concatenate(pieces) if pieces else np.empty(0)
+            pieces.clear()
+        return out
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -289,15 +295,22 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
         j, valid = refaults.interval_of_sorted(s)  # entries are in time order
         inserted = valid & (pages > 0)  # the others add nothing to the sums
         acc.pages_per_interval += np.bincount(j[inserted], weights=pages[inserted], minlength=len(refaults.at))
-        interval = np.where(valid[sel], j[sel], -1)
+        interval = np.where(valid[sel], j[sel], -1).astype(_index_type(len(refaults.at)), copy=False)
     else:
-        interval = np.full(int(sel.sum()), -1)
+        interval = np.full(int(sel.sum()), -1, dtype=np.int32)
     scale_sel = scale[sel]
-    acc.miss.add(batch=ch.batch[sel] + ch.first_batch, wait=comp.miss_wait[sel] * scale_sel,
-                 other=other[sel] * scale_sel, observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
+    # batch and interval as int32 (stage 6 widens them): 8 bytes less per miss event kept
+    acc.miss.add(batch=np.add(ch.batch[sel], ch.first_batch, dtype=_index_type(acc.n)),
+                 wait=comp.miss_wait[sel] * scale_sel, other=other[sel] * scale_sel,
+                 observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
                  interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())),
                  io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan),
                  beside=beside[sel] if beside is not None else np.zeros(int(sel.sum())))
+
+
+def _index_type(n: int) -> np.dtype:
+    """int32 for indices below ``n`` (and -1) where they fit, else int64."""
+    return np.dtype(np.int32 if n < np.iinfo(np.int32).max else np.int64)
 
 
 def _uring_paths_per_batch(acc: BatchAccumulator, ch: Chunk, events: ReadEvents) -> None:
@@ -325,8 +338,8 @@ def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray, e_sorted: np.ndarra
     out = np.zeros(ch.n_batches)
     if n == 0:
         return out
-    s = s.astype(np.int64)
-    e = e.astype(np.int64)
+    s = s.astype(np.int64, copy=False)  # read, never written
+    e = e.astype(np.int64, copy=False)
     if max(int(np.abs(s).max()), int(np.abs(e).max())) >= (1 << 61):
         return _queue_depth_max_slow(ch, s, e)
     key = np.concatenate([s * 2 + 1, (np.sort(e, kind="stable") if e_sorted is None else e_sorted) * 2])
@@ -367,7 +380,8 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
     if cols.has("offset"):
         off = ch.pick(cols.raw("offset", ch.lo, ch.hi))
         if off.dtype.kind in "iub":  # offset + 1, 0 for a negative one (no float round trip)
-            off = np.clip(off.astype(np.int64) + 1, 0, None)
+            off = np.add(off, 1, dtype=np.int64)
+            np.clip(off, 0, None, out=off)
         else:  # missing offsets (NaN) count as one value
             off = np.clip(np.nan_to_num(off.astype(np.float64), nan=-1.0) + 1, 0, None).astype(np.int64)
         if inp.path_codes is not None:
@@ -447,8 +461,8 @@ def _bytes_beside(ev: Evidence, s: np.ndarray, e: np.ndarray, ret: np.ndarray | 
 def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs) -> None:
     """Everything the pass learns from one chunk of whole batches, into ``acc``."""
     seg = inp.seg
-    bstart = seg.start_ns.astype(np.int64)
-    bend = seg.end_ns.astype(np.int64)
+    bstart = seg.start_ns.astype(np.int64, copy=False)  # read, never written
+    bend = seg.end_ns.astype(np.int64, copy=False)
     s = ch.pick(events.ts[ch.lo:ch.hi])
     dur = ch.pick(events.dur[ch.lo:ch.hi])
     d = dur.astype(np.float64)
@@ -468,6 +482,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         u = u_dev + u_tail
         tail_frac = safe_div(u_tail, u)
     acc.inflight[ch.batches] = ch.per_batch(u)
+    acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e, e[eo].astype(np.int64, copy=False))
+    del eo  # each event's arrays are freed once used: two chunks in flight at once (memory)
     _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
                   inp.threads.native)
     comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch, tail_frac)
@@ -489,8 +505,9 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
         acc.totals.slow_copy += int(long_copy.sum())
     native_ev = inp.threads.native[tcode] if inp.threads.native is not None else None
     _causes(acc, ch, d, u, comp, ev, obs, s, inp.refaults, io_bytes, native_ev, beside)
-    acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e, e[eo].astype(np.int64, copy=False))
-    _per_batch_figures(acc, ch, events, inp, d, ev, comp.missed)
+    missed = comp.missed
+    del comp, u, u_dev, t_dev, tail_frac, obs, own, io_bytes, native_ev, s, e, tcode, beside
+    _per_batch_figures(acc, ch, events, inp, d, ev, missed)
 
 
 def _attribute_part(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: AttributionInputs):

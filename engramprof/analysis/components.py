@@ -168,7 +168,7 @@ def _codes_of(cols, name: str, chunk) -> tuple[np.ndarray, list[str]] | None:
         return None
     codes, uniques = cols.codes(name)
     lo, hi = chunk.lo, chunk.hi
-    c = chunk.pick(codes[lo:hi] if cols.order is None else codes[cols.order[lo:hi]]).astype(np.int64)
+    c = chunk.pick(codes[lo:hi] if cols.order is None else codes[cols.order[lo:hi]])  # int8/16/32: compared only
     return c, [str(u) for u in uniques]
 
 
@@ -423,6 +423,12 @@ def observed_miss_service(batch: np.ndarray, n_batches: int, ev: Evidence, miss_
     return observed, own
 
 
+def _finite(x: np.ndarray) -> np.ndarray:
+    """``np.nan_to_num(x)`` without its five passes where every value is finite already (an
+    integer column's values, an evidence column whose missing values were zeroed)."""
+    return x if np.isfinite(x).all() else np.nan_to_num(x)
+
+
 def miss_io_bytes(batch: np.ndarray, n_batches: int, ev: Evidence, own: np.ndarray, ret: np.ndarray | None,
                   max_per_batch=None) -> np.ndarray:
     """Per event, the size of the I/O its observed miss service (:func:`observed_miss_service`)
@@ -431,9 +437,9 @@ def miss_io_bytes(batch: np.ndarray, n_batches: int, ev: Evidence, own: np.ndarr
     when the page cache was bypassed); without bio columns one page; an event that waited on
     another's read, the largest read any event of its batch started (it waited for one of them:
     a readahead window is a large read)."""
-    from_pages = np.nan_to_num(ev.pages_added) * PAGE_BYTES if ev.pages_added is not None else np.zeros(len(batch))
+    from_pages = _finite(ev.pages_added) * PAGE_BYTES if ev.pages_added is not None else np.zeros(len(batch))
     if ret is not None:
-        whole = np.where(from_pages > 0, from_pages, np.maximum(np.nan_to_num(ret.astype(np.float64)), 0.0))
+        whole = np.where(from_pages > 0, from_pages, np.maximum(_finite(ret.astype(np.float64, copy=False)), 0.0))
     else:
         whole = from_pages
     if ev.bio_count is not None and ev.bio_ns is not None:

@@ -66,8 +66,8 @@ class EventColumns:
         categorical's own codes; else one factorisation).  -1: missing."""
         if name not in self._codes:
             s = self.calls[name]
-            if isinstance(s.dtype, pd.CategoricalDtype):  # its own codes (int8/16/32), no copy
-                codes, uniques = s.cat.codes.to_numpy(), pd.Index(s.cat.categories)
+            if isinstance(s.dtype, pd.CategoricalDtype):  # its own codes (int8/16/32; read-only)
+                codes, uniques = np.asarray(s.array.codes), pd.Index(s.cat.categories)  # .cat.codes copies
             else:
                 c, u = pd.factorize(s, use_na_sentinel=True)
                 codes, uniques = c.astype(np.int32), pd.Index(u)

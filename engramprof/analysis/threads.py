@@ -56,8 +56,8 @@ def _codes_in_order(events: ReadEvents, name: str) -> tuple[np.ndarray, np.ndarr
             counts += np.bincount(values[i:i + _SLICE], minlength=top + 1)
         present = counts > 0
         uniques = np.flatnonzero(present)
-        lookup = np.cumsum(present, dtype=np.int32) - 1
-        code = np.empty(len(values), dtype=np.int32)
+        lookup = (np.cumsum(present, dtype=np.int64) - 1).astype(_code_type(len(uniques)))
+        code = np.empty(len(values), dtype=lookup.dtype)
         for i in range(0, len(values), _SLICE):
             code[i:i + _SLICE] = lookup[values[i:i + _SLICE]]
         return events.cols.in_order(code), uniques
@@ -66,7 +66,13 @@ def _codes_in_order(events: ReadEvents, name: str) -> tuple[np.ndarray, np.ndarr
     if (c < 0).any():  # a missing value is one more "thread" of its own
         c = np.where(c < 0, len(uniques), c)
         uniques = np.r_[uniques.astype(np.float64), np.nan]
-    return events.cols.in_order(c.astype(np.int32)), uniques
+    return events.cols.in_order(c.astype(_code_type(len(uniques)))), uniques
+
+
+def _code_type(n_codes: int) -> np.dtype:
+    """The smallest signed integer holding codes 0..n_codes-1 (1 byte an event for a pool of
+    threads, not 4: 30 MB less at 10M events)."""
+    return np.dtype(np.int8 if n_codes <= 127 else np.int16 if n_codes <= 32767 else np.int32)
 
 
 def _coverage(seg, code: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ from engramprof.trace.schema import (
     FILE_DEFAULTS,
     FORMAT,
     FORMAT_VERSION,
+    SMALL_INT_COLUMNS,
     kind_categorical,
 )
 
@@ -66,6 +67,10 @@ class Trace:
 #: thread: measured here, decoding each part's columns on Arrow's own thread pool took 1.5x the
 #: CPU time of decoding whole parts side by side (benchmarks/RESULTS.md, "Analysis speed")
 READ_THREADS = max(1, min(2, os.cpu_count() or 1))
+#: columns of a part decoded at once: Arrow's buffers for a few columns, not the part's all (a
+#: 960k-row part's 11 columns held ~85 MB each on two threads, at the load's peak; read a
+#: column at a time, a part took the same CPU here: benchmarks/RESULTS.md)
+COLUMNS_AT_ONCE = 4
 
 
 def _read_part(p: Path, columns: list[str] | None, use_threads: bool = True) -> pa.Table:
@@ -129,34 +134,52 @@ def _read_dir(d: Path, columns: list[str] | None = None, narrow: bool = False, n
         return _read_parts_into_arrays(parts, columns, narrow, heads)
     table = pa.concat_tables([_read_part(p, columns) for p in parts], promote_options="default")
     # one dictionary per string column instead of one per part: pandas then builds a single
-    # categorical (fast); load() turns it into plain strings unless asked to keep categories
-    return table.unify_dictionaries().to_pandas(self_destruct=True, split_blocks=True)
+    # categorical (fast); load() turns it into plain strings unless asked to keep categories.
+    # Copied into pandas' own blocks (not views of Arrow's buffers), so that Arrow's pool can
+    # hand its decode memory back now: the threads samples of a 10M-call bundle kept ~50 MB
+    df = table.unify_dictionaries().to_pandas(self_destruct=True)
+    del table
+    pa.default_memory_pool().release_unused()
+    return df
 
 
-def _int32_columns(heads: list, columns: list[str]) -> set[str]:
-    """The int64 columns whose every value, by the parts' Parquet statistics, fits in int32."""
-    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
-    fits = set(columns)
-    for h in heads:
-        md = h.metadata
-        names = h.schema_arrow
-        for c in list(fits):
-            if c not in names.names or names.field(c).type != pa.int64():
-                fits.discard(c)
-                continue
+def _narrow_types(heads: list, columns: list[str]) -> dict[str, np.dtype]:
+    """The integer columns whose every value, by the parts' Parquet statistics, fits a narrower
+    integer, and that type: int64 ones int32, and :data:`SMALL_INT_COLUMNS` (int64 or int32)
+    the narrowest of int8, int16 and int32 (a miss's pages and bios are counted in ones)."""
+    out: dict[str, np.dtype] = {}
+    for c in columns:
+        lo = hi = None
+        wide = (pa.int64(), pa.int32()) if c in SMALL_INT_COLUMNS else (pa.int64(),)
+        for h in heads:
+            names = h.schema_arrow
+            if c not in names.names or names.field(c).type not in wide:
+                lo = None
+                break
+            md = h.metadata
             j = md.schema.names.index(c) if c in md.schema.names else None
             for g in range(md.num_row_groups):
                 st = md.row_group(g).column(j).statistics if j is not None else None
-                if st is None or not st.has_min_max or st.min < lo or st.max > hi:
-                    fits.discard(c)
+                if st is None or not st.has_min_max:
+                    lo = None
                     break
-    return fits
+                lo, hi = (st.min, st.max) if lo is None else (min(lo, st.min), max(hi, st.max))
+            else:
+                continue
+            break
+        if lo is None:
+            continue
+        for t in ((np.int8, np.int16, np.int32) if c in SMALL_INT_COLUMNS else (np.int32,)):
+            if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
+                out[c] = np.dtype(t)
+                break
+    return out
 
 
-def _column_plan(heads: list, present: list[str], narrow_to_32: set[str]) -> dict | None:
+def _column_plan(heads: list, present: list[str], narrow: dict[str, np.dtype]) -> dict | None:
     """Each column's array type, decided from the parts' footers before any part is decoded:
     None for text; float64 where a part lacks the column, holds floats or (by its statistics)
-    nulls; else the parts' integer / bool type (int32 where ``narrow_to_32``).  None when the
+    nulls; else the parts' integer / bool type (``narrow``'s type where it names one).  None when the
     footers cannot tell (no null counts, parts of different types): read part after part."""
     plan: dict = {}
     for c in present:
@@ -173,7 +196,7 @@ def _column_plan(heads: list, present: list[str], narrow_to_32: set[str]) -> dic
         nulls = _null_count(heads, c)
         if nulls is None:
             return None
-        plan[c] = (np.dtype(np.float64) if nulls else np.dtype(np.int32) if c in narrow_to_32
+        plan[c] = (np.dtype(np.float64) if nulls else narrow[c] if c in narrow
                    else np.dtype(next(iter(known)).to_pandas_dtype()))
     return plan
 
@@ -260,22 +283,22 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
     decode = [c for c in present if c not in const]
 
     def read(i: int) -> dict:
-        if not decode:
-            return {}
-        tab = _read_part(parts[i], decode, use_threads=False)
-        lo, m = int(starts[i]), tab.num_rows
-        if m != rows[i]:
-            raise UserError(f"{parts[i]}: corrupt trace part ({m} rows, its footer says {rows[i]})")
         text: dict = {}
-        for c in decode:
-            col = tab.column(c) if c in tab.column_names else None
-            if plan[c] is None:
-                text[c] = [_part_codes(ch) for ch in col.chunks] if col is not None else [(_NO_TEXT, None, m)]
-            elif col is None:
-                out[c][lo:lo + m] = np.nan
-            else:
-                out[c][lo:lo + m] = col.to_numpy()
-        del tab
+        for g in range(0, len(decode), COLUMNS_AT_ONCE):  # a few columns' decode buffers at a time
+            group = decode[g:g + COLUMNS_AT_ONCE]
+            tab = _read_part(parts[i], group, use_threads=False)
+            lo, m = int(starts[i]), tab.num_rows
+            if m != rows[i]:
+                raise UserError(f"{parts[i]}: corrupt trace part ({m} rows, its footer says {rows[i]})")
+            for c in group:
+                col = tab.column(c) if c in tab.column_names else None
+                if plan[c] is None:
+                    text[c] = [_part_codes(ch) for ch in col.chunks] if col is not None else [(_NO_TEXT, None, m)]
+                elif col is None:
+                    out[c][lo:lo + m] = np.nan
+                else:
+                    out[c][lo:lo + m] = col.to_numpy()
+            del tab, col
         return text
 
     if len(parts) > 1 and READ_THREADS > 1:
@@ -364,8 +387,8 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool 
     categorical each: side by side when the parts' footers tell each column's type
     (:func:`_read_parts_side_by_side`), else part after part (a part's decode buffers are
     freed, and reused, before the next part is read).  Peak memory is the result plus a part
-    or two, not twice the result.  ``narrow``: int64 columns whose statistics fit int32 are
-    stored as int32."""
+    or two, not twice the result.  ``narrow``: int64 columns whose statistics fit a narrower
+    type are stored in it (:func:`_narrow_types`)."""
     if heads is None:
         heads = []
         for p in parts:
@@ -374,8 +397,8 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool 
             except (pa.ArrowException, OSError) as exc:
                 raise UserError(f"{p}: corrupt trace part ({exc})") from None
     present = [c for c in columns if any(c in h.schema_arrow.names for h in heads)]
-    narrow_to_32 = _int32_columns(heads, [c for c in present if c != "ts_ns"]) if narrow else set()
-    plan = _column_plan(heads, present, narrow_to_32)
+    narrowed = _narrow_types(heads, [c for c in present if c != "ts_ns"]) if narrow else {}
+    plan = _column_plan(heads, present, narrowed)
     if plan is not None:
         return _read_parts_side_by_side(parts, heads, present, plan)
     n = sum(h.metadata.num_rows for h in heads)
@@ -400,7 +423,7 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool 
                 if lo or col.null_count:
                     out[c] = _as_float(None, n, nan_before=lo)
                 else:
-                    out[c] = np.empty(n, dtype=np.int32 if c in narrow_to_32 else values.dtype)
+                    out[c] = np.empty(n, dtype=narrowed.get(c, values.dtype))
             elif col.null_count or (values.dtype.kind == "f" and out[c].dtype.kind != "f"):
                 out[c] = _as_float(out[c], n)
             out[c][lo:lo + m] = values

@@ -118,6 +118,10 @@ WRITE_SCHEMA = pa.schema([
 ])
 CONTRACT_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "path", "offset", "size", "ret", "flags"]
 EVIDENCE_COLUMNS = ["pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns"]
+#: integer columns a compact load stores in the narrowest type their statistics allow (int8,
+#: int16 or int32; other int64 columns: int32 at most): every reader of these in the analysis
+#: converts them to float64 or compares them, never multiplies or sums them in their own type
+SMALL_INT_COLUMNS = tuple(EVIDENCE_COLUMNS)
 # columns not in the probe's record: the recorder's enrichers (and the decoder, for kind) add them
 ENRICHED_COLUMNS = ("path", "path_stale", "tensor", "row")
 # record fields decoded into another column's values rather than copied (syscall code -> name)
