@@ -265,3 +265,5 @@ def test_bytes_read_beside_is_the_overlap_weighted_sum_of_the_other_reads():
     want = [sum(b[j] * max(0, min(e[i], e[j]) - max(s[i], s[j])) / (e[j] - s[j])
                 for j in range(n) if own[j] and j != i and e[j] > s[j]) for i in range(n)]
     assert bytes_read_beside(s, e, own, b) == pytest.approx(want, rel=1e-9, abs=1e-6)
+    at = rng.random(n) < 0.3  # only some events' figures asked: the others 0, the rate unchanged
+    assert bytes_read_beside(s, e, own, b, at) == pytest.approx(np.where(at, want, 0.0), rel=1e-9, abs=1e-6)

@@ -284,13 +284,9 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     acc.cause_ns["reclaim"][sl] = ch.per_batch(comp.reclaim * scale)  # + refault-driven misses (stage 6)
     t.miss_wait_ns += float(comp.miss_wait.sum())
     pages = ev.pages_added
-    other = comp.miss_cpu + comp.wake
     if comp.reap is not None:  # a request's wait for its reap: the miss's cost, never storage
         acc.reap_wait[sl] = ch.per_batch(comp.reap * scale)
-        other = other + comp.reap
-    sel = (comp.miss_wait > 0) | (other > 0)
-    if pages is not None:
-        sel |= pages > 0
+    sel, other = _miss_events(comp, ev)
     if refaults is not None and pages is not None:
         j, valid = refaults.interval_of_sorted(s)  # entries are in time order
         inserted = valid & (pages > 0)  # the others add nothing to the sums
@@ -436,25 +432,41 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
         t.runq_ns += float(ev.runq_ns.sum())
 
 
-def _bytes_beside(ev: Evidence, s: np.ndarray, e: np.ndarray, ret: np.ndarray | None) -> np.ndarray | None:
+def _miss_events(comp, ev: Evidence) -> tuple[np.ndarray, np.ndarray]:
+    """The events whose miss parts stage 6 splits (a miss wait, miss CPU or wake-up, a reap
+    wait, or pages inserted), and their time other than the miss wait."""
+    other = comp.miss_cpu + comp.wake
+    if comp.reap is not None:  # a request's wait for its reap: the miss's cost, never storage
+        other = other + comp.reap
+    sel = (comp.miss_wait > 0) | (other > 0)
+    if ev.pages_added is not None:
+        sel |= ev.pages_added > 0
+    return sel, other
+
+
+def _bytes_beside(ev: Evidence, s: np.ndarray, e: np.ndarray, ret: np.ndarray | None,
+                  at: np.ndarray) -> np.ndarray | None:
     """Per event, the bytes the target's other reads (calls and faults that queued bios of their
     own) brought in while it was in flight (components.bytes_read_beside); 0 for a read request
     (io_uring, libaio), whose observed service is already its batch's completion interval."""
     if ev.bio_count is not None:
         own = ev.bio_count > 0
     elif ev.pages_added is not None:
-        own = np.nan_to_num(ev.pages_added) > 0
+        own = ev.pages_added > 0  # Evidence: float64, missing values as 0
     else:
         return None
-    pages = np.nan_to_num(ev.pages_added) * PAGE_BYTES if ev.pages_added is not None else np.zeros(len(s))
-    nbytes = np.where(pages > 0, pages, np.maximum(np.nan_to_num(np.asarray(ret, dtype=np.float64)), 0.0)) \
-        if ret is not None else pages
     request = ev.uring if ev.uring is not None else (ev.io_wait if ev.io_wait is not None else None)
     if request is not None:
         own = own & ~request
-    out = bytes_read_beside(s, e, own, nbytes)
-    if request is not None:
-        out[request] = 0.0
+        at = at & ~request
+    out = np.zeros(len(s))
+    idx = np.flatnonzero(own | at)  # only these events take part: the others' figures are 0
+    if not len(idx):
+        return out
+    pages = ev.pages_added[idx] * PAGE_BYTES if ev.pages_added is not None else np.zeros(len(idx))
+    nbytes = np.where(pages > 0, pages, np.maximum(np.nan_to_num(np.asarray(ret[idx], dtype=np.float64)), 0.0)) \
+        if ret is not None else pages
+    out[idx] = bytes_read_beside(s[idx], e[idx], own[idx], nbytes, at[idx])
     return out
 
 
@@ -492,7 +504,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     if obs is not None:
         ret = ch.pick(events.cols.raw("ret", ch.lo, ch.hi)) if events.cols.has("ret") else None
         io_bytes = miss_io_bytes(ch.batch, ch.n_batches, ev, own, ret, lambda w: np.maximum.reduceat(w, ch.firsts))
-        beside = _bytes_beside(ev, s, e, ret)
+        beside = _bytes_beside(ev, s, e, ret, _miss_events(comp, ev)[0])  # only the misses' are kept
         acc.observed_own.append(obs[own])
         acc.observed_waited.append(obs[own | (comp.miss_wait > 0)])
     if ev.bio_count is not None and ev.bio_ns is not None:

@@ -454,12 +454,14 @@ def miss_io_bytes(batch: np.ndarray, n_batches: int, ev: Evidence, own: np.ndarr
     return np.where(own, per_io, np.maximum(biggest[batch], PAGE_BYTES))
 
 
-def bytes_read_beside(s: np.ndarray, e: np.ndarray, own: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+def bytes_read_beside(s: np.ndarray, e: np.ndarray, own: np.ndarray, nbytes: np.ndarray,
+                      at: np.ndarray | None = None) -> np.ndarray:
     """Per event, the bytes the target's *other* reads brought in while it was in flight: the
     device's queue of the target's own I/O beside it (docs/model.md, "Queued behind its own
     reads").  Each event of ``own`` (it queued bios of its own) spreads its ``nbytes`` evenly
     over its [s, e); the sum of those rates is integrated over each event's own [s, e), less
-    its own bytes.  ``s`` sorted or not; int64 ns."""
+    its own bytes.  ``s`` sorted or not; int64 ns.  ``at``: only these events' figures are
+    computed (the others 0): the rate is every own event's, the integrals only where asked."""
     n = len(s)
     out = np.zeros(n)
     s = np.asarray(s, dtype=np.int64)
@@ -484,5 +486,9 @@ def bytes_read_beside(s: np.ndarray, e: np.ndarray, own: np.ndarray, nbytes: np.
         kk = np.maximum(k, 0)
         return np.where(k >= 0, g[kk] + rate[kk] * (x - t[kk]).astype(np.float64), 0.0)
 
-    out = integral(e) - integral(s) - np.where(sel, b, 0.0)
-    return np.clip(out, 0.0, None)
+    if at is None:
+        at = np.ones(n, dtype=bool)
+    if not at.any():
+        return out
+    out[at] = np.clip(integral(e[at]) - integral(s[at]) - np.where(sel[at], b[at], 0.0), 0.0, None)
+    return out
