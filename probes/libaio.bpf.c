@@ -699,7 +699,9 @@ static __always_inline void bio_done(u32 dev, u64 sector)
 		return;
 	u64 delta = bpf_ktime_get_ns() - b.ts;
 	struct aio_state *s = state_of(b.owner_ts, b.tid);
-	if (s)
+	/* an iocb's user address is reused by the next batch: a bio queued before this iocb's
+	 * submit is an earlier iocb's */
+	if (s && b.ts >= s->ts)
 		__sync_fetch_and_add(&s->bio_ns, delta);
 }
 

@@ -433,7 +433,10 @@ static __always_inline void uring_bio_done(u32 dev, u64 sector)
 		return;
 	u64 req = b.owner_ts;
 	struct uring_state *s = inflight_find(req);
-	if (s)
+	/* the kernel recycles io_kiocb: a request pointer found in flight now may be a later
+	 * request's, submitted after this bio was queued (a readahead bio outliving its request):
+	 * its time is not that request's */
+	if (s && b.ts >= s->ts)
 		__sync_fetch_and_add(&s->bio_ns, bpf_ktime_get_ns() - b.ts);
 }
 
