@@ -12,10 +12,9 @@ found (the series is then continued under the path).
 """
 from __future__ import annotations
 
-import os
 import time
 
-from engramprof.host.files import kernel_dev
+from engramprof.host.files import open_regular_files
 
 UNKNOWN = "unknown"
 
@@ -35,25 +34,6 @@ def _maps_keys(pid: int) -> dict[tuple[int, int], str]:
     return out
 
 
-def _fd_keys(pid: int) -> dict[tuple[int, int], str]:
-    out = {}
-    d = f"/proc/{pid}/fd"
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return out
-    for name in names:
-        try:
-            path = os.readlink(f"{d}/{name}")
-            if not path.startswith("/"):
-                continue
-            st = os.stat(f"{d}/{name}")
-        except OSError:
-            continue
-        out[(kernel_dev(st.st_dev), st.st_ino)] = path
-    return out
-
-
 class FileNames:
     def __init__(self, selection, pids_now, min_rescan_s: float = 5.0):
         self.pids_now = pids_now  # () -> iterable of target tgids
@@ -66,7 +46,7 @@ class FileNames:
         self._last_scan = time.monotonic()
         for pid in self.pids_now():
             self.paths.update(_maps_keys(pid))
-            self.paths.update(_fd_keys(pid))
+            self.paths.update(open_regular_files(pid))
 
     def name(self, dev: int, ino: int) -> str:
         if ino == 0:
