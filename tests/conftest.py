@@ -12,6 +12,7 @@ uses -- computed once per session.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PY = REPO / ".venv" / "bin" / "python"
+
+# A job started in the background by a shell without job control (`./.ci/run &`, nohup) starts
+# with SIGINT ignored, and every process the tests spawn would inherit that: a test's Ctrl-C
+# (SIGINT) to syscount-bpfcc or to `lab scenario` during its set-up was then ignored (local CI
+# runs 7 and 8).  A handler, unlike SIG_IGN, is reset to the default at exec: children start as
+# from an interactive shell.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _REASON: list[str | None] = []  # session cache: [None] when BPF works, [reason] otherwise
 

@@ -3,6 +3,7 @@ engramprof.lab.scenarios).  ``register(app)`` adds the ``scenario`` command to `
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -28,6 +29,12 @@ engramprof lab scenario residency --workers 2 --faulty-rank 1
 
 Page: docs/commands/lab-scenario.md
 """
+
+
+def _abort_setup(signum, frame) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
 
 
 def scenario_cmd(
@@ -91,7 +98,13 @@ def scenario_cmd(
         reader=reader, threads=threads, seed=seed, evict_ms=evict_ms, memory_mib=memory_mib,
         iops=iops, log=log, workers=workers, faulty_rank=faulty_rank)
     try:
-        sc.start()  # Ctrl-C / SIGTERM while setting up: clean up and exit
+        # Ctrl-C / SIGTERM while setting up: clean up and exit, also when this process was
+        # started with SIGINT ignored (a background job of a shell without job control)
+        restore_setup_signals = install_stop_handlers(_abort_setup)
+        try:
+            sc.start()
+        finally:
+            restore_setup_signals()
         if as_json:
             print(json.dumps({"event": "ready", **sc.info}), flush=True)
         log(f"scenario: ready: reader pid {sc.pid}"

@@ -30,6 +30,7 @@ from engramprof.tables import safetensors as layout
 
 VOCAB = 129_280
 WARM_CHUNK = 4 << 20
+WARM_PASSES = 2  # the second read of a page moves it to the active list (lab.workload.warm)
 _M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
@@ -121,14 +122,20 @@ def planned_reads(table_path: str | os.PathLike, steps: int, tokens: int = 4, he
 
 
 def warm(path: str | os.PathLike) -> int:
-    """Read the whole file once, sequentially, with read(2) (not preadv2, so it does not
-    pollute a preadv2 trace).  POSIX_FADV_RANDOM avoids leaving readahead markers behind."""
+    """Read the whole file twice, sequentially, with read(2), before any trace starts.
+    POSIX_FADV_RANDOM avoids leaving readahead markers behind.  The second pass is what makes the
+    table warm the way a served table is: a page read once sits on the kernel's inactive list and
+    is the first to go when the host reclaims page cache (a tracer compiling its probes on a host
+    full of once-read files: CI's warm io_uring run missed its table, evicted by kswapd, and was
+    rightly called reclaim); read again, it is moved to the active list.  Returns the file's size."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        total = 0
-        while chunk := os.read(fd, WARM_CHUNK):
-            total += len(chunk)
+        for _ in range(WARM_PASSES):
+            total = 0
+            os.lseek(fd, 0, os.SEEK_SET)
+            while chunk := os.read(fd, WARM_CHUNK):
+                total += len(chunk)
         return total
     finally:
         os.close(fd)
