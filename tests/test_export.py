@@ -3,10 +3,11 @@
 One shared run (module fixture): a cgroup2 group holding a warm lab pool reader (the
 python-scheduling scenario), `engramprof export --cgroup` on it (label rank=0); two memory-mapped
 lab readers (numpy.memmap gathers), one in the residency scenario (its table evicted every 20 ms)
-and one warm, and the io_uring and libaio readers in the residency scenario, each with its own
-`engramprof export --pid --markers` (rank=mmap-cold, rank=mmap-warm, rank=uring-cold,
-rank=aio-cold; their exporters start side by side); and a Prometheus server started here on 127.0.0.1 scraping the three
-(generated config, scrape interval 1 s, data in a temporary directory).  The tests then ask Prometheus's HTTP API; the restart test kills the reader and
+and one warm, and the io_uring, libaio and lseek + read() readers in the residency scenario,
+each with its own `engramprof export --pid --markers` (rank=mmap-cold, rank=mmap-warm,
+rank=uring-cold, rank=aio-cold, rank=read-cold; their exporters start side by side); and a
+Prometheus server started here on 127.0.0.1 scraping them all (generated config, scrape interval
+1 s, data in a temporary directory).  The tests then ask Prometheus's HTTP API; the restart test kills the reader and
 starts another one in the same group.  The --file test runs its own exporter (no Prometheus:
 it parses /metrics).  Bad input (tests/test_export_input.py) needs neither BPF nor Prometheus.
 """
@@ -84,13 +85,14 @@ def _start_reader(table: Path, markers: Path, group: Path) -> Proc:
 
 
 #: the lab reader of each request-path case: (`--reader`, the exporter's `kind` label)
-REQUEST_READERS = {"uring-cold": ("uring", "io_uring"), "aio-cold": ("aio", "libaio")}
+REQUEST_READERS = {"uring-cold": ("uring", "io_uring"), "aio-cold": ("aio", "libaio"),
+                   "read-cold": ("read", "syscall")}  # lseek + read(): syscall reads from the file position
 
 
 def _start_mapped(kind: str, table: Path, tmp: Path, port: int) -> dict:
     """A lab reader waiting to start (mmap-cold: a numpy.memmap gather in the residency scenario;
-    mmap-warm: `lab run --warm`; uring-cold / aio-cold: the io_uring / libaio reader in the
-    residency scenario, 300 steps) and its exporter (--pid, its markers, label rank=KIND),
+    mmap-warm: `lab run --warm`; uring-cold / aio-cold / read-cold: the io_uring / libaio /
+    read() reader in the residency scenario, 300 steps) and its exporter (--pid, its markers, label rank=KIND),
     starting (see _go)."""
     if kind == "mmap-cold":
         argv = engramprof("lab", "scenario", "residency", "--reader", "mmap", "--table", table, "--duration", "300",
@@ -312,9 +314,10 @@ def test_mapped_reader_warm_windows_say_healthy(scraped):
 
 @pytest.mark.parametrize("case", list(REQUEST_READERS))
 def test_request_reader_counted_exactly_and_analysed(scraped, case):
-    """The io_uring reader and the libaio reader (O_DIRECT), evicted every 20 ms: every SQE / iocb
-    it submitted is one read of its kind on its table (the reader's own count), and its windows
-    are analysed with the I/O wait as residency, never as Python scheduling."""
+    """The io_uring reader, the libaio reader (O_DIRECT) and the lseek + read() reader, evicted
+    every 20 ms: every SQE / iocb / read() it made is one read of its kind on its table (the
+    reader's own count), and its windows are analysed with the I/O wait as residency, never as
+    Python scheduling."""
     prom, m = scraped["prom"], scraped["mapped"][case]
     kind = REQUEST_READERS[case][1]
     done = json.loads(m["reader"].p.stdout.readline())  # the scenario's last line: 300 steps read
@@ -324,7 +327,8 @@ def test_request_reader_counted_exactly_and_analysed(scraped, case):
     calls = {dict(k[1])["file"]: v for k, v in got.items()
              if k[0] == "engramprof_read_calls_total" and dict(k[1]).get("kind") == kind}
     assert calls == {done["summary"]["table"]: done["summary"]["calls"]}, (calls, done["summary"])
-    assert got[("engramprof_probe_reads_total", (("kind", kind), ("rank", case)))] == done["summary"]["calls"]
+    if kind != "syscall":  # every read() of a regular file is a syscall read, the interpreter's too
+        assert got[("engramprof_probe_reads_total", (("kind", kind), ("rank", case)))] == done["summary"]["calls"]
     key = (("file", done["summary"]["table"]), ("kind", kind), ("rank", case))
     assert got[("engramprof_read_latency_seconds_count", key)] == done["summary"]["calls"]
     assert 0 < got[("engramprof_read_misses_total", key)] <= done["summary"]["calls"]
