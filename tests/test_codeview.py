@@ -426,6 +426,37 @@ def test_a_reader_that_is_not_cpython_is_one_note_and_its_native_frames(two_read
     assert not nat[0]["function"].startswith(("pread", "__libc")), nat
 
 
+@pytest.mark.bpf
+def test_every_thread_of_a_process_that_is_not_cpython_is_native(two_readers):
+    """The recorder tells CPython from other programs by their executable mappings: fio (C) is
+    not CPython, the lab readers are; so fio's main thread is native, not Python (before: the
+    main thread of any process was taken to run the interpreter, and fio's posixaio engine came
+    out python-scheduling 19%), and no share of fio's batches is python-scheduling."""
+    from engramprof import trace
+    from engramprof.analysis import analyse, thread_kinds
+
+    fio = two_readers["fio"]
+    if fio is None:
+        pytest.skip("fio is not installed")
+    tr = trace.load_bundle(two_readers["trace"])
+    procs = {p["pid"]: p for p in tr.meta["processes"]}
+    assert procs[fio]["cpython"] is False and "fio" not in procs[fio]["cpython_evidence"], procs[fio]
+    for pid in two_readers["pids"].values():
+        assert procs[pid]["cpython"] is True and "python3" in procs[pid]["cpython_evidence"], procs[pid]
+    assert thread_kinds.not_cpython_pids(tr.meta) == {fio: thread_kinds.not_cpython_pids(tr.meta)[fio]}
+    mine = tr.calls[tr.calls["pid"] == fio]
+    assert len(mine), "no fio reads recorded"
+    kinds = thread_kinds.thread_kinds(set(mine["tid"]), None, tr.samples("threads"), tr.table("thread_kinds"),
+                                      thread_kinds.not_cpython_pids(tr.meta), fio)
+    assert fio in set(kinds["tid"]) or fio not in set(mine["tid"])
+    assert (kinds.loc[kinds["tid"].isin(set(mine["tid"])), "kind"] == "native").all(), kinds
+    th = tr.samples("threads")
+    res = analyse(mine.reset_index(drop=True), samples={"threads": th[th["pid"] == fio]}, meta=tr.meta)
+    assert res.summary["share"]["python-scheduling"] == 0.0, res.summary["share"]
+    assert res.summary["thread_kinds"]["counts"]["python"] == 0, res.summary["thread_kinds"]
+    assert {t["kind"] for t in res.summary["thread_kinds"]["threads"]} == {"native"}, res.summary["thread_kinds"]
+
+
 def test_a_trace_without_stacks_says_why_in_one_line():
     import pandas as pd
 

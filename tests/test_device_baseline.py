@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 
 import numpy as np
 import pandas as pd
@@ -151,6 +153,52 @@ def test_kinds_from_the_interpreter_list_then_names():
     table = pd.DataFrame({"tid": [11], "kind": ["native"], "source": ["py-spy: no Python frames"]})
     k = thread_kinds.thread_kinds([10, 11], listed, threads, table).set_index("tid")
     assert k.loc[11, "kind"] == "native" and k.loc[11, "source"].startswith("py-spy")
+
+
+def test_a_process_that_is_not_cpython_has_only_native_threads():
+    threads = pd.DataFrame({"pid": [10, 10, 20], "tid": [10, 11, 20], "name": ["fio", "fio", "python3"]})
+    meta = {"processes": [{"pid": 10, "cpython": False, "cpython_evidence": "none of its 9 executable file mappings"},
+                          {"pid": 20, "cpython": True, "cpython_evidence": "maps /usr/bin/python3.11"},
+                          {"pid": 30, "cpython": None}]}
+    no = thread_kinds.not_cpython_pids(meta)
+    assert list(no) == [10] and "not CPython" in no[10]
+    # tid 12: no name sampled, of the analysed process 10
+    k = thread_kinds.thread_kinds([10, 11, 12, 20], None, threads, None, no, pid=10).set_index("tid")["kind"]
+    assert k.to_dict() == {10: "native", 11: "native", 12: "native", 20: "python"}
+    # a stack sampler that read an interpreter in the process overrides the mappings
+    assert thread_kinds.not_cpython_pids({**meta, "stacks": {"processes": [10]}}) == {}
+    # before the recorder said: the main thread of any process runs the interpreter
+    assert thread_kinds.thread_kinds([10], None, threads).set_index("tid").loc[10, "kind"] == "python"
+
+
+@pytest.mark.parametrize("name, cpython", [
+    ("python3.11", True), ("python3", True), ("python", True), ("python3.12d", True),
+    ("libpython3.11.so.1.0", True), ("libpython3.so", True),
+    ("fio", False), ("python3-config", False), ("pythonista", False), ("libpypy3-c.so", False),
+    ("librocksdb.so.8", False)])
+def test_cpython_file_names(name, cpython):
+    from engramprof.target.process import _CPYTHON_FILE
+
+    assert bool(_CPYTHON_FILE.match(name)) is cpython
+
+
+def test_runs_cpython_from_the_maps():
+    from engramprof.target.process import runs_cpython
+
+    ok, why = runs_cpython(os.getpid())
+    assert ok is True and "python" in why, why
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        for _ in range(100):  # until exec has replaced the forked Python
+            ok, why = runs_cpython(sleeper.pid)
+            if ok is False:
+                break
+            time.sleep(0.01)
+        assert ok is False and "executable file mappings" in why, why
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert runs_cpython(2 ** 22 + 1)[0] is None  # no such process: unknown
 
 
 def _pool_batch(worker_kind_listed: bool):

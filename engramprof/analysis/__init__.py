@@ -264,7 +264,9 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     threads = find_reading_threads(events, seg_read)
     seen_tids = np.union1d(threads.tids[pd.notna(threads.tids)].astype(np.int64),
                            context.offcpu["tid"].to_numpy(np.int64) if context.offcpu is not None else [])
-    kinds = thread_kinds.thread_kinds(seen_tids, markers_df, _thread_names(getter), _kinds_table(table_of))
+    pids_of = process_ids(calls)
+    kinds = thread_kinds.thread_kinds(seen_tids, markers_df, _thread_names(getter), _kinds_table(table_of),
+                                      thread_kinds.not_cpython_pids(meta), int(pids_of[0]) if len(pids_of) == 1 else None)
     threads.native = thread_kinds.native_mask(kinds, threads.tids)
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
@@ -273,7 +275,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
     device = _baseline.device_baseline(calls, _disk_samples(getter), _window(events, meta))
     service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio, events.requests_only, device)
-    pid = int(pids_of[0]) if len(pids_of := process_ids(calls)) == 1 else None
+    pid = int(pids_of[0]) if len(pids_of) == 1 else None
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)
     release_free_heap()  # the miss parts, joined and split

@@ -15,7 +15,10 @@ Sources, the first that knows a thread wins:
    of the process is native; without it, the table's Python threads are that list (read at
    each of the sampler's rounds): a thread the table does not hold at all lived between two
    rounds and was never listed -- native (faiss's per-search prefetch threads live ~13 ms);
-3. the thread's name (samples/threads, /proc/PID/task/TID/comm): ``iou-wrk-*`` / ``iou-sqp-*``
+3. the process: every thread of a process that runs no CPython interpreter is native (the
+   recorder found no python3.X executable or libpython3.X.so among its executable mappings, and
+   no stack sampler read an interpreter in it: fio, a C++ server, llama.cpp);
+4. the thread's name (samples/threads, /proc/PID/task/TID/comm): ``iou-wrk-*`` / ``iou-sqp-*``
    are io_uring's workers (native); the main thread (tid = pid) runs the interpreter (Python);
    a name other than the process's is a library's own named pool (native); a thread named like
    the process is ``unknown`` -- CPython 3.x threads keep the process's name, and so do
@@ -59,6 +62,20 @@ def _names(threads: pd.DataFrame | None) -> pd.DataFrame:
                          "name": last["name"].astype(object).to_numpy()})
 
 
+def not_cpython_pids(meta: dict | None) -> dict[int, str]:
+    """{pid: why} of the recorded processes known not to run CPython: the recorder found no
+    python3.X executable or libpython3.X.so among their executable mappings (meta ``processes``,
+    ``cpython`` false) and no stack sampler read an interpreter in them (meta ``stacks``)."""
+    meta = meta or {}
+    sampled = {int(p) for p in ((meta.get("stacks") or {}).get("processes") or []) if isinstance(p, int)}
+    out = {}
+    for p in meta.get("processes") or []:
+        if isinstance(p, dict) and p.get("cpython") is False and isinstance(p.get("pid"), int) \
+                and p["pid"] not in sampled:
+            out[p["pid"]] = f"the process is not CPython ({p.get('cpython_evidence') or 'no interpreter mapped'})"
+    return out
+
+
 def kind_by_name(tid: int, pid: int, name: str, process_name: str | None) -> str:
     if any(str(name).startswith(p) for p in IO_WQ_PREFIXES):
         return NATIVE
@@ -70,9 +87,12 @@ def kind_by_name(tid: int, pid: int, name: str, process_name: str | None) -> str
 
 
 def thread_kinds(tids, markers_df: pd.DataFrame | None = None, threads: pd.DataFrame | None = None,
-                 table: pd.DataFrame | None = None) -> pd.DataFrame:
+                 table: pd.DataFrame | None = None, not_cpython: dict[int, str] | None = None,
+                 pid: int | None = None) -> pd.DataFrame:
     """One row per thread of ``tids`` (and of the samples): tid, name, kind (python | native |
-    unknown) and source (how it is known)."""
+    unknown) and source (how it is known).  ``not_cpython``: {pid: why} of processes that run no
+    interpreter (:func:`not_cpython_pids`): every thread of theirs is native; ``pid``: the
+    process of a tid the samples do not name."""
     names = _names(threads)
     all_tids = sorted({int(t) for t in tids if pd.notna(t)} | set(names["tid"].tolist()))
     name_of = dict(zip(names["tid"].tolist(), names["name"].tolist()))
@@ -99,9 +119,11 @@ def thread_kinds(tids, markers_df: pd.DataFrame | None = None, threads: pd.DataF
                       else "not in the interpreter's thread list (markers' python_tids)")
         elif sampled:
             kind, source = NATIVE, "never in the interpreter's thread list (thread_kinds table's rounds)"
+        elif not_cpython and int(pid_of.get(t, pid if pid is not None else -1)) in not_cpython:
+            kind, source = NATIVE, not_cpython[int(pid_of.get(t, pid if pid is not None else -1))]
         else:
-            pid = int(pid_of.get(t, -1))
-            kind = kind_by_name(t, pid, name, proc_name.get(pid))
+            p = int(pid_of.get(t, -1))
+            kind = kind_by_name(t, p, name, proc_name.get(p))
             source = f"thread name {name!r}" if name else "no name sampled"
         rows.append((t, name, kind, source))
     return pd.DataFrame(rows, columns=["tid", "name", "kind", "source"])

@@ -37,12 +37,20 @@ from engramprof.bpf import targets as target_maps
 from engramprof.errors import UserError
 from engramprof.record.live import FileStat, LatencyHist, LiveAccount, LiveState  # noqa: F401 (re-exported)
 from engramprof.record.sources import SOURCES, Options, Recording, Source
-from engramprof.target.process import ExitWatch, check_privileges, check_target, cmdline, pid_state
+from engramprof.target.process import ExitWatch, check_privileges, check_target, cmdline, pid_state, runs_cpython
 from engramprof.target.selection import Selection
 
 DRAIN_S = 0.05
 FLUSH_S = 1.0
 HIST_FLUSH_S = 1.0  # snapshot of the kernel's histograms into tables/ (replaced each time)
+
+
+def process_meta(pid: int) -> dict:
+    """A selected process in the bundle's meta: its command line, and whether it runs a CPython
+    interpreter (``cpython``: true / false / null, ``cpython_evidence``: why; analysis/thread_kinds
+    takes every thread of a process that does not as native)."""
+    cpython, why = runs_cpython(pid)
+    return {"pid": pid, "cmdline": cmdline(pid), "cpython": cpython, "cpython_evidence": why}
 
 
 class Recorder:
@@ -205,7 +213,7 @@ class Recorder:
             # pid: the first selected process (older readers); pids and selection: everything
             "pid": pid or None, "tid": self.tid or None, "target_cmdline": cmdline(pid) if pid else "",
             **self.selection.meta(),
-            "processes": [{"pid": p, "cmdline": cmdline(p)} for p in self.selection.pids],
+            "processes": [process_meta(p) for p in self.selection.pids],
             "engramprof_argv": self.argv,
         }
         for s in self.sources:

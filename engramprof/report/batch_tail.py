@@ -105,12 +105,18 @@ def _cause_evidence(s: dict) -> dict[str, str]:
         pb.append(f"of which run-queue (preempted in calls) {pct(ev['runq_preempt_share'])}")
     if ev.get("ctx_switches_per_batch"):
         pb.append(f"≈{ev['ctx_switches_per_batch']['p50']:.0f} ctx switches/batch" if ev["ctx_switches_per_batch"]["p50"] is not None else "")
+    kinds = (s.get("thread_kinds") or {}).get("counts") or {}
+    if kinds.get("native") and not kinds.get("python") and not kinds.get("unknown"):
+        pb.append(f"no Python thread ({kinds['native']} native)")
     out["python-scheduling"] = "; ".join(x for x in pb if x)
     cb = [f"{ev.get('threads', 0)} reading thread(s)"]
     if ev.get("concurrency_p50") is not None:
         cb.append(f"concurrency p50 {ev['concurrency_p50']:.1f}")
     if ev.get("nowait_calls"):
         cb.append(f"{ev['nowait_calls']:,} RWF_NOWAIT calls ({ev.get('eagain_calls', 0):,} EAGAIN)")
+    if (s.get("native_pool_wait") or {}).get("share"):
+        cb.append(f"of which native threads off their reads {pct(s['native_pool_wait']['share'])} (the "
+                  "process's own pool, not Python)")
     out["cpu-copy"] = "; ".join(cb)
     if s.get("missing_evidence"):
         out["unexplained"] = "missing: " + ", ".join(s["missing_evidence"])
