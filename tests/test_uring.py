@@ -93,6 +93,29 @@ def test_punted_requests_are_credited_to_the_owner_and_file(data_file):
     assert all(c.startswith("iou-wrk") for c in seen.values()), seen
 
 
+def test_sqpoll_requests_are_the_owners_with_their_pages_and_bios(data_file):
+    """An SQPOLL ring (fio's sqthread_poll=1, cold buffered reads): the kernel's SQ thread, a
+    thread of fio's process named iou-sqp-<pid>, takes each SQE from the ring and issues it;
+    every request is counted once, on the owner and its file, submitted by that thread, with the
+    page it inserted and the bio it queued credited to it."""
+    stats, ev, totals, pid, threads = run_fio(data_file, "--sqthread_poll=1", "--direct=0", watch_workers=True)
+    _check_counts_and_files(stats, ev, totals, pid, data_file)
+    assert totals["sqpoll"] == len(ev) and ev.sqpoll.all(), totals
+    sq = set(ev.tid.unique())
+    assert sq == set(ev.io_tid.unique()) and pid not in sq, (sq, pid)
+    assert all(threads.get(t, "").startswith("iou-sqp") for t in sq), ({t: threads.get(t) for t in sq}, threads)
+    cold = ev[ev.uring_path == "async"]
+    assert len(cold) >= 0.9 * len(ev), ev.uring_path.value_counts()  # fio invalidates the file first: cold
+    assert (cold.pages_added > 0).mean() >= 0.99 and (cold.bio_count > 0).mean() >= 0.99
+    assert (ev.bio_ns <= ev.dur_ns).all()
+    # the analysis says where it is blind: the time an SQE waited in the ring before the SQ thread
+    from engramprof.analysis.paths import sqpoll_notes
+
+    (note,) = sqpoll_notes({"uring": {"sqpoll": totals["sqpoll"], "submitted": totals["submitted"]}})
+    assert note.startswith(f"{len(ev):,} of {len(ev):,} io_uring requests") and "SQPOLL" in note
+    assert sqpoll_notes({"uring": {"sqpoll": 0, "submitted": 5}}) == [] and sqpoll_notes(None) == []
+
+
 @pytest.mark.parametrize("opts,opcode,fixed", [
     (("--registerfiles=1", "--fixedbufs=1", "--direct=1"), "read_fixed", True),
     (("--nonvectored=0", "--direct=1"), "readv", False),

@@ -220,6 +220,7 @@ def analyse(
     """
     check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_us)
     calls, getter, meta, notes = _inputs(trace_or_calls, samples, meta)
+    notes.extend(paths.sqpoll_notes(meta))
     pids = process_ids(calls)
     # why each missed page was missing, where the bundle has eviction records (analysis/misses.py)
     table_of = getattr(trace_or_calls, "table", None)

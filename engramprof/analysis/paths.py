@@ -192,6 +192,19 @@ def path_figures(calls: pd.DataFrame, batches: pd.DataFrame, bio_hist: pd.DataFr
             "direct": direct}
 
 
+def sqpoll_notes(meta: dict | None) -> list[str]:
+    """Where the analysis is blind on an SQPOLL ring: its requests start when the kernel's SQ
+    thread takes them from the ring, so the time an SQE waited there before (the SQ thread asleep
+    or waiting for a CPU) lies in the gap before the request, not in it."""
+    u = (meta or {}).get("uring") or {}
+    n, total = int(u.get("sqpoll") or 0), int(u.get("submitted") or 0)
+    if n <= 0:
+        return []
+    return [f"{n:,} of {total:,} io_uring requests were taken from the ring by its SQPOLL thread "
+            "(iou-sqp): a request is timed from then, so the time an SQE waited in the ring before "
+            "(the SQ thread asleep or waiting for a CPU) is in the gaps between reads, not in them"]
+
+
 def read_path_of(bt: dict) -> str:
     """The read path the trace saw: ``syscalls``, ``faults`` (a memory-mapped reader),
     ``io_uring`` (read requests of an io_uring), ``libaio`` (iocbs of io_submit), ``both`` (more

@@ -114,7 +114,7 @@ def _cause_evidence(s: dict) -> dict[str, str]:
         cb.append(f"concurrency p50 {ev['concurrency_p50']:.1f}")
     if ev.get("nowait_calls"):
         cb.append(f"{ev['nowait_calls']:,} RWF_NOWAIT calls ({ev.get('eagain_calls', 0):,} EAGAIN)")
-    if (s.get("native_pool_wait") or {}).get("share"):
+    if ((s.get("native_pool_wait") or {}).get("share") or 0) >= 0.005:
         cb.append(f"of which native threads off their reads {pct(s['native_pool_wait']['share'])} (the "
                   "process's own pool, not Python)")
     out["cpu-copy"] = "; ".join(cb)
