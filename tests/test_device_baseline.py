@@ -167,6 +167,11 @@ def test_a_process_that_is_not_cpython_has_only_native_threads():
     assert k.to_dict() == {10: "native", 11: "native", 12: "native", 20: "python"}
     # a stack sampler that read an interpreter in the process overrides the mappings
     assert thread_kinds.not_cpython_pids({**meta, "stacks": {"processes": [10]}}) == {}
+    # the sampler's word for the processes it followed (--children's forks, a cgroup's members);
+    # the recorder's own for a process selected at the start comes first
+    sampled = {"sampler": {"cpython": {"40": {"cpython": False, "evidence": "none of its 3"},
+                                       "20": {"cpython": False, "evidence": "read while it was forking"}}}}
+    assert sorted(thread_kinds.not_cpython_pids({**meta, **sampled})) == [10, 40]
     # before the recorder said: the main thread of any process runs the interpreter
     assert thread_kinds.thread_kinds([10], None, threads).set_index("tid").loc[10, "kind"] == "python"
 

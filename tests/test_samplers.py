@@ -604,6 +604,46 @@ def test_follow_samples_every_traced_process_each_under_its_pid(tmp_path):
     assert s.info()["followed"] == {str(b.pid): procs[b.pid]["name"], str(late.pid): procs[late.pid]["name"]}
 
 
+EXEC_ON_LINE = """
+import os, sys
+print("ready", flush=True)
+sys.stdin.readline()
+os.execvp("sleep", ["sleep", "30"])
+"""
+
+
+def test_the_sampler_says_which_processes_run_cpython_again_after_an_exec():
+    """info()['cpython']: per process sampled, whether it runs a CPython interpreter (its
+    executable mappings), kept after it exits, and read again when the process execs (a fork
+    read before it execs another program: thread kinds would take its threads for Python)."""
+    native = subprocess.Popen(["sleep", "30"])
+    py = subprocess.Popen([sys.executable, "-c", EXEC_ON_LINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+    try:
+        assert py.stdout.readline().strip() == "ready"
+        s = Sampler(pid=native.pid, hz=20, follow=lambda: {py.pid}, follow_s=0.1)
+        s.start()
+        try:
+            deadline = time.monotonic() + 10
+            while str(py.pid) not in s.info()["cpython"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            before = s.info()["cpython"]
+            py.stdin.write("go\n")
+            py.stdin.flush()
+            while s.info()["cpython"][str(py.pid)]["cpython"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            after = s.info()["cpython"]
+        finally:
+            s.stop()
+    finally:
+        for p in (native, py):
+            p.kill()
+            p.wait()
+    assert before[str(native.pid)]["cpython"] is False and "executable file mappings" in before[str(native.pid)]["evidence"]
+    assert before[str(py.pid)]["cpython"] is True and "python" in before[str(py.pid)]["evidence"], before
+    assert after[str(py.pid)]["cpython"] is False, after  # it runs sleep now
+
+
 HOLD = """
 import os, sys
 fd = os.open(sys.argv[1], os.O_RDONLY)

@@ -65,15 +65,20 @@ def _names(threads: pd.DataFrame | None) -> pd.DataFrame:
 def not_cpython_pids(meta: dict | None) -> dict[int, str]:
     """{pid: why} of the recorded processes known not to run CPython: the recorder found no
     python3.X executable or libpython3.X.so among their executable mappings (meta ``processes``,
-    ``cpython`` false) and no stack sampler read an interpreter in them (meta ``stacks``)."""
+    ``cpython`` false, for the processes selected at the start; meta ``sampler.cpython`` for every
+    process the sampler followed: --children's forks, a cgroup's members) and no stack sampler
+    read an interpreter in them (meta ``stacks``)."""
     meta = meta or {}
     sampled = {int(p) for p in ((meta.get("stacks") or {}).get("processes") or []) if isinstance(p, int)}
-    out = {}
-    for p in meta.get("processes") or []:
-        if isinstance(p, dict) and p.get("cpython") is False and isinstance(p.get("pid"), int) \
-                and p["pid"] not in sampled:
-            out[p["pid"]] = f"the process is not CPython ({p.get('cpython_evidence') or 'no interpreter mapped'})"
-    return out
+    said: dict[int, tuple] = {}  # pid: (cpython, evidence); the recorder's own word first
+    for pid, c in ((meta.get("sampler") or {}).get("cpython") or {}).items():  # every process sampled
+        if str(pid).isdigit() and isinstance(c, dict):
+            said[int(pid)] = (c.get("cpython"), c.get("evidence"))
+    for p in meta.get("processes") or []:  # the processes selected at the start
+        if isinstance(p, dict) and isinstance(p.get("pid"), int):
+            said[p["pid"]] = (p.get("cpython"), p.get("cpython_evidence"))
+    return {pid: f"the process is not CPython ({why or 'no interpreter mapped'})"
+            for pid, (cpython, why) in sorted(said.items()) if cpython is False and pid not in sampled}
 
 
 def kind_by_name(tid: int, pid: int, name: str, process_name: str | None) -> str:

@@ -127,6 +127,8 @@ class Sampler:
         # follow_s); each gets its process and thread rows (the pid column tells them apart)
         self.follow, self.follow_s = follow, follow_s
         self.followed: dict[int, TargetReader] = {}
+        #: every process sampled (the target, each followed one): runs_cpython's answer, kept after it exits
+        self.cpython_of: dict[int, tuple] = {self.target.pid: self.target.cpython} if self.target is not None else {}
         self._followed_done: set[int] = set()  # exited, or gone before its first read
         self._followed_at: int | None = None
         self.followed_names: dict[int, str] = {}
@@ -164,6 +166,7 @@ class Sampler:
         snap["cgroup"] = self.cgroups.read(ts)
         if self.target is not None and not self.target_exited.is_set():
             snap["process"], snap["threads"] = self.target.read()
+            self.cpython_of[self.target.pid] = self.target.cpython
         else:
             snap["process"], snap["threads"] = None, None
         if self.follow is not None:
@@ -171,6 +174,7 @@ class Sampler:
             snap["others"] = others = {}
             for p, reader in list(self.followed.items()):
                 others[p] = reader.read()
+                self.cpython_of[p] = reader.cpython  # re-read after an exec (TargetReader.read)
                 if others[p][0] is None:  # exited: its last round says so, then it is dropped
                     del self.followed[p]
                     self._followed_done.add(p)
@@ -193,6 +197,7 @@ class Sampler:
             try:
                 self.followed[p] = TargetReader(p, self.proc_root, self.hz, self._fdc, self._notes)
                 self.followed_names[p] = self.followed[p].name
+                self.cpython_of[p] = self.followed[p].cpython
             except UserError:  # gone already
                 self._followed_done.add(p)
 
@@ -299,6 +304,8 @@ class Sampler:
             "pid": self.pid,
             "target_name": self.target_name,
             "followed": {str(p): n for p, n in self.followed_names.items()} if self.follow is not None else None,
+            # per process sampled: does it run CPython (target/process.runs_cpython; thread kinds)
+            "cpython": {str(p): {"cpython": c[0], "evidence": c[1]} for p, c in sorted(self.cpython_of.items())},
             "target_exited": self.target_exited.is_set(),
             "target_exit_ns": self.target_exit_ns,
             "start_ns": self.start_ns,

@@ -10,6 +10,7 @@ import re
 from typing import Callable, Iterable
 
 from engramprof.errors import UserError
+from engramprof.target.process import runs_cpython
 from engramprof.sampling.procfs import (
     CLK_TCK,
     PAGE_SIZE,
@@ -287,6 +288,8 @@ class TargetReader:
         self.fdc = fdc
         self.notes = notes
         self.name, self._starttime = self._check(pid)
+        # whether it runs a CPython interpreter, from its executable mappings (analysis/thread_kinds)
+        self.cpython = runs_cpython(pid, proc_root)
         self._cached_tids: set[str] = set()
         self._tcache: dict[str, tuple] = {}
         self._reads = 0
@@ -314,6 +317,9 @@ class TargetReader:
             return None, None
         if not f or f[0] in (b"Z", b"X") or (self._starttime is not None and len(f) > 19 and f[19] != self._starttime):
             return None, None
+        if comm != self.name:  # an exec since (a fork read before it execs fio: not CPython any more)
+            self.name = comm
+            self.cpython = runs_cpython(self.pid, self.base.rsplit("/", 1)[0])
         return self._process(f), self._threads()
 
     def _process(self, f: list[bytes]) -> dict:

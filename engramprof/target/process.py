@@ -49,14 +49,14 @@ def cmdline(pid: int) -> str:
 _CPYTHON_FILE = re.compile(r"^(lib)?python([23](\.\d+)?[a-z]*)?(\.so(\.[\d.]+)?)?$")
 
 
-def runs_cpython(pid: int) -> tuple[bool | None, str]:
+def runs_cpython(pid: int, proc_root: str = "/proc") -> tuple[bool | None, str]:
     """Whether ``pid`` runs a CPython interpreter, and why: one of its executable file mappings
     is a python3.X executable or a libpython3.X.so (True), none is (False), or /proc/PID/maps
     could not be read (None).  Reads the process's maps only, never its memory.  A program that
     links the interpreter statically under another name is taken as not CPython (its threads
     native); a stack sampler that finds the interpreter overrides this (analysis/thread_kinds)."""
     try:
-        with open(f"/proc/{pid}/maps") as f:
+        with open(f"{proc_root}/{pid}/maps") as f:
             files = {line.split(None, 5)[5].strip() for line in f
                      if line.count(" ") >= 5 and "x" in line.split(None, 2)[1] and "/" in line}
     except (OSError, IndexError) as exc:
