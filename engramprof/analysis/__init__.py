@@ -27,7 +27,7 @@ import pandas as pd
 
 from engramprof.analysis import batches as _batches
 from engramprof.analysis import baseline as _baseline
-from engramprof.analysis import calibrate, misses, paths, thread_kinds
+from engramprof.analysis import calibrate, misses, own_insertions, paths, thread_kinds
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, code_faults, prepare_read_events
@@ -186,6 +186,18 @@ def read_event_counts(calls: pd.DataFrame, code: np.ndarray | None = None) -> di
     return {str(k): int(v) for k, v in counts.items() if v}
 
 
+def _samples_or_none(getter: Callable, name: str) -> pd.DataFrame | None:
+    try:
+        return getter(name)
+    except (UserError, KeyError):
+        return None
+
+
+def _read_paths(events: ReadEvents) -> list:
+    """The paths the read events name (the distinct values of their path column)."""
+    return list(events.cols.codes("path")[1]) if events.cols.has("path") else []
+
+
 def _path_codes(events: ReadEvents) -> np.ndarray | None:
     if not events.cols.has("path"):
         return None
@@ -269,9 +281,11 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     kinds = thread_kinds.thread_kinds(seen_tids, markers_df, _thread_names(getter), _kinds_table(table_of),
                                       thread_kinds.not_cpython_pids(meta), int(pids_of[0]) if len(pids_of) == 1 else None)
     threads.native = thread_kinds.native_mask(kinds, threads.tids)
+    inserting = own_insertions.inserting_batches(_samples_or_none(getter, "pagecache"), _read_paths(events),
+                                                 seg_read.start_ns, seg_read.end_ns)
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
-                                                      path_codes=_path_codes(events)))
+                                                      path_codes=_path_codes(events), inserting=inserting))
     release_free_heap()  # the pass's per-chunk arrays, freed but kept by malloc (host/pages.py)
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
     device = _baseline.device_baseline(calls, _disk_samples(getter), _window(events, meta))

@@ -219,6 +219,9 @@ class AttributionInputs:
     slow_ms: float
     loop_gap_us: float
     path_codes: np.ndarray | None  # entry-order codes + 1 (0: missing), None: no path column
+    #: per batch, the target inserted pages of its files outside its read events (a miss
+    #: context: own_insertions.inserting_batches); None: not known or none
+    inserting: np.ndarray | None = None
 
 
 def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns,
@@ -498,7 +501,8 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     del eo  # each event's arrays are freed once used: two chunks in flight at once (memory)
     _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
                   inp.threads.native)
-    comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch, tail_frac)
+    comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch, tail_frac,
+                            inp.inserting[ch.batches] if inp.inserting is not None else None)
     obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u_dev)
     io_bytes = beside = None
     if obs is not None:

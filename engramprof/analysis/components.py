@@ -249,13 +249,17 @@ def _bincounter(batch: np.ndarray, n_batches: int):
 
 
 def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evidence, per_batch=None,
-                     any_per_batch=None, tail_frac: np.ndarray | None = None) -> Components:
+                     any_per_batch=None, tail_frac: np.ndarray | None = None,
+                     batch_inserting: np.ndarray | None = None) -> Components:
     """Split durations ``d`` into :class:`Components`.  Without offcpu_ns the time left after
     reclaim and the run-queue wait is a miss wait in events with misses, unexplained otherwise.
     ``per_batch(weights)``: per-batch sums (default: a bincount over ``batch``);
     ``any_per_batch(flags)``: per batch, whether any flag is set (default: from per_batch);
     ``tail_frac``: per event, the share of its time after its device part (a request's wait for
-    its reap, :func:`device_weights`): taken from a request's miss wait as ``reap``."""
+    its reap, :func:`device_weights`): taken from a request's miss wait as ``reap``;
+    ``batch_inserting``: per batch, the target inserted pages of the files it reads outside its
+    read events (engramprof/analysis/own_insertions.py): a miss context as a batch whose reads
+    missed."""
     per_batch = per_batch or _bincounter(batch, n_batches)
     n = len(d)
     recl = np.clip(ev.reclaim_ns, 0, d) if ev.reclaim_ns is not None else np.zeros(n)
@@ -271,6 +275,8 @@ def split_components(d: np.ndarray, batch: np.ndarray, n_batches: int, ev: Evide
         offcpu = np.where(w, np.maximum(base, d - recl), base)
     if missed is not None:
         batch_missed = any_per_batch(missed) if any_per_batch else per_batch(missed) > 0
+        if batch_inserting is not None:
+            batch_missed = batch_missed | batch_inserting
         in_miss_ctx = missed | batch_missed[batch]
     if offcpu is not None:
         vol = np.clip(offcpu - (ev.runq_ns if ev.runq_ns is not None else 0.0), 0, d - recl - runq)

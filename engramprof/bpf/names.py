@@ -155,9 +155,10 @@ class NamesProbe(DeferredProbe):
         if not complete:
             return "..." + inner
         paths = join(inner, self._mount_list(pid, proc_root), dev)
+        gone = not os.path.isdir(f"{proc_root}/{pid}")  # exited: checked in the tracer's own root
         for p in paths:
             try:
-                st = os.stat(f"{proc_root}/{pid}/root{p}")
+                st = os.stat(p if gone else f"{proc_root}/{pid}/root{p}")
             except OSError:
                 continue
             if (os.major(st.st_dev) << 20 | os.minor(st.st_dev)) == dev and st.st_ino == ino:
@@ -165,8 +166,12 @@ class NamesProbe(DeferredProbe):
         return paths[0] if paths else None
 
     def _mount_list(self, pid: int, proc_root: str) -> list:
+        """``pid``'s mounts (re-read at most once a second); once it has exited, the last list
+        read, else the tracer's own: a process that opened, read and exited between two drains
+        (the names' usual case) was never looked at alive, and most share the tracer's mount
+        namespace (a container's does not: its paths are then the host's names, or none)."""
         at, lst = self._mounts.get(pid, (0.0, []))
         if time.monotonic() - at > 1.0:
-            lst = mounts(pid, proc_root) or lst
+            lst = mounts(pid, proc_root) or lst or mounts("self", proc_root)
             self._mounts[pid] = (time.monotonic(), lst)
         return lst
