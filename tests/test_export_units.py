@@ -153,3 +153,37 @@ def test_the_probes_untracked_bios_are_a_counter_with_their_meaning():
         [("engramprof_bios_untracked_total", {"rank": "2"}, 7)]
     # the other totals keep their names and values
     assert [s.value for s in fams["engramprof_probe_reads"].samples if s.name.endswith("_total")] == [10, 0]
+
+
+def test_a_window_of_a_process_that_is_not_cpython_has_no_python_scheduling(tmp_path):
+    """The exporter's windows have no thread samples: a thread was taken for Python unless the
+    markers listed the interpreter's threads.  Each window's processes are now judged by their
+    executable mappings (once a pid): the gaps of a native program's reader are its own (a
+    native pool's wait: cpu-copy), the same gaps in a CPython process are python-scheduling."""
+    import subprocess
+
+    from engramprof.bpf import structs as layout
+
+    ms = 1_000_000
+    p = tmp_path / "m.jsonl"
+    p.write_text(_line(0, 10 * ms))
+    native = subprocess.Popen(["sleep", "30"])
+    try:
+        shares = {}
+        for name, pid in (("native", native.pid), ("python", os.getpid())):
+            recs = np.zeros(2, dtype=layout.struct_dtype("call_record"))
+            recs["ts_ns"], recs["dur_ns"] = [1 * ms, 6 * ms], [1 * ms, 1 * ms]
+            # two pool threads: the 4 ms between their reads is a hand-off between threads
+            recs["pid"], recs["tid"], recs["size"], recs["ret"] = pid, [pid + 1, pid + 2], 4096, 4096
+            w = WindowAnalyser(str(p))
+            w._markers_for(0, 0)  # nothing yet: the marker file is read from its start at the run
+            w.pending_markers = [(0, 10 * ms)]
+            w.run(recs, 0, 20 * ms, False)
+            assert w.totals.analyses["ok"] == 1, (w.totals.analyses, w.last_error)
+            shares[name] = dict(w.totals.cause_seconds)
+            assert w.cpython_of[pid][0] is (name == "python"), w.cpython_of
+    finally:
+        native.kill()
+        native.wait()
+    assert shares["native"]["python-scheduling"] == 0.0 and shares["native"]["cpu-copy"] > 0.005, shares
+    assert shares["python"]["python-scheduling"] > 0.005, shares

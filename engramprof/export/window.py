@@ -25,6 +25,7 @@ from engramprof.bpf import libaio as libaio_probe
 from engramprof.bpf import uring as uring_probe
 from engramprof.errors import UserError
 from engramprof.record.decode import syscall_names
+from engramprof.target.process import runs_cpython
 
 #: batch time histogram buckets, seconds (decode batches are ~0.1-100 ms)
 BATCH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -176,6 +177,21 @@ class WindowAnalyser:
         self.slow_ms = slow_ms
         self.last_error: str | None = None
         self.lock = contextlib.nullcontext()  # the exporter's lock: a scrape never sees half a window
+        self.cpython_of: dict[int, tuple] = {}  # pid: runs_cpython(pid), read at its first window
+
+    def _processes(self, frame: pd.DataFrame) -> list[dict]:
+        """The window's processes, each with whether it runs CPython (read once a pid: its
+        executable mappings, target/process.runs_cpython): every thread of one that does not is
+        native, so its waits are never python-scheduling (analysis/thread_kinds)."""
+        out = []
+        if "pid" not in frame.columns or not len(frame):
+            return out
+        for pid in np.unique(frame["pid"].to_numpy(np.int64)).tolist():
+            if pid not in self.cpython_of:
+                self.cpython_of[pid] = runs_cpython(pid)
+            cpython, why = self.cpython_of[pid]
+            out.append({"pid": pid, "cpython": cpython, "cpython_evidence": why})
+        return out
 
     def _markers_for(self, start_ns: int, end_ns: int) -> pd.DataFrame | None:
         """Marked batches inside [start_ns, end_ns]; later ones wait for the next window, and
@@ -212,7 +228,9 @@ class WindowAnalyser:
         meta = {"start_ns": int(start_ns), "end_ns": int(covered_end), "read_paths": self.read_paths}
         kw = {} if self.slow_ms is None else {"slow_ms": self.slow_ms}
         try:
-            table, summary = analyse(window_frame(recs, requests, self.libaio_bio), markers, meta=meta, **kw)
+            frame = window_frame(recs, requests, self.libaio_bio)
+            meta["processes"] = self._processes(frame)
+            table, summary = analyse(frame, markers, meta=meta, **kw)
         except UserError as exc:
             t.analyses["no-batches"] += 1
             t.verdict, t.last_batches = None, 0
