@@ -320,3 +320,12 @@ def test_bytes_read_beside_is_the_overlap_weighted_sum_of_the_other_reads():
     assert bytes_read_beside(s, e, own, b) == pytest.approx(want, rel=1e-9, abs=1e-6)
     at = rng.random(n) < 0.3  # only some events' figures asked: the others 0, the rate unchanged
     assert bytes_read_beside(s, e, own, b, at) == pytest.approx(np.where(at, want, 0.0), rel=1e-9, abs=1e-6)
+
+
+def test_diagnose_limits_do_not_speak_of_python_for_a_native_reader():
+    from engramprof.analysis.diagnose import limits
+
+    rec = {"duration_s": 8.0, "end_reason": "duration"}
+    native = limits({"thread_kinds": {"counts": {"python": 0, "native": 3, "unknown": 0}}}, rec, 8.0, False)
+    assert not any("Python" in x for x in native) and any("hand-offs to its threads" in x for x in native)
+    assert any("Python scheduling is under-counted" in x for x in limits({}, rec, 8.0, False))

@@ -252,8 +252,11 @@ def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> lis
     out = [f"{win['text']} with no control run: it says what held these batches back, "
            "not that changing it will speed up the model end to end (prove that with a matched before/after)"]
     if not markers:
+        kinds = (bt.get("thread_kinds") or {}).get("counts") or {}
+        python = bool(kinds.get("python") or kinds.get("unknown")) or not kinds
         out.append("batches were inferred from gaps in the read stream (no --markers): time before a batch's "
-                   "first read is not seen, so Python scheduling is under-counted")
+                   "first read is not seen, so " + ("Python scheduling is under-counted" if python else
+                                                    "the reader's hand-offs to its threads are under-counted"))
     out.append("residency of the hot rows is observed after the window and can change right after it is observed")
     lost = bt.get("lost_records") or {}
     if lost.get("records") or trace_summary.get("lost_records"):
