@@ -182,13 +182,13 @@ def test_a_process_that_is_not_cpython_has_only_native_threads():
     ("fio", False), ("python3-config", False), ("pythonista", False), ("libpypy3-c.so", False),
     ("librocksdb.so.8", False)])
 def test_cpython_file_names(name, cpython):
-    from engramprof.target.process import _CPYTHON_FILE
+    from engramprof.host.interpreter import _CPYTHON_FILE
 
     assert bool(_CPYTHON_FILE.match(name)) is cpython
 
 
 def test_runs_cpython_from_the_maps():
-    from engramprof.target.process import runs_cpython
+    from engramprof.host.interpreter import runs_cpython
 
     ok, why = runs_cpython(os.getpid())
     assert ok is True and "python" in why, why

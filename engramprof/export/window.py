@@ -24,8 +24,8 @@ from engramprof.analysis.verdicts import CAUSES, VERDICTS, col
 from engramprof.bpf import libaio as libaio_probe
 from engramprof.bpf import uring as uring_probe
 from engramprof.errors import UserError
+from engramprof.host.interpreter import runs_cpython
 from engramprof.record.decode import syscall_names
-from engramprof.target.process import runs_cpython
 
 #: batch time histogram buckets, seconds (decode batches are ~0.1-100 ms)
 BATCH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -181,7 +181,7 @@ class WindowAnalyser:
 
     def _processes(self, frame: pd.DataFrame) -> list[dict]:
         """The window's processes, each with whether it runs CPython (read once a pid: its
-        executable mappings, target/process.runs_cpython): every thread of one that does not is
+        executable mappings, host/interpreter.runs_cpython): every thread of one that does not is
         native, so its waits are never python-scheduling (analysis/thread_kinds)."""
         out = []
         if "pid" not in frame.columns or not len(frame):

@@ -35,9 +35,10 @@ import pyarrow as pa
 from engramprof import trace
 from engramprof.bpf import targets as target_maps
 from engramprof.errors import UserError
+from engramprof.host.interpreter import runs_cpython
 from engramprof.record.live import FileStat, LatencyHist, LiveAccount, LiveState  # noqa: F401 (re-exported)
 from engramprof.record.sources import SOURCES, Options, Recording, Source
-from engramprof.target.process import ExitWatch, check_privileges, check_target, cmdline, pid_state, runs_cpython
+from engramprof.target.process import ExitWatch, check_privileges, check_target, cmdline, pid_state
 from engramprof.target.selection import Selection
 
 DRAIN_S = 0.05

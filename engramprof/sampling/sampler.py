@@ -304,7 +304,7 @@ class Sampler:
             "pid": self.pid,
             "target_name": self.target_name,
             "followed": {str(p): n for p, n in self.followed_names.items()} if self.follow is not None else None,
-            # per process sampled: does it run CPython (target/process.runs_cpython; thread kinds)
+            # per process sampled: does it run CPython (host/interpreter.runs_cpython; thread kinds)
             "cpython": {str(p): {"cpython": c[0], "evidence": c[1]} for p, c in sorted(self.cpython_of.items())},
             "target_exited": self.target_exited.is_set(),
             "target_exit_ns": self.target_exit_ns,

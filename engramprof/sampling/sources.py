@@ -10,7 +10,7 @@ import re
 from typing import Callable, Iterable
 
 from engramprof.errors import UserError
-from engramprof.target.process import runs_cpython
+from engramprof.host.interpreter import runs_cpython
 from engramprof.sampling.procfs import (
     CLK_TCK,
     PAGE_SIZE,
