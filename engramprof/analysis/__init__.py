@@ -281,8 +281,10 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     kinds = thread_kinds.thread_kinds(seen_tids, markers_df, _thread_names(getter), _kinds_table(table_of),
                                       thread_kinds.not_cpython_pids(meta), int(pids_of[0]) if len(pids_of) == 1 else None)
     threads.native = thread_kinds.native_mask(kinds, threads.tids)
-    inserting = own_insertions.inserting_batches(_samples_or_none(getter, "pagecache"), _read_paths(events),
-                                                 seg_read.start_ns, seg_read.end_ns)
+    pagecache = _samples_or_none(getter, "pagecache")
+    inserting = (own_insertions.inserting_batches(pagecache, _read_paths(events), seg_read.start_ns, seg_read.end_ns)
+                 if pagecache is not None and len(pagecache) else None)
+    del pagecache
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
                                                       path_codes=_path_codes(events), inserting=inserting))
