@@ -124,10 +124,7 @@ def _process_tids(calls: pd.DataFrame, threads: pd.DataFrame | None) -> np.ndarr
 
 def _thread_names(getter: Callable) -> pd.DataFrame | None:
     """samples/threads with names (the analysis' context reads only its numeric columns)."""
-    try:
-        return getter("threads")
-    except (UserError, KeyError):
-        return None
+    return _samples_or_none(getter, "threads")
 
 
 def _kinds_table(table_of) -> pd.DataFrame | None:
@@ -151,10 +148,7 @@ def native_pool_wait(acc, seg) -> dict | None:
 
 def _disk_samples(getter: Callable) -> pd.DataFrame | None:
     """samples/disks (the devices' own read counters), or None (an older bundle, unreadable)."""
-    try:
-        return getter("disks")
-    except (UserError, KeyError):
-        return None
+    return _samples_or_none(getter, "disks")
 
 
 def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:

@@ -124,8 +124,8 @@ def thread_kinds(tids, markers_df: pd.DataFrame | None = None, threads: pd.DataF
                       else "not in the interpreter's thread list (markers' python_tids)")
         elif sampled:
             kind, source = NATIVE, "never in the interpreter's thread list (thread_kinds table's rounds)"
-        elif not_cpython and int(pid_of.get(t, pid if pid is not None else -1)) in not_cpython:
-            kind, source = NATIVE, not_cpython[int(pid_of.get(t, pid if pid is not None else -1))]
+        elif not_cpython and (owner := int(pid_of.get(t, pid if pid is not None else -1))) in not_cpython:
+            kind, source = NATIVE, not_cpython[owner]
         else:
             p = int(pid_of.get(t, -1))
             kind = kind_by_name(t, p, name, proc_name.get(p))
