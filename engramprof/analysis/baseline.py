@@ -9,7 +9,8 @@ the normal service of its own size:
 1. **the trace's own bios**, of every kind of read event (calls, page faults, io_uring,
    libaio): per event, queue -> complete per bio (``bio_ns / bio_count``) and bytes per bio
    (pages inserted x page size, or the bytes returned when the read bypassed the page cache);
-   per class, the median weighted by bios;
+   per class, the 90th percentile weighted by bios (``NORMAL_QUANTILE``: the upper edge of the
+   device's own normal range, so its ordinary spread is not "slower than normal");
 2. else **the device's own counters** over the window (``samples/disks``, /proc/diskstats):
    the time the device spent per completed read and the bytes per read, of the devices the
    trace's files live on (every device that read, when the files' device is not a block
@@ -39,6 +40,11 @@ LATENCY_CEILING_NS = 1_000_000.0
 #: bytes per second below which a device is slow for a large read (a healthy SATA disk streams
 #: more; NVMe, virtio and network block devices far more)
 THROUGHPUT_FLOOR = 100e6
+#: the quantile of the trace's own bio service (per size class, weighted by bios) taken as
+#: normal: a healthy device's service is a distribution, and a miss in its upper tail is the
+#: device as it normally is, not a slower device (against the median, a device whose reads
+#: vary as a queue's do, exponentially, put half of every miss's time in storage)
+NORMAL_QUANTILE = 0.9
 #: the smallest and largest size classes (log2 bytes): 512 B .. 64 MiB
 MIN_CLASS, MAX_CLASS = 9, 26
 SECTOR = 512
@@ -67,7 +73,7 @@ def size_class(nbytes) -> np.ndarray:
 class DeviceBaseline:
     """Normal service per size class: ``normal_ns[c - MIN_CLASS]`` (NaN: not measured)."""
 
-    measured_ns: np.ndarray  # per class, the measured median service (NaN: none)
+    measured_ns: np.ndarray  # per class, the measured normal service (NaN: none)
     ios: np.ndarray  # per class, the I/Os it rests on
     source: str | None  # what it was measured from (None: nothing)
     devices: list = field(default_factory=list)  # the devices whose counters were used
@@ -113,9 +119,10 @@ def _empty() -> DeviceBaseline:
     return DeviceBaseline(np.full(n, np.nan), np.zeros(n, dtype=np.int64), None)
 
 
-def weighted_median_by_class(cls: np.ndarray, value: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per class (MIN_CLASS..MAX_CLASS), the ``weight``-weighted median of ``value`` and the
-    total weight."""
+def weighted_quantile_by_class(cls: np.ndarray, value: np.ndarray, weight: np.ndarray,
+                               q: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Per class (MIN_CLASS..MAX_CLASS), the ``weight``-weighted ``q`` quantile of ``value``
+    (the smallest value with at least ``q`` of the weight at or below it) and the total weight."""
     n = MAX_CLASS - MIN_CLASS + 1
     med, tot = np.full(n, np.nan), np.zeros(n, dtype=np.int64)
     for c in np.unique(cls):
@@ -123,7 +130,7 @@ def weighted_median_by_class(cls: np.ndarray, value: np.ndarray, weight: np.ndar
         v, w = value[sel], weight[sel]
         o = np.argsort(v, kind="stable")
         cw = np.cumsum(w[o])
-        k = int(np.searchsorted(cw, cw[-1] / 2.0))
+        k = int(np.searchsorted(cw, cw[-1] * q))
         med[c - MIN_CLASS] = float(v[o][min(k, len(o) - 1)])
         tot[c - MIN_CLASS] = int(cw[-1])
     return med, tot
@@ -174,8 +181,10 @@ def from_events(calls: pd.DataFrame) -> DeviceBaseline:
     keep = per_bio_bytes > 0
     if not keep.any():
         return out
-    med, tot = weighted_median_by_class(size_class(per_bio_bytes[keep]), (t / n)[keep], n[keep].astype(np.int64))
-    return DeviceBaseline(med, tot, "the trace's own bios (queue -> complete per bio, median per size)")
+    normal, tot = weighted_quantile_by_class(size_class(per_bio_bytes[keep]), (t / n)[keep], n[keep].astype(np.int64),
+                                             NORMAL_QUANTILE)
+    return DeviceBaseline(normal, tot, f"the trace's own bios (queue -> complete per bio, p{NORMAL_QUANTILE * 100:.0f} "
+                                       "per size)")
 
 
 def from_disk_counters(disks: pd.DataFrame | None, devs=None, window: tuple[int, int] | None = None) -> DeviceBaseline:
@@ -204,7 +213,7 @@ def from_disk_counters(disks: pd.DataFrame | None, devs=None, window: tuple[int,
     reads = g["reads"].to_numpy(np.float64)
     size = g["sectors"].to_numpy(np.float64) * SECTOR / reads
     service = g["ticks"].to_numpy(np.float64) * 1e6 / reads
-    med, tot = weighted_median_by_class(size_class(size), service, reads.astype(np.int64))
+    med, tot = weighted_quantile_by_class(size_class(size), service, reads.astype(np.int64))
     names = [{"dev": f"{os.major(int(k))}:{os.minor(int(k))}", "name": str(r["name"]), "reads": int(r["reads"]),
               "bytes_per_read": int(r["sectors"] * SECTOR / r["reads"]),
               "service_us_per_read": round(float(r["ticks"]) * 1e3 / float(r["reads"]), 1)} for k, r in g.iterrows()]
