@@ -46,7 +46,8 @@
  *   HAVE_PREADV, HAVE_PREAD64, HAVE_FILEMAP, HAVE_GET_PAGES, HAVE_FAULT, HAVE_MAP_PAGES, HAVE_PFU, HAVE_BIO,
  *   HAVE_VMSCAN_DIRECT, HAVE_VMSCAN_MEMCG, HAVE_SCHED  feature-probed tracepoints
  */
-#include <linux/fs.h>
+/* struct pt_regs, struct iovec, S_IFMT (probes/kernel_types.h: not the kernel headers) */
+#include "kernel_types.h"
 #include "export.h"
 
 #define FD_WALK 1               /* every call's file, from its fd (probes/targets.h) */

@@ -45,7 +45,8 @@
  *   HAVE_SCHED, TID_WORDS (u64 words of the switched-out-in-a-fault bitmap: tids < 64 * TID_WORDS),
  *   BIO_SLOTS, BIO_STALE_NS (the in-flight bio table: probes/bios.h).
  */
-#include <linux/ptrace.h>
+/* struct pt_regs */
+#include "kernel_types.h"
 #include "faults.h"
 
 struct fault_state {

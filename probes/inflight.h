@@ -25,8 +25,8 @@
 #ifndef ENGRAMPROF_INFLIGHT_H
 #define ENGRAMPROF_INFLIGHT_H
 
-#include <linux/ptrace.h>
-#include <linux/uio.h>
+/* struct pt_regs, struct iovec */
+#include "kernel_types.h"
 #include "tidbits.h"
 
 #define MAX_IOV 8

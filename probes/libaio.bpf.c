@@ -41,7 +41,8 @@
  * O_DIRECT_BIT, HAVE_PGETEVENTS, HAVE_DESTROY, HAVE_SETUP, EXPORT_MODE, MAX_READ_FILES
  * (EXPORT_MODE), and targets.h's (FD_WALK 1).
  */
-#include <linux/aio_abi.h>  /* aio_context_t, for the syscalls tracepoints' args */
+/* aio_context_t, for the syscalls tracepoints' args */
+#include "kernel_types.h"
 #include "libaio.h"
 
 #define IOCB_CMD_PREAD 0

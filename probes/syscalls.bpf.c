@@ -34,7 +34,8 @@
  *   TID_WORDS     u64 words of call_out_bits, the switched-out-in-a-call bitmap (HAVE_SCHED:
  *                 tids < 64 * TID_WORDS; probes/tidbits.h)
  */
-#include <linux/fs.h>
+/* struct pt_regs, struct iovec, S_IFMT (probes/kernel_types.h: not the kernel headers) */
+#include "kernel_types.h"
 #include "syscalls.h"
 /* NATIVE_STACKS: a read's user stack, copied at its exit for the native frames (probes/native.h) */
 #include "native.h"

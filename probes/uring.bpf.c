@@ -60,7 +60,8 @@
  *   O_DIRECT_BIT,
  *   HAVE_QUEUE_ASYNC, HAVE_ISSUE_EVIDENCE (the filemap and block tracepoints), BIO_SLOTS / BIO_STALE_NS (probes/bios.h), and targets.h's.
  */
-#include <linux/ptrace.h>  /* struct pt_regs: in_submitting_enter() */
+/* struct pt_regs: in_submitting_enter() */
+#include "kernel_types.h"
 #include "uring.h"
 
 struct uring_state {

@@ -108,3 +108,26 @@ def test_each_probe_has_its_header_and_records_live_only_there():
         assert f'#include "{h}"' in text, src
         again = sorted(set(re.findall(r"^struct (\w+) \{", text, flags=re.M)) & records)
         assert not again, f"{src} defines {again}, which {h} or another probe header holds"
+
+
+def test_kernel_types_match_the_running_kernel():
+    """probes/kernel_types.h declares the x86-64 register frame instead of including
+    <linux/ptrace.h> (a second of clang per probe): each member at the offset this kernel's BTF
+    gives struct pt_regs, and the same size."""
+    import os
+
+    from engramprof.host import btf
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("kernel_types.h declares pt_regs for x86_64 only; other machines include the kernel's header")
+    if not os.path.exists(btf.VMLINUX):
+        pytest.skip(f"no kernel BTF at {btf.VMLINUX} to compare with")
+    text = (PROBES / "kernel_types.h").read_text()
+    body = re.search(r"struct pt_regs \{(.*?)\};", text, re.S).group(1)
+    names = re.findall(r"\b([a-z][a-z0-9_]*)\b(?=[,;])", re.sub(r"/\*.*?\*/", "", body, flags=re.S))
+    b = btf.load()
+    tid = b.struct_id("pt_regs")
+    assert [b.member(tid, n)[0] for n in names] == [8 * i for i in range(len(names))], names
+    assert b.size_of(tid) == 8 * len(names)
+    for probe in PROBES.glob("*.bpf.c"):  # the costly kernel headers stay out of every probe
+        assert not re.search(r"#include <linux/(fs|ptrace|uio|aio_abi)\.h>", probe.read_text()), probe.name
