@@ -131,3 +131,23 @@ def test_kernel_types_match_the_running_kernel():
     assert b.size_of(tid) == 8 * len(names)
     for probe in PROBES.glob("*.bpf.c"):  # the costly kernel headers stay out of every probe
         assert not re.search(r"#include <linux/(fs|ptrace|uio|aio_abi)\.h>", probe.read_text()), probe.name
+
+
+@pytest.mark.bpf
+def test_every_program_text_compiles_in_both_syscall_hooks(texts):
+    """Each text above compiles and loads, with raw_syscalls and with the per-syscall
+    tracepoints, whose argument structs name kernel types (rwf_t, aio_context_t): the recorder
+    picks the raw hook on x86_64, so no other test compiles the tracepoint form."""
+    from bcc import BPF
+
+    from engramprof.bpf.base import CFLAGS, quiet_stderr
+
+    failed = []
+    for name, text in texts.items():
+        try:
+            with quiet_stderr():
+                b = BPF(text=text.encode(), cflags=CFLAGS)
+            b.cleanup()
+        except Exception as exc:  # BCC raises bare Exception on a compile / load failure
+            failed.append(f"{name}: {exc}")
+    assert not failed, failed

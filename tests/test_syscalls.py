@@ -319,7 +319,10 @@ def test_tid_filter_keeps_one_thread(tmp_path, table):
                           "--steps", "20", "--cold"))
     lab.wait_line("lab: ready")
     out = tmp_path / "t"
-    tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--tid", lab.pid, "--output", out, "--json"))
+    # the per-syscall tracepoints, not raw_syscalls (the default on x86_64): the hook whose
+    # preadv2 arguments carry the RWF flags checked below
+    tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--tid", lab.pid, "--output", out, "--json",
+                             "--hook", "tracepoint"))
     tracer.wait_line("Tracing")
     os.kill(lab.pid, signal.SIGUSR1)
     rc, lab_out, _ = lab.finish()
