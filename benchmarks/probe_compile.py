@@ -54,8 +54,8 @@ def captured_texts() -> list[tuple[str, str]]:
         child.kill()
     out = []
     for t in texts:
-        rings = re.findall(r"BPF_RINGBUF_OUTPUT\((\w+)", t)
-        out.append((rings[-1] if rings else "(no ring)", t))
+        rings = [r for r in re.findall(r"BPF_RINGBUF_OUTPUT\((\w+)", t) if r.endswith("_records")]
+        out.append((rings[0] if rings else "(names: no ring)", t))
     return out
 
 
