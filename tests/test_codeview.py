@@ -240,6 +240,44 @@ def test_sampler_names_lines_and_gil_holder_and_one_line_for_a_non_python_proces
         assert native, kinds
 
 
+def _fake_py_spy(tmp_path, torn_first: int):
+    """A py-spy whose first ``torn_first`` dumps fail as a torn read does ("Failed to get stack
+    traces"), then give one thread's stack."""
+    count = tmp_path / "dumps"
+    count.write_text("0")
+    out = json.dumps([{"pid": 1, "os_thread_id": 11, "thread_name": "MainThread", "owns_gil": True, "active": True,
+                       "frames": [{"name": "step", "filename": "/srv/reader.py", "line": 7}]}])
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"""#!/bin/sh
+n=$(($(cat {count}) + 1)); echo $n > {count}
+if [ $n -le {torn_first} ]; then echo "Error: Failed to get stack traces" >&2; exit 1; fi
+echo '{out}'
+""")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_a_torn_first_dump_is_tried_again_and_only_then_refused(tmp_path):
+    """py-spy reads a running process without pausing it: a dump taken while its threads start can
+    fail ("Failed to get stack traces").  A process never sampled yet is dumped again, up to
+    TORN_TRIES in a row, before it is refused (CI run 14: the pool reader's first dump failed so,
+    and the whole recording had no stack of it)."""
+    from engramprof.sampling import stacks
+
+    s = StackSampler(lambda: [4242], hz=20, notes=(notes := []), binary=_fake_py_spy(tmp_path, 2))
+    for _ in range(5):
+        s.sample_round()
+    s.flush()
+    assert not notes and s.summary()["processes"] == [4242] and s.failed_dumps == 2
+    assert len({r["round"] for r in s.rows}) == 3  # rounds 3, 4, 5
+    # torn every time: refused after TORN_TRIES dumps, with one note
+    (tmp_path / "b").mkdir()
+    s = StackSampler(lambda: [4242], hz=20, notes=(notes := []), binary=_fake_py_spy(tmp_path / "b", 99))
+    for _ in range(stacks.TORN_TRIES + 3):
+        s.sample_round()
+    assert s.dumps == stacks.TORN_TRIES and len(notes) == 1 and "Failed to get stack traces" in notes[0], notes
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (util-linux)")
 def test_a_python_process_whose_frames_cannot_be_read_is_one_note(tmp_path):
     """A CPython process py-spy may not read (run as nobody against root's process: no permission):

@@ -50,6 +50,12 @@ DEFAULT_STACK_HZ = 5.0
 #: gets its lowest pids sampled, and one note says how many were left out
 MAX_PROCESSES = 4
 DUMP_TIMEOUT_S = 5.0
+#: a dump that read the process while its threads changed (``--nonblocking`` does not pause it):
+#: py-spy's reason, lowercased.  Such a failure of a process never sampled yet is tried again,
+#: up to TORN_TRIES dumps in a row, before the process is taken as unreadable (CI run 14: the
+#: pool reader's first dump came as its 8 threads started, and it was never sampled again)
+TORN_DUMP_REASONS = ("failed to get stack traces",)
+TORN_TRIES = 5
 FLUSH_S = 1.0
 SERIES = "stacks"
 
@@ -115,6 +121,7 @@ class StackSampler:
         self.rows: list[dict] = []
         self._pending: list[dict] = []
         self._refused: dict[int, str] = {}  # pid -> why py-spy cannot read it
+        self._torn: dict[int, int] = {}  # pid never sampled -> its torn dumps so far
         self._sampled: set[int] = set()
         self._capped = False
         self._python: set[tuple[int, int]] = set()  # (pid, tid) py-spy listed
@@ -150,7 +157,8 @@ class StackSampler:
     def sample_round(self) -> None:
         """One dump of every process to sample; a process whose first dump fails is noted once
         and not sampled again (a later failure of one already sampled is counted: it exited,
-        or a stack was torn)."""
+        or a stack was torn).  A torn first dump (TORN_DUMP_REASONS) is tried again, up to
+        TORN_TRIES in a row."""
         self.rounds += 1
         pids = [p for p in sorted(set(self.pids())) if p > 0 and p not in self._refused]
         if len(pids) > MAX_PROCESSES and not self._capped:
@@ -165,6 +173,10 @@ class StackSampler:
             if rows is None:
                 self.failed_dumps += 1
                 if pid not in self._sampled:
+                    torn = self._torn.get(pid, 0) + 1
+                    if any(r in err.lower() for r in TORN_DUMP_REASONS) and torn < TORN_TRIES:
+                        self._torn[pid] = torn
+                        continue
                     self._refused[pid] = err
                     self.notes.append(f"Python stacks not sampled: {err} (not a CPython process, or its "
                                       "frames cannot be read); the rest of the recording is unchanged")
