@@ -23,6 +23,8 @@ from engramprof.analysis.attribution import (
     inflight_weights,
     verdict_of,
 )
+from engramprof.analysis.attribute import queue_depth_max
+from engramprof.analysis.events import Chunk
 from engramprof.errors import UserError
 from engramprof.trace import EVIDENCE_COLUMNS
 
@@ -374,6 +376,41 @@ def test_distinct_per_batch_matches_pandas(seed, pairs):
     y = np.array([p[1] for p in pairs], dtype=np.int64)
     want = pd.DataFrame({"b": b, "x": x, "y": y}).drop_duplicates().groupby("b").size().reindex(range(4), fill_value=0)
     assert list(_distinct_per_batch(b, 4, x, y)) == list(want)
+    firsts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    if len(firsts) == 4:  # every batch has an event: counted between the batches' first events
+        assert list(_distinct_per_batch(b, 4, x, y, firsts=firsts)) == list(want)
+
+
+def _brute_queue_depth(s, e, b, nb):
+    """Per batch, the most of its events in flight at once (an exit before an entry at the
+    same instant), from the events' own intervals, one instant at a time."""
+    out = np.zeros(nb)
+    for i in range(len(s)):  # the level just after entry i
+        level = sum(1 for j in range(len(s)) if s[j] <= s[i] and e[j] > s[i] and b[j] == b[i])
+        out[b[i]] = max(out[b[i]], level)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12)), min_size=1, max_size=8),
+                min_size=1, max_size=5))
+def test_queue_depth_max_matches_brute_force(batches):
+    # batches disjoint in time, each event inside its batch's span (what segmentation gives);
+    # zero-length events and events ending where the next batch begins included
+    s, e, b, t0 = [], [], [], 0
+    for k, evs in enumerate(batches):
+        for start, dur in sorted(evs):
+            s.append(t0 + start)
+            e.append(t0 + start + dur)
+            b.append(k)
+        t0 = max(e[-len(evs):]) if evs else t0
+        t0 = max(t0, max(s[-len(evs):]))
+    order = np.argsort(s, kind="stable")
+    s, e, b = np.array(s)[order], np.array(e)[order], np.array(b)[order]
+    if (np.diff(b) < 0).any():
+        return  # two batches at one instant: not a segmentation
+    ch = Chunk(0, len(batches), 0, len(s), b, None)
+    np.testing.assert_array_equal(queue_depth_max(ch, s, e), _brute_queue_depth(s, e, b, len(batches)))
 
 
 # ----------------------------------------------------------------------- property tests --

@@ -234,7 +234,7 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     n = len(s)
     firsts = ch.firsts
     reach = np.maximum.accumulate(e)  # the latest exit so far
-    holder = np.maximum.accumulate(np.where(e >= reach, np.arange(n), 0))  # the event holding it
+    holder = np.maximum.accumulate(np.arange(n) * (e >= reach))  # the event holding it
     gap = np.zeros(n)
     gap[1:] = np.clip(s[1:] - reach[:-1], 0, None)
     same_thread = np.zeros(n, dtype=bool)
@@ -290,21 +290,23 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     if comp.reap is not None:  # a request's wait for its reap: the miss's cost, never storage
         acc.reap_wait[sl] = ch.per_batch(comp.reap * scale)
     sel, other = _miss_events(comp, ev)
+    sel = np.flatnonzero(sel)  # indices: one scan of the flags, then gathers (not 8 mask scans)
+    m = len(sel)
     if refaults is not None and pages is not None:
         j, valid = refaults.interval_of_sorted(s)  # entries are in time order
-        inserted = valid & (pages > 0)  # the others add nothing to the sums
+        inserted = np.flatnonzero(valid & (pages > 0))  # the others add nothing to the sums
         acc.pages_per_interval += np.bincount(j[inserted], weights=pages[inserted], minlength=len(refaults.at))
         interval = np.where(valid[sel], j[sel], -1).astype(_index_type(len(refaults.at)), copy=False)
     else:
-        interval = np.full(int(sel.sum()), -1, dtype=np.int32)
+        interval = np.full(m, -1, dtype=np.int32)
     scale_sel = scale[sel]
     # batch and interval as int32 (stage 6 widens them): 8 bytes less per miss event kept
     acc.miss.add(batch=np.add(ch.batch[sel], ch.first_batch, dtype=_index_type(acc.n)),
                  wait=comp.miss_wait[sel] * scale_sel, other=other[sel] * scale_sel,
-                 observed=obs[sel] if obs is not None else np.full(int(sel.sum()), np.nan),
-                 interval=interval, pages=pages[sel] if pages is not None else np.zeros(int(sel.sum())),
-                 io_bytes=io_bytes[sel] if io_bytes is not None else np.full(int(sel.sum()), np.nan),
-                 beside=beside[sel] if beside is not None else np.zeros(int(sel.sum())))
+                 observed=obs[sel] if obs is not None else np.full(m, np.nan),
+                 interval=interval, pages=pages[sel] if pages is not None else np.zeros(m),
+                 io_bytes=io_bytes[sel] if io_bytes is not None else np.full(m, np.nan),
+                 beside=beside[sel] if beside is not None else np.zeros(m))
 
 
 def _index_type(n: int) -> np.dtype:
@@ -331,8 +333,8 @@ def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray, e_sorted: np.ndarra
     batches are disjoint in time and every event's [s, e] lies in its batch's span, so one time
     order of the entries and exits is also batch order: the entries (``s``, sorted) and exits
     (nearly sorted) are merged as one sort of keys time * 2 (+ 1 for an entry: at equal times
-    exits first), the level is their running sum, and each batch's part of it starts at its
-    first entry.  ``e_sorted``: ``e`` sorted, when the caller has it."""
+    exits first), and the level after each entry follows from its merged position; a batch's
+    depth is the highest at its entries.  ``e_sorted``: ``e`` sorted, when the caller has it."""
     n = len(s)
     out = np.zeros(ch.n_batches)
     if n == 0:
@@ -341,13 +343,17 @@ def queue_depth_max(ch: Chunk, s: np.ndarray, e: np.ndarray, e_sorted: np.ndarra
     e = e.astype(np.int64, copy=False)
     if max(int(np.abs(s).max()), int(np.abs(e).max())) >= (1 << 61):
         return _queue_depth_max_slow(ch, s, e)
+    starts = s[ch.firsts]
+    if len(starts) > 1 and not (starts[1:] > starts[:-1]).all():  # two batches begin at one instant
+        return _queue_depth_max_slow(ch, s, e)
     key = np.concatenate([s * 2 + 1, (np.sort(e, kind="stable") if e_sorted is None else e_sorted) * 2])
     key.sort(kind="stable")  # two sorted runs: one merge
-    level = np.cumsum(np.where(key & 1, 1, -1))
-    starts = np.searchsorted(key, s[ch.firsts] * 2 + 1, side="left")
-    if len(starts) > 1 and not (np.diff(starts) > 0).all():
-        return _queue_depth_max_slow(ch, s, e)
-    out[ch.batch[ch.firsts]] = np.maximum.reduceat(level, starts)
+    # the level peaks at entries: after entry i (at merged position p_i, i entries and p_i - i
+    # exits before it) it is i + 1 - (p_i - i); a batch's peak is the highest at its entries
+    level = np.flatnonzero((key & 1).astype(bool))  # p_i, in entry order (int64)
+    del key
+    np.subtract(np.arange(1, 2 * n, 2), level, out=level)
+    out[ch.batch[ch.firsts]] = np.maximum.reduceat(level, ch.firsts)
     return out
 
 
@@ -384,9 +390,10 @@ def _per_batch_figures(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp
         else:  # missing offsets (NaN) count as one value
             off = np.clip(np.nan_to_num(off.astype(np.float64), nan=-1.0) + 1, 0, None).astype(np.int64)
         if inp.path_codes is not None:
-            acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, ch.pick(inp.path_codes[ch.lo:ch.hi]), off)
+            acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, ch.pick(inp.path_codes[ch.lo:ch.hi]), off,
+                                              firsts=ch.firsts)
         else:
-            acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, off)
+            acc.rows[sl] = distinct_per_batch(ch.batch, ch.n_batches, off, firsts=ch.firsts)
     if cols.has("ret"):
         ret = ch.pick(cols.raw("ret", ch.lo, ch.hi))
         if ret.dtype.kind not in "iu":  # missing values (NaN) count as no bytes, no error
