@@ -85,8 +85,19 @@ def test_reads_that_sleep_on_hinted_pages_are_residency_not_unexplained(hinted):
     ins = pc[(pc["event"] == "insert") & pc["target"].astype(bool) & (pc["path"] == str(path))]
     assert ins["in_hint"].astype(bool).any() and int(ins["pages"].sum()) > 0
     mdf, _ = read_markers(markers)
-    share = analyse(tr, mdf).summary["share"]
+    summary = analyse(tr, mdf).summary
+    share = summary["share"]
     assert share["unexplained"] < 0.05 and share["residency"] > 0.05, share
     # without the page-cache samples the same sleeps had no miss to belong to
     blind = analyse(tr, mdf, samples={"pagecache": None}).summary["share"]
     assert blind["unexplained"] > 0.05 and blind["residency"] < share["residency"], (blind, share)
+    # the hint calls' own time (pages allocated, bios queued on the calling thread, no read in
+    # flight) is residency too: without the hint samples it was the thread's own work
+    hints = tr.samples("pagecache_hints")
+    assert ((hints["advice"] == "WILLNEED") & (hints["path"] == str(path)) & (hints["dur_ns"] > 0)).any()
+    hinted = summary["evidence"]["hint_call_share"]
+    assert hinted > 0.01, summary["evidence"]
+    unhinted = analyse(tr, mdf, samples={"pagecache_hints": None}).summary
+    assert "hint_call_share" not in unhinted["evidence"]
+    assert share["residency"] - unhinted["share"]["residency"] == pytest.approx(hinted, rel=1e-6)
+    assert sum(share.values()) == pytest.approx(sum(unhinted["share"].values()), rel=1e-9)

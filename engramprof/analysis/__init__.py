@@ -27,7 +27,7 @@ import pandas as pd
 
 from engramprof.analysis import batches as _batches
 from engramprof.analysis import baseline as _baseline
-from engramprof.analysis import calibrate, misses, own_insertions, paths, thread_kinds
+from engramprof.analysis import calibrate, hint_calls, misses, own_insertions, paths, thread_kinds
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, code_faults, prepare_read_events
@@ -279,9 +279,11 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     inserting = (own_insertions.inserting_batches(pagecache, _read_paths(events), seg_read.start_ns, seg_read.end_ns)
                  if pagecache is not None and len(pagecache) else None)
     del pagecache
+    hints = hint_calls.HintCover.of(_samples_or_none(getter, "pagecache_hints"), pids_of, _read_paths(events))
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
-                                                      path_codes=_path_codes(events), inserting=inserting))
+                                                      path_codes=_path_codes(events), inserting=inserting,
+                                                      hints=hints))
     release_free_heap()  # the pass's per-chunk arrays, freed but kept by malloc (host/pages.py)
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
     device = _baseline.device_baseline(calls, _disk_samples(getter), _window(events, meta))
@@ -290,7 +292,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
     calibrate.split_miss_time(acc, service, calibrate.refault_fractions(acc, context.refaults), evicted)
     release_free_heap()  # the miss parts, joined and split
-    resplit_fault_gaps(acc, events, seg_read, threads, context.offcpu, loop_gap_us, notes)
+    resplit_fault_gaps(acc, events, seg_read, threads, context.offcpu, loop_gap_us, notes, hints)
     threads_per_batch = threads.per_batch
     unread = {"batches": 0, "source": None}
     if not read.all():

@@ -32,6 +32,7 @@ from engramprof.analysis.components import (
     split_components,
 )
 from engramprof.analysis.context import RefaultSeries
+from engramprof.analysis.hint_calls import HintCover, in_gaps
 from engramprof.analysis.events import Chunk, ReadEvents, chunk_plan
 from engramprof.analysis.threads import ReadingThreads
 from engramprof.analysis.verdicts import CAUSES, is_slow
@@ -112,7 +113,7 @@ def _zeros(n: int) -> np.ndarray:
 #: the per-batch arrays of a BatchAccumulator (length n each)
 PER_BATCH_ARRAYS = ("inflight", "loop_gap", "handoff_gap", "before_first_read", "after_last_read", "sum_call",
                     "slow_calls", "rows", "bytes", "runq_preempt", "runq_wake", "slowest_ms", "queue_depth_max",
-                    "native_wait", "reap_wait")
+                    "native_wait", "reap_wait", "hint_wait")
 #: per batch, its io_uring requests by how each was served (evidence keys, uring_path values)
 URING_PATH_COUNTS = ("uring_inline", "uring_async", "uring_punted")
 
@@ -139,6 +140,7 @@ class BatchAccumulator:
     queue_depth_max: np.ndarray = field(init=False)  # most reads in flight at once
     native_wait: np.ndarray = field(init=False)  # of cpu-copy: native threads' own waits (thread_kinds.py)
     reap_wait: np.ndarray = field(init=False)  # of residency: requests done at the device, not yet reaped
+    hint_wait: np.ndarray = field(init=False)  # of residency: the target's prefetch hints, no read in flight
     slowest_pos: np.ndarray = field(init=False)
     evidence: dict = field(init=False)  # per-batch evidence sums and the slowest event's
     totals: Totals = field(default_factory=Totals)
@@ -222,14 +224,18 @@ class AttributionInputs:
     #: per batch, the target inserted pages of its files outside its read events (a miss
     #: context: own_insertions.inserting_batches); None: not known or none
     inserting: np.ndarray | None = None
+    #: the target's prefetch hint calls on its read files (hint_calls.py); None: none
+    hints: HintCover | None = None
 
 
 def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns,
-                  native: np.ndarray | None = None) -> None:
+                  native: np.ndarray | None = None, hints: HintCover | None = None) -> None:
     """Time with no read in flight: a gap on one thread is the submitting thread's own work,
     or a pool worker's loop (``loop_gap_ns`` of it) plus executor machinery / GIL waits (the
     rest); before the first read / after the last (markers) is the submitter's own work when
-    that read ran on it, else a hand-off (futures, wake-up, result collection)."""
+    that read ran on it, else a hand-off (futures, wake-up, result collection).  The part of
+    any of these the target spent inside its own prefetch hints (``hints``) is taken out first
+    (``acc.hint_wait``: residency, hint_calls.py)."""
     b, sl = ch.batch, ch.batches
     n = len(s)
     firsts = ch.firsts
@@ -242,9 +248,18 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     gap[firsts] = 0.0
     st = submit[sl]
     on_submitter = tcode == st[b]
-    loop = np.where(same_thread, np.where(on_submitter, gap, np.minimum(gap, loop_gap_ns)), 0.0)
     pre = np.clip(s[firsts] - bstart[sl], 0, None).astype(np.float64)
-    post = np.clip(bend[sl] - np.maximum.reduceat(e, firsts), 0, None).astype(np.float64)
+    latest = np.maximum.reduceat(e, firsts)
+    post = np.clip(bend[sl] - latest, 0, None).astype(np.float64)
+    if hints is not None and hints.overlaps(int(bstart[sl][0]), int(bend[sl][-1])):
+        in_gap = in_gaps(hints, s, reach, gap)
+        in_pre = np.minimum(hints.within(bstart[sl], s[firsts]), pre)
+        in_post = np.minimum(hints.within(latest, bend[sl]), post)
+        gap = gap - in_gap
+        pre = pre - in_pre
+        post = post - in_post
+        acc.hint_wait[sl] = ch.per_batch(in_gap) + in_pre + in_post
+    loop = np.where(same_thread, np.where(on_submitter, gap, np.minimum(gap, loop_gap_ns)), 0.0)
     last = holder[np.r_[firsts[1:], n] - 1]  # the event holding the batch's latest exit
     own_pre = (st >= 0) & (tcode[firsts] == st)
     own_post = (st >= 0) & (tcode[last] == st)
@@ -285,6 +300,7 @@ def _causes(acc: BatchAccumulator, ch: Chunk, d, u, comp, ev: Evidence, obs, s, 
     acc.cause_ns["cpu-copy"][sl] = acc.loop_gap[sl] + ch.per_batch(comp.copy * scale) + nat_preempt
     acc.cause_ns["unexplained"][sl] = ch.per_batch(comp.unexplained * scale)
     acc.cause_ns["reclaim"][sl] = ch.per_batch(comp.reclaim * scale)  # + refault-driven misses (stage 6)
+    acc.cause_ns["residency"][sl] = acc.hint_wait[sl]  # + the misses' split (stage 6)
     t.miss_wait_ns += float(comp.miss_wait.sum())
     pages = ev.pages_added
     if comp.reap is not None:  # a request's wait for its reap: the miss's cost, never storage
@@ -507,7 +523,7 @@ def attribute_chunk(acc: BatchAccumulator, ch: Chunk, events: ReadEvents, inp: A
     acc.queue_depth_max[ch.batches] = queue_depth_max(ch, s, e, e[eo].astype(np.int64, copy=False))
     del eo  # each event's arrays are freed once used: two chunks in flight at once (memory)
     _no_read_time(acc, ch, s, e, tcode, inp.threads.submitter, bstart, bend, inp.loop_gap_us * 1e3,
-                  inp.threads.native)
+                  inp.threads.native, inp.hints)
     comp = split_components(d, ch.batch, ch.n_batches, ev, ch.per_batch, ch.any_per_batch, tail_frac,
                             inp.inserting[ch.batches] if inp.inserting is not None else None)
     obs, own = observed_miss_service(ch.batch, ch.n_batches, ev, comp.miss_wait, ch.per_batch, u_dev)

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis import readahead
+from engramprof.analysis.hint_calls import prefetching
 from engramprof.analysis.readahead import (
     PagecacheInputs,
     _expand,
@@ -33,14 +34,11 @@ from engramprof.analysis.readahead import (
     read_pages,
 )
 
-PREFETCH_ADVICE = ("WILLNEED", "POPULATE_READ")
-
-
 def hinted_pages(hints: pd.DataFrame | None) -> pd.DataFrame:
     """(hint row, path, page, ts_ns) of every page a prefetching hint named."""
     if hints is None or not len(hints):
         return pd.DataFrame({"hint": [], "path": [], "page": [], "ts_ns": []})
-    h = hints[(hints["advice"].isin(PREFETCH_ADVICE) | (hints["call"] == "readahead")) & (hints["pages"] > 0)
+    h = hints[prefetching(hints) & (hints["pages"] > 0)
               & (hints["path"] != "")]
     h = h.reset_index(drop=True)
     run, page = _expand(h["first_page"].to_numpy(), h["pages"].to_numpy())
@@ -71,11 +69,11 @@ def late_events(calls: pd.DataFrame, pagecache: pd.DataFrame | None) -> np.ndarr
 def summary(inp: PagecacheInputs) -> dict:
     """The ``prefetch`` object: hints, hinted_pages, hit_rate, late_pages (+ read / unread pages)."""
     hints = inp.hints
-    prefetching = 0
+    n_prefetching = 0
     if hints is not None and len(hints):
-        prefetching = int(((hints["advice"].isin(PREFETCH_ADVICE)) | (hints["call"] == "readahead")).sum())
+        n_prefetching = int(prefetching(hints).sum())
     hp = hinted_pages(hints)
-    out = {"hints": prefetching, "hinted_pages": int(len(hp)), "hit_rate": None, "late_pages": 0,
+    out = {"hints": n_prefetching, "hinted_pages": int(len(hp)), "hit_rate": None, "late_pages": 0,
            "read_pages": 0, "unread_pages": int(len(hp))}
     if not len(hp) or not len(inp.calls):
         return out

@@ -114,6 +114,13 @@ def _evidence(acc, events, threads, context, service, ctx, tot_wall, t_first, t_
     if tot_wall > 0 and acc.reap_wait.any():
         # of residency / reclaim: requests done at the device (their bios complete), not yet reaped
         evidence["reap_wait_share"] = float(acc.reap_wait.sum() / tot_wall)
+    if tot_wall > 0 and acc.hint_wait.any():
+        # of residency: the target inside its own prefetch hints, no read in flight (hint_calls.py)
+        share = float(acc.hint_wait.sum() / tot_wall)
+        evidence["hint_call_share"] = share
+        notes.append(f"{share:.0%} of batch time the target spent inside its own prefetch hints (fadvise / madvise "
+                     "WILLNEED, readahead(2)) on the files it reads, with no read in flight: the cost of bringing "
+                     "the rows in, counted as residency")
     if ctx is not None:
         sw, _inv, totals = ctx
         evidence["ctx_switches_per_batch"] = {"p50": percentile(sw, 50), "p99": percentile(sw, 99)}

@@ -14,6 +14,7 @@ import pandas as pd
 
 from engramprof.analysis.attribute import BatchAccumulator
 from engramprof.analysis.events import chunk_plan
+from engramprof.analysis.hint_calls import HintCover, in_gaps
 
 
 def fault_read_path(calls: pd.DataFrame, meta: dict) -> bool:
@@ -146,7 +147,7 @@ def _kind_is_fault(events, lo: int, hi: int) -> np.ndarray | None:
 
 
 def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.DataFrame | None,
-                       loop_gap_us: float, notes: list[str]) -> dict:
+                       loop_gap_us: float, notes: list[str], hints: HintCover | None = None) -> dict:
     """A gather split across a pool faults on its workers: the time with no fault in flight
     before a worker's fault is that worker gathering rows on a CPU (cpu-copy) while it is on
     one, and waiting (a GIL hand-off, a CPU it did not get: python-scheduling) while it is off
@@ -154,7 +155,9 @@ def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.D
     and the rest as a hand-off, the right rule for a pool's syscalls (the executor machinery
     runs between them) but not for a gather; here each gap that a page fault ends is split by
     the off-CPU spans of the faulting thread inside it instead.  Adjusts ``acc`` in place
-    (loop_gap / handoff_gap and cpu-copy / python-scheduling move together); returns what it did."""
+    (loop_gap / handoff_gap and cpu-copy / python-scheduling move together); returns what it did.
+    ``hints``: the target's prefetch hints, whose time stage 5 took out of the gaps first (the
+    same is taken out here)."""
     out = {"gaps": 0, "moved_ms": 0.0, "source": None}
     if offcpu is None or not len(offcpu) or seg.n == 0:
         return out
@@ -179,6 +182,8 @@ def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.D
         gap = np.zeros(n)
         gap[1:] = np.clip(s[1:] - reach[:-1], 0, None)
         gap[ch.firsts] = 0.0
+        if hints is not None:
+            gap = gap - in_gaps(hints, s, reach, gap)
         same_thread = np.zeros(n, dtype=bool)
         same_thread[1:] = tcode[1:] == tcode[holder[:-1]]
         on_submitter = tcode == submit[ch.batches][ch.batch]
