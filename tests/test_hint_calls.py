@@ -106,3 +106,28 @@ def test_hints_of_another_process_file_or_kind_change_nothing(nowait, pid, path,
     after_t, after = analyse(calls, markers, samples={"pagecache_hints": rows})
     pd.testing.assert_frame_equal(before_t, after_t)
     assert before["share"] == after["share"]
+
+
+def test_a_prefetcher_thread_hinting_while_the_step_runs_changes_nothing(nowait):
+    # the hints of a thread the step does not wait on (not the markers' thread, not a reader):
+    # a prefetcher bringing in the next step's rows while this one computes
+    calls, markers = nowait
+    rows = _hint_rows(calls, markers, 20_000, 120_000)
+    rows["tid"] = 555
+    before_t, _ = analyse(calls, markers)
+    after_t, after = analyse(calls, markers, samples={"pagecache_hints": rows})
+    pd.testing.assert_frame_equal(before_t, after_t)
+    assert "hint_call_share" not in after["evidence"]
+
+
+@pytest.mark.parametrize("tid, counted", [(999, True), (555, False)])
+def test_without_a_markers_thread_the_readers_hints_count(nowait, tid, counted):
+    # markers without a tid: the step thread is the one inferred from the reads (999 reads in
+    # every batch); a thread that never reads is not it
+    calls, markers = nowait
+    markers = markers.drop(columns=["tid"])
+    rows = _hint_rows(calls, markers, 20_000, 120_000)
+    rows["tid"] = tid
+    t, s = analyse(calls, markers, samples={"pagecache_hints": rows})
+    assert (_shares_ms(t)["residency"] == pytest.approx(12 * 0.1, rel=1e-9)) if counted \
+        else _shares_ms(t)["residency"] == 0.0

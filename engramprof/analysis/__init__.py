@@ -187,6 +187,17 @@ def _samples_or_none(getter: Callable, name: str) -> pd.DataFrame | None:
         return None
 
 
+def _step_tids(seg, threads) -> np.ndarray:
+    """Per batch, the tid of the thread its step runs on: its markers' tid, else the submitter
+    inferred from the reads; -1 where neither is known."""
+    code = threads.submitter
+    out = np.where(code >= 0, threads.tids[np.maximum(code, 0)] if len(threads.tids) else -1, -1).astype(np.int64)
+    if seg.submit_tid is not None:
+        given = seg.submit_tid >= 0
+        out[given] = seg.submit_tid[given]
+    return out
+
+
 def _read_paths(events: ReadEvents) -> list:
     """The paths the read events name (the distinct values of their path column)."""
     return list(events.cols.codes("path")[1]) if events.cols.has("path") else []
@@ -279,7 +290,8 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     inserting = (own_insertions.inserting_batches(pagecache, _read_paths(events), seg_read.start_ns, seg_read.end_ns)
                  if pagecache is not None and len(pagecache) else None)
     del pagecache
-    hints = hint_calls.HintCover.of(_samples_or_none(getter, "pagecache_hints"), pids_of, _read_paths(events))
+    hints = hint_calls.StepHints.of(_samples_or_none(getter, "pagecache_hints"), pids_of, _read_paths(events),
+                                    _step_tids(seg_read, threads), threads.in_batches)
     acc = attribute_batches(events, AttributionInputs(seg=seg_read, threads=threads, refaults=context.refaults,
                                                       slow_ms=slow_ms, loop_gap_us=loop_gap_us,
                                                       path_codes=_path_codes(events), inserting=inserting,

@@ -32,7 +32,7 @@ from engramprof.analysis.components import (
     split_components,
 )
 from engramprof.analysis.context import RefaultSeries
-from engramprof.analysis.hint_calls import HintCover, in_gaps
+from engramprof.analysis.hint_calls import StepHints, hint_time
 from engramprof.analysis.events import Chunk, ReadEvents, chunk_plan
 from engramprof.analysis.threads import ReadingThreads
 from engramprof.analysis.verdicts import CAUSES, is_slow
@@ -224,18 +224,18 @@ class AttributionInputs:
     #: per batch, the target inserted pages of its files outside its read events (a miss
     #: context: own_insertions.inserting_batches); None: not known or none
     inserting: np.ndarray | None = None
-    #: the target's prefetch hint calls on its read files (hint_calls.py); None: none
-    hints: HintCover | None = None
+    #: the prefetch hint calls of each batch's step thread on its read files (hint_calls.py)
+    hints: StepHints | None = None
 
 
 def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart, bend, loop_gap_ns,
-                  native: np.ndarray | None = None, hints: HintCover | None = None) -> None:
+                  native: np.ndarray | None = None, hints: StepHints | None = None) -> None:
     """Time with no read in flight: a gap on one thread is the submitting thread's own work,
     or a pool worker's loop (``loop_gap_ns`` of it) plus executor machinery / GIL waits (the
     rest); before the first read / after the last (markers) is the submitter's own work when
     that read ran on it, else a hand-off (futures, wake-up, result collection).  The part of
-    any of these the target spent inside its own prefetch hints (``hints``) is taken out first
-    (``acc.hint_wait``: residency, hint_calls.py)."""
+    any of these the step thread spent inside its own prefetch hints (``hints``) is taken out
+    first (``acc.hint_wait``: residency, hint_calls.py)."""
     b, sl = ch.batch, ch.batches
     n = len(s)
     firsts = ch.firsts
@@ -251,10 +251,10 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     pre = np.clip(s[firsts] - bstart[sl], 0, None).astype(np.float64)
     latest = np.maximum.reduceat(e, firsts)
     post = np.clip(bend[sl] - latest, 0, None).astype(np.float64)
-    if hints is not None and hints.overlaps(int(bstart[sl][0]), int(bend[sl][-1])):
-        in_gap = in_gaps(hints, s, reach, gap)
-        in_pre = np.minimum(hints.within(bstart[sl], s[firsts]), pre)
-        in_post = np.minimum(hints.within(latest, bend[sl]), post)
+    hinted = hint_time(hints, sl, b, firsts, s, reach, gap, bstart[sl], bend[sl], latest, pre, post) \
+        if hints is not None else None
+    if hinted is not None:
+        in_gap, in_pre, in_post = hinted
         gap = gap - in_gap
         pre = pre - in_pre
         post = post - in_post

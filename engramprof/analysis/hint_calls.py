@@ -11,6 +11,11 @@ residency.  The hints are samples/pagecache_hints (the page-cache probe: entry -
 POPULATE_READ, readahead(2)) on a file the process's read events read count.  Their union is
 taken out of each stretch with no read in flight (a gap between reads, before a batch's first
 read, after its last) before stage 5 splits that stretch (attribute.py, ``_no_read_time``).
+
+Only the hints of the thread the step waits on count: a batch's step thread (its markers' tid,
+else the submitter inferred from the reads), else, where no step thread is known, the threads
+that read.  A prefetcher thread hinting the next step's rows while the step computes does not
+hold the step back, and its hints are not counted.
 """
 from __future__ import annotations
 
@@ -39,19 +44,18 @@ class HintCover:
     before: np.ndarray
 
     @classmethod
-    def of(cls, hints: pd.DataFrame | None, pids, read_paths) -> "HintCover | None":
-        """The prefetching hints of processes ``pids`` on ``read_paths``; None when there is none."""
-        need = {"ts_ns", "dur_ns", "pid", "call", "advice", "path"}
-        if hints is None or not len(hints) or not need <= set(hints.columns):
+    def of(cls, hints: pd.DataFrame | None, pids, read_paths, tids=None) -> "HintCover | None":
+        """The prefetching hints of processes ``pids`` (threads ``tids``: all when None) on
+        ``read_paths``; None when there is none."""
+        m = _prefetch_rows(hints, pids, read_paths)
+        if m is None:
             return None
-        paths = {p for p in read_paths if isinstance(p, str) and p}
-        dur = hints["dur_ns"].fillna(0).to_numpy(np.int64)
-        m = (prefetching(hints).to_numpy(dtype=bool) & hints["path"].astype(object).isin(paths).to_numpy(dtype=bool)
-             & hints["pid"].isin([int(p) for p in pids]).to_numpy(dtype=bool) & (dur > 0))
+        if tids is not None:
+            m &= hints["tid"].isin([int(t) for t in tids]).to_numpy(dtype=bool)
         if not m.any():
             return None
         ts = hints["ts_ns"].to_numpy(np.int64)[m]
-        te = ts + dur[m]
+        te = ts + hints["dur_ns"].to_numpy(np.int64)[m]
         o = np.argsort(ts, kind="stable")
         ts, te = ts[o], te[o]
         reach = np.maximum.accumulate(te)
@@ -83,6 +87,64 @@ class HintCover:
         """Some hint span meets [lo, hi]."""
         k = int(np.searchsorted(self.starts, hi, side="right"))
         return k > 0 and int(self.ends[:k].max()) >= lo
+
+
+def _prefetch_rows(hints: pd.DataFrame | None, pids, read_paths) -> np.ndarray | None:
+    """Per hint row: a prefetching hint with time in it, of ``pids``, on ``read_paths``."""
+    need = {"ts_ns", "dur_ns", "pid", "tid", "call", "advice", "path"}
+    if hints is None or not len(hints) or not need <= set(hints.columns):
+        return None
+    paths = {p for p in read_paths if isinstance(p, str) and p}
+    dur = hints["dur_ns"].fillna(0).to_numpy(np.int64)
+    m = (prefetching(hints).to_numpy(dtype=bool) & hints["path"].astype(object).isin(paths).to_numpy(dtype=bool)
+         & hints["pid"].isin([int(p) for p in pids]).to_numpy(dtype=bool) & (dur > 0))
+    return m if m.any() else None
+
+
+@dataclass
+class StepHints:
+    """Per batch, the hints of the thread its step waits on: ``step_tid`` per batch (-1: not
+    known) and a :class:`HintCover` per step thread, key -1 for the reading threads' hints."""
+
+    step_tid: np.ndarray
+    covers: dict
+
+    @classmethod
+    def of(cls, hints: pd.DataFrame | None, pids, read_paths, step_tid: np.ndarray,
+           reader_tids) -> "StepHints | None":
+        if _prefetch_rows(hints, pids, read_paths) is None:
+            return None
+        step_tid = np.asarray(step_tid, dtype=np.int64)
+        covers = {}
+        for t in np.unique(step_tid).tolist():
+            c = HintCover.of(hints, pids, read_paths, reader_tids if t < 0 else [t])
+            if c is not None:
+                covers[int(t)] = c
+        return cls(step_tid, covers) if covers else None
+
+    def groups(self, batches: slice) -> list[tuple[np.ndarray, HintCover]]:
+        """(mask of the slice's batches, the cover of their step thread), one per step thread."""
+        st = self.step_tid[batches]
+        return [(st == t, c) for t, c in self.covers.items() if (st == t).any()]
+
+
+def hint_time(steps: StepHints, batches: slice, batch: np.ndarray, firsts: np.ndarray, s: np.ndarray,
+              reach: np.ndarray, gap: np.ndarray, bstart: np.ndarray, bend: np.ndarray, latest: np.ndarray,
+              pre: np.ndarray, post: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Hint time of each batch's step thread inside each stretch with no read in flight of
+    batches ``batches`` (events ``s``, their batch ``batch`` relative to the slice, ``firsts``;
+    per event the gap before it, per batch the stretch before its first read and after its
+    last): (per event, per batch before, per batch after); None when no hint meets them."""
+    in_gap = in_pre = in_post = None
+    for bmask, cover in steps.groups(batches):
+        if not cover.overlaps(int(bstart[0]), int(bend[-1])):
+            continue
+        if in_gap is None:
+            in_gap, in_pre, in_post = np.zeros(len(s)), np.zeros(len(pre)), np.zeros(len(post))
+        in_gap += in_gaps(cover, s, reach, gap) * bmask[batch]
+        in_pre += np.minimum(cover.within(bstart, s[firsts]), pre) * bmask
+        in_post += np.minimum(cover.within(latest, bend), post) * bmask
+    return None if in_gap is None else (in_gap, in_pre, in_post)
 
 
 def in_gaps(hints: HintCover, s: np.ndarray, reach: np.ndarray, gap: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from engramprof.analysis.attribute import BatchAccumulator
 from engramprof.analysis.events import chunk_plan
-from engramprof.analysis.hint_calls import HintCover, in_gaps
+from engramprof.analysis.hint_calls import StepHints, hint_time
 
 
 def fault_read_path(calls: pd.DataFrame, meta: dict) -> bool:
@@ -147,7 +147,7 @@ def _kind_is_fault(events, lo: int, hi: int) -> np.ndarray | None:
 
 
 def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.DataFrame | None,
-                       loop_gap_us: float, notes: list[str], hints: HintCover | None = None) -> dict:
+                       loop_gap_us: float, notes: list[str], hints: StepHints | None = None) -> dict:
     """A gather split across a pool faults on its workers: the time with no fault in flight
     before a worker's fault is that worker gathering rows on a CPU (cpu-copy) while it is on
     one, and waiting (a GIL hand-off, a CPU it did not get: python-scheduling) while it is off
@@ -183,7 +183,12 @@ def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.D
         gap[1:] = np.clip(s[1:] - reach[:-1], 0, None)
         gap[ch.firsts] = 0.0
         if hints is not None:
-            gap = gap - in_gaps(hints, s, reach, gap)
+            bs, be = seg.start_ns[ch.batches].astype(np.int64), bend_all[ch.batches]
+            latest = np.maximum.reduceat(e, ch.firsts)
+            zero = np.zeros(ch.n_batches)
+            hinted = hint_time(hints, ch.batches, ch.batch, ch.firsts, s, reach, gap, bs, be, latest, zero, zero)
+            if hinted is not None:
+                gap = gap - hinted[0]
         same_thread = np.zeros(n, dtype=bool)
         same_thread[1:] = tcode[1:] == tcode[holder[:-1]]
         on_submitter = tcode == submit[ch.batches][ch.batch]
