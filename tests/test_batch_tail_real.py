@@ -42,14 +42,17 @@ def _batch_tail(trace: Path, markers: Path | None) -> dict:
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("shape", [("decode", "4", "10", None), ("prefill", "2000", "200", None)])
+@pytest.mark.parametrize("shape", [("decode", "4", "20", None), ("prefill", "2000", "200", None)])
 def test_inferred_batches_match_markers(tmp_path, table, shape):
     """Inference cannot see time before a batch's first read (futures, wake-ups): the match is
     judged on the marker's read span (first entry -> last exit) and on call membership; the
-    full-span IoU is reported, bounded by read span / marker span.  Forward passes: 10 ms
+    full-span IoU is reported, bounded by read span / marker span.  Forward passes: 20 ms
     (decode) and 200 ms (prefill of 2000 tokens); the pool's in-batch stalls on this loaded
     2-vCPU VM reach several ms (decode) and outnumber the forward passes (prefill), which is
-    what the inference's edge rule and idle-time mode are for."""
+    what the inference's edge rule and idle-time mode are for.  With 10 ms forward passes two
+    clean-clone suite runs on 2026-12-06 (the VM 1.4x slower than on 12-03) split 3 and 6 of 59
+    decode batches at stalls as long as the pass: inference cannot tell a stall from a forward
+    pass of the same length (docs/model.md, "1. Batches": use markers)."""
     name, tokens, gap, gap_ms = shape
     markers = tmp_path / "m.jsonl"
     run = traced_lab(tmp_path, table, "--reader", "pool", "--steps", "60" if name == "decode" else "8",
@@ -60,11 +63,8 @@ def test_inferred_batches_match_markers(tmp_path, table, shape):
     # batch is not judged
     read_iou = np.asarray(q["read_span_iou"])[:-1]
     assert len(read_iou) >= (60 if name == "decode" else 8) - 2
-    # at least 9 in 10 batches found whole: a clean-clone run on this VM at its slowest
-    # (2026-12-06, the suite 45 min against 38) split 3 of 59 decode batches at pool stalls as
-    # long as the 10 ms forward pass (0.949 against the 0.95 asked before)
-    assert (read_iou >= 0.8).mean() >= 0.9, np.sort(read_iou)[:10]
-    assert np.asarray(q["exact"])[:-1].mean() >= 0.9
+    assert (read_iou >= 0.8).mean() >= 0.95, np.sort(read_iou)[:10]
+    assert np.asarray(q["exact"])[:-1].mean() >= 0.95
 
 
 @pytest.mark.bpf
