@@ -48,10 +48,12 @@ class HintCover:
         """The prefetching hints of processes ``pids`` (threads ``tids``: all when None) on
         ``read_paths``; None when there is none."""
         m = _prefetch_rows(hints, pids, read_paths)
-        if m is None:
-            return None
-        if tids is not None:
-            m &= hints["tid"].isin([int(t) for t in tids]).to_numpy(dtype=bool)
+        return None if m is None else cls.of_rows(hints, m, tids)
+
+    @classmethod
+    def of_rows(cls, hints: pd.DataFrame, rows: np.ndarray, tids=None) -> "HintCover | None":
+        """The hints of the rows ``rows`` marks (threads ``tids``: all when None)."""
+        m = rows if tids is None else rows & hints["tid"].isin([int(t) for t in tids]).to_numpy(dtype=bool)
         if not m.any():
             return None
         ts = hints["ts_ns"].to_numpy(np.int64)[m]
@@ -86,7 +88,7 @@ class HintCover:
     def overlaps(self, lo: int, hi: int) -> bool:
         """Some hint span meets [lo, hi]."""
         k = int(np.searchsorted(self.starts, hi, side="right"))
-        return k > 0 and int(self.ends[:k].max()) >= lo
+        return k > 0 and int(self.ends[k - 1]) >= lo  # disjoint, sorted: the ends increase
 
 
 def _prefetch_rows(hints: pd.DataFrame | None, pids, read_paths) -> np.ndarray | None:
@@ -112,12 +114,13 @@ class StepHints:
     @classmethod
     def of(cls, hints: pd.DataFrame | None, pids, read_paths, step_tid: np.ndarray,
            reader_tids) -> "StepHints | None":
-        if _prefetch_rows(hints, pids, read_paths) is None:
+        rows = _prefetch_rows(hints, pids, read_paths)
+        if rows is None:
             return None
         step_tid = np.asarray(step_tid, dtype=np.int64)
         covers = {}
         for t in np.unique(step_tid).tolist():
-            c = HintCover.of(hints, pids, read_paths, reader_tids if t < 0 else [t])
+            c = HintCover.of_rows(hints, rows, reader_tids if t < 0 else [t])
             if c is not None:
                 covers[int(t)] = c
         return cls(step_tid, covers) if covers else None
