@@ -22,7 +22,7 @@ from engramprof import trace
 from engramprof.analysis import diagnose
 from engramprof.analysis.diagnose import read_path_of
 from engramprof.lab import table
-from tests.tracing import engramprof, traced_lab
+from tests.tracing import cold_verdict_ok, engramprof, traced_lab
 
 pytestmark = pytest.mark.bpf
 
@@ -122,13 +122,14 @@ def test_io_uring_wait_is_io_not_python_scheduling(tbl, tmp_path, cache):
     assert bt["missing_evidence"] == [], bt["missing_evidence"]
     if cache == "cold":
         assert bt["verdict"] != "python-scheduling", (bt["verdict"], share)
-        assert bt["verdict"] == "residency", (bt["verdict"], share)
+        # (storage only where its bios show the device slow: tests/tracing.py)
+        assert cold_verdict_ok(bt["verdict"], trace.load_bundle(run.trace).calls), (bt["verdict"], share)
         assert share["python-scheduling"] < 0.1, share
         assert share["unexplained"] < 0.1, share
         # diagnose on the same bundle: the paths and how io_uring served them, in the evidence
         d = diagnose.analyse_trace(str(run.trace), str(m), 4.0, run.summary, 5.0)
         steps = {e["step"]: e["finding"] for e in d["evidence"]}
-        assert d["verdict"] == "residency" and d["read_path"] == "io_uring"
+        assert d["verdict"] == bt["verdict"] and d["read_path"] == "io_uring"
         assert steps["read paths"].startswith("io_uring (buffered)") and "async" in steps["io_uring"], steps
     else:
         assert bt["verdict"] == "healthy", (bt["verdict"], share)

@@ -63,6 +63,35 @@ class Proc:
         return self.p.pid
 
 
+def settle_writeback() -> None:
+    """Write back every dirty page before a measured run starts (``sync``): the suite's own
+    earlier writes (a venv, a wheel, the tables just made) would otherwise go to the device
+    when they expire, 30 s later, in the middle of a cold reader's run.  Reads queued behind
+    that writeback are served in ms, and the trace rightly calls them storage (a clean-clone
+    CI run: storage 49% for a cold reader on a device otherwise serving in 25 µs)."""
+    os.sync()
+
+
+def device_slow_bios(calls) -> int:
+    """How many of ``calls``' read events had a bio slower than the device baseline's latency
+    ceiling (1 ms a bio: never normal service, engramprof/analysis/baseline.py).  A cold
+    reader's verdict is residency on a device at its normal speed; when the kernel shows the
+    device was not, storage is the verdict the trace supports, and a test says which it saw."""
+    import numpy as np
+
+    from engramprof.analysis.baseline import LATENCY_CEILING_NS
+    n = calls["bio_count"].to_numpy(dtype=float, na_value=0.0)
+    t = calls["bio_ns"].to_numpy(dtype=float, na_value=0.0)
+    per = np.divide(t, n, out=np.zeros_like(t), where=n > 0)
+    return int((per > LATENCY_CEILING_NS).sum())
+
+
+def cold_verdict_ok(verdict: str, calls) -> bool:
+    """A cold reader's verdict: residency; storage only where the reader's own bios show the
+    device slower than normal service (:func:`device_slow_bios`)."""
+    return verdict == "residency" or (verdict == "storage" and device_slow_bios(calls) > 0)
+
+
 def engramprof(*args: str) -> list[str]:
     return [PY, "-m", "engramprof", *map(str, args)]
 
@@ -82,6 +111,7 @@ def traced_lab(tmp: Path, table: Path, *lab_args: str, tracer_args: tuple[str, .
     out = tmp / name
     tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--output", out, "--json", *tracer_args))
     tracer.wait_line("Tracing")
+    settle_writeback()
     os.kill(lab.pid, signal.SIGUSR1)
     rc, lab_out, lab_err = lab.finish()
     assert rc == 0, lab_err
@@ -114,6 +144,7 @@ def traced_labs(tmp: Path, specs: list[LabSpec], name: str = "trace") -> tuple[d
     pids = [a for p in labs.values() for a in ("--pid", str(p.pid))]
     tracer = Proc(engramprof("syscalls", *pids, "--output", out, "--json"))
     tracer.wait_line("Tracing")
+    settle_writeback()
     results = {}
     for s in specs:
         p = labs[s.name]
