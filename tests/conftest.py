@@ -66,6 +66,10 @@ def pytest_configure(config):
 def pytest_runtest_setup(item):
     if item.get_closest_marker("bpf") is not None:
         require_bpf()
+        # the tests before it wrote files (venvs, wheels, tables, traces): written back now,
+        # not 30 s later in the middle of this test's measured reads (tests/tracing.py,
+        # settle_writeback: a cold reader's reads queued behind it are storage, rightly)
+        os.sync()
 
 
 @pytest.fixture
