@@ -20,7 +20,8 @@ ext4 loop device, direct I/O, backing file on tmpfs) takes the NVMe-like path (a
 loop worker serves, completed by interrupt, the faulting thread asleep meanwhile), but on a
 loaded 2-core machine its wake-ups wait for a CPU: +-100 us a fault at load 3-5.  The device,
 its mount and the backing file are removed at the end, on failure too.  (--disk DIR puts the
-tables on DIR's filesystem instead.)  Cold gathers run at SCHED_FIFO priority 10 (--cold-other: not): on a
+tables on DIR's filesystem instead; --riops N throttles the
+workers' reads of the loop device to N a second, a device serving a cold fault in ~1/N s.)  Cold gathers run at SCHED_FIFO priority 10 (--cold-other: not): on a
 loaded 2-core machine a woken reader otherwise waits for a CPU after every page, which swamps a
 fault's cost (loop device, load 3: 22-110 us a cold fault at FIFO, 215-470 us without); the
 price is that the collector's CPU then delays the reader only when the reader is not ready to
@@ -66,7 +67,7 @@ engramprof collector's own CPU per fault (schedstat of every thread) less its id
 
 Needs root and bpftrace.  Usage: benchmarks/faults_overhead.py [--rounds 3] [--pages 1500]
 [--cached-repeat 20] [--measurements 3] [--cold-measurements 3] [--arms a,b,...]
-[--before-tree DIR] [--disk DIR]; benchmarks/faults_overhead.py --pipeline 4096: the recorder's
+[--before-tree DIR] [--disk DIR] [--device loop --riops N]; benchmarks/faults_overhead.py --pipeline 4096: the recorder's
 user-space cost per record alone (no root, no probe).
 """
 from __future__ import annotations
@@ -354,6 +355,51 @@ class ZramFilesystem:
         return [], problems
 
 
+class Throttle:
+    """The workers in a cgroup of their own whose reads of the loop device are limited to
+    ``riops`` a second (cgroup v2 ``io.max``, v1 ``blkio.throttle.read_iops_device``; the lab's
+    storage scenario's throttle): each cold fault waits for the throttle (blk-throttle holds the
+    bio, the faulting thread asleep), about 1/riops on average -- in bursts of a jiffy, as the
+    throttle's timer runs.  The steady device of 50 us or more a fault that issue 25's restated
+    cold-fault target assumes, which neither zram (10 us) nor the tmpfs-backed loop device
+    (17-84 us, varying run to run) is."""
+
+    def __init__(self, devno: str, riops: int, pids):
+        from engramprof.lab import host
+
+        h = host.find_hierarchy("blkio")
+        if h is None:
+            raise SystemExit("no blkio/io cgroup controller: --riops needs one")
+        self.cg = host.Cgroup(h, "faults-bench")
+        self.devno = devno
+        if h.version == 1:
+            self.cg.write("blkio.throttle.read_iops_device", f"{devno} {riops}")
+        else:
+            self.cg.write("io.max", f"{devno} riops={riops}")
+        for pid in pids:
+            self.cg.write("cgroup.procs", str(pid))
+
+    def reads(self) -> int:
+        """Reads of the device the group was served (io.stat rios / blkio io_serviced)."""
+        try:
+            if self.cg.hier.version == 2:
+                for line in self.cg.read("io.stat").splitlines():
+                    p = line.split()
+                    if p and p[0] == self.devno:
+                        return int(dict(x.split("=", 1) for x in p[1:]).get("rios", 0))
+            else:
+                for line in self.cg.read("blkio.throttle.io_serviced").splitlines():
+                    p = line.split()
+                    if len(p) == 3 and p[0] == self.devno and p[1] == "Read":
+                        return int(p[2])
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def remove(self) -> None:
+        self.cg.remove()
+
+
 class Tables:
     """The two workers' tables on an ext4 filesystem of their own: on a zram device (a cold
     fault's read is a bio the device serves in the faulting thread's context, a copy: ~10 us,
@@ -524,6 +570,9 @@ def main() -> int:
     ap.add_argument("--device", choices=("zram", "loop"), default="zram" if ZramFilesystem.available() else "loop",
                     help="the tables' block device (default zram where the kernel has it, else loop)")
     ap.add_argument("--disk", metavar="DIR", help="put the tables on DIR's filesystem, not on a device of their own")
+    ap.add_argument("--riops", type=int, metavar="N",
+                    help="with --device loop: the workers' reads of it throttled to N a second (io.max riops, a "
+                         "cgroup of their own): a device whose cold fault takes about 1/N s on average")
     ap.add_argument("--dir", default="/var/tmp", help="where --pipeline's scratch file goes")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     ap.add_argument("--before-tree", help="a checkout whose engramprof the 'before' arm runs (before/after)")
@@ -553,6 +602,9 @@ def main() -> int:
         return 2
     if "untraced" not in arms:
         arms.insert(0, "untraced")
+    if a.riops is not None and (a.device != "loop" or a.disk or a.riops <= 0):
+        print("--riops N needs --device loop, no --disk, and N > 0", file=sys.stderr)
+        return 2
     size = a.pages * 16 * 4096 + (1 << 20)
     modes = {"cold": 1, "cached": a.cached_repeat}
     nmeas = {"cold": a.cold_measurements, "cached": a.measurements}
@@ -563,12 +615,15 @@ def main() -> int:
     settled = {arm: [] for arm in arms}  # s waited after each eviction
     left_cached, major_share, lost = [], [], []
     load0 = os.getloadavg()
-    tables = t = o = idle = None
+    tables = t = o = idle = throttle = None
+    throttled = 0
     running = []  # the tracer of the arm under way: stopped on the way out, on failure too
     try:
         tables = Tables(size, a.device, a.disk)
         idle = subprocess.Popen(["sleep", "100000"])
         t, o = Worker(tables.paths[0], 1), Worker(tables.paths[1], 2)
+        if a.riops:
+            throttle = Throttle(tables.fs.devno, a.riops, (t.pid, o.pid))
         with stats_enabled() as stats:
             for w in (t, o):  # warm up: numpy import, first mapping
                 w.evict()
@@ -655,11 +710,16 @@ def main() -> int:
         if idle is not None:
             idle.kill()
             idle.wait()
+        if throttle is not None:
+            throttled = throttle.reads()
+            throttle.remove()  # the workers have exited: the group is empty
         if tables is not None:
             tables.remove()
     load1 = os.getloadavg()
+    where = tables.describe() + (f"; the workers' reads throttled to {a.riops:,} a second (io.max riops, "
+                                 f"{throttled:,} reads through the throttle)" if throttle is not None else "")
     report(a, arms, modes, res, per_prog, collector, idle_rate, settled, left_cached, major_share, lost,
-           load0, load1, tables.describe(), stats)
+           load0, load1, where, stats)
     return 0
 
 
@@ -717,8 +777,13 @@ def report(a, arms, modes, res, per_prog, collector, idle_rate, settled, left_ca
                     e_r, b_r = _med(added(arm, "target", m, what, r)), _med(added("bpftrace", "target", m, what, r))
                     per_round.append(f"{e_r / b_r:.2f}" if b_r > 0 else "n/a")
                 ratio = f"{ea / ba:.2f}" if ba > 0 else "n/a (bpftrace added nothing measurable)"
-                print(f"{m}: target fault, {what}: {arm} adds {ea:+,.0f} ns, bpftrace's histogram {ba:+,.0f}: "
-                      f"ratio {ratio} (target <= 0.70); each round: {' '.join(per_round)}")
+                # cold faults: issue 25's restated target (<= 1.0x, and <= 5% of the fault's own
+                # time, on a device serving a fault in 50 us or more); cached faults: <= 0.7x
+                own = _med(vals("untraced", "target", m, what))
+                target = "target <= 1.0x and <= 5% of the fault" if m == "cold" else "target <= 0.70"
+                print(f"{m}: target fault, {what}: {arm} adds {ea:+,.0f} ns ({ea / own:.1%} of the untraced "
+                      f"{own:,.0f} ns), bpftrace's histogram {ba:+,.0f}: ratio {ratio} ({target}); "
+                      f"each round: {' '.join(per_round)}")
     for m in modes:
         floors = [f for f in ("idle-floor", "idle-empty", "floor") if res.get((f, "other", m))]
         for arm in ("idle-engramprof", "idle-probes"):

@@ -59,8 +59,27 @@ def require_bpf() -> None:
     pytest.skip(f"needs BPF: {reason}")
 
 
+_SCENARIO_DIR: list[str] = []  # the session's own scenario parent, removed at its end
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "bpf: loads real eBPF probes (needs root and a traceable kernel)")
+    # Scenarios (and `lab scenario`'s kept markers directories, engramprof-markers-*, which
+    # the CLI leaves for the user) go to a private directory of this session on the same disk,
+    # removed at its end: the suite left four markers directories in /var/tmp a run.
+    if "ENGRAMPROF_SCENARIO_DIR" not in os.environ:
+        import tempfile
+
+        from engramprof.lab.host import default_tmp_parent
+        d = tempfile.mkdtemp(prefix="engramprof-tests-", dir=default_tmp_parent())
+        os.environ["ENGRAMPROF_SCENARIO_DIR"] = d
+        _SCENARIO_DIR.append(d)
+
+
+def pytest_unconfigure(config):
+    import shutil
+    for d in _SCENARIO_DIR:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def pytest_runtest_setup(item):
