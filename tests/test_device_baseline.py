@@ -137,21 +137,46 @@ def test_device_counters_are_the_baseline_when_the_trace_has_no_bios():
     assert s_old["verdict"] == "residency"
 
 
-def test_diskstats_rows_are_deltas_of_devices_that_read():
+def test_diskstats_rows_are_deltas_of_devices_that_read_or_wrote():
     notes = Notes()
     rows = RowRecorder(None, notes, lambda ts=None: "", None, 4)
-    text = b"   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0\n 254       0 vda 100 5 800 40 1 2 3 4 2 50 60\n"
+    # loop0: an old kernel's 11 counters (no flush fields); vda: 17 (5.5+: discards, flushes)
+    text = (b"   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0\n"
+            b" 254       0 vda 100 5 800 40 1 2 3 4 2 50 60 0 0 0 0 7 9\n")
     snap = {"ts_ns": 1, "psi": {}, "vmstat": None, "kswapd": [], "cgroup": None, "process": None, "threads": None,
             "disks": parse_diskstats(text)}
+    assert snap["disks"][os.makedev(254, 0)][6:] == (1, 3, 7) and snap["disks"][os.makedev(7, 0)][6:] == (0, 0, 0)
     rows.record(snap)
     text2 = text.replace(b"vda 100 5 800 40", b"vda 110 5 880 52")
     rows.record({**snap, "ts_ns": 2, "disks": parse_diskstats(text2)})
-    rows.record({**snap, "ts_ns": 3, "disks": parse_diskstats(text2)})  # nothing read: no row
+    rows.record({**snap, "ts_ns": 3, "disks": parse_diskstats(text2)})  # nothing read or written: no row
+    text4 = text2.replace(b"52 1 2 3 4 2 50 60 0 0 0 0 7 9", b"52 5 2 2051 4 2 50 60 0 0 0 0 9 9")
+    rows.record({**snap, "ts_ns": 4, "disks": parse_diskstats(text4)})  # writes and flushes only: a row
     df = rows.series["disks"].frame()
     assert df[df["ts_ns"] == 2][["name", "reads", "read_sectors", "read_ticks_ms", "in_flight"]].values.tolist() == \
         [["vda", 10, 80, 12, 2]]
-    assert len(df) == 3  # two baselines, one delta
+    assert df[df["ts_ns"] == 4][["reads", "writes", "write_sectors", "flushes"]].values.tolist() == [[0, 4, 2048, 2]]
+    assert len(df) == 4  # two baselines, two deltas
     assert df["dev"].iloc[1] == os.makedev(254, 0)
+
+
+def test_device_traffic_is_what_the_files_device_served_in_the_window():
+    from engramprof.analysis.diagnose import traffic_line
+    vda, loop = os.makedev(254, 0), os.makedev(7, 3)
+    disks = pd.DataFrame({"ts_ns": [0, 5, 10, 15, 30], "dev": [vda, vda, loop, vda, vda],
+                          "name": ["vda", "vda", "loop3", "vda", "vda"], "reads": [0, 10, 99, 20, 1000],
+                          "read_sectors": [0, 80, 800, 160, 8000], "read_ticks_ms": [0, 1, 9, 2, 50],
+                          "writes": [0, 100, 7, 300, 9999], "write_sectors": [0, 2048, 56, 2048, 1 << 20],
+                          "flushes": [0, 2, 0, 3, 50]})
+    t = baseline.device_traffic(disks, lambda: [vda], (1, 12))  # rounds 5 and 15 (the one after the end)
+    assert (t["reads"], t["writes"], t["write_bytes"], t["flushes"]) == (30, 400, 4096 * 512, 5)
+    assert t["seconds"] == pytest.approx(11e-9) and [d["name"] for d in t["devices"]] == ["vda"]
+    line = traffic_line(t)
+    assert "(vda) wrote 2.0 MiB in 400 writes and 5 cache flushes" in line
+    # older traces (no write counters) and a device that wrote nothing: no line
+    assert baseline.device_traffic(disks.drop(columns=["flushes"]), [vda], (1, 12)) is None
+    quiet = disks.assign(writes=0, write_sectors=0, flushes=0)
+    assert traffic_line(baseline.device_traffic(quiet, [vda], (1, 12))) == ""
 
 
 # -------------------------------------------------------------------------- thread kinds --

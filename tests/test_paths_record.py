@@ -17,6 +17,7 @@ says which and skips (fails with ENGRAMPROF_REQUIRE_BPF=1: CI must not pass with
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from engramprof import trace
 from engramprof.analysis.advice import advice_for
 from engramprof.analysis.attribution import analyse
 from engramprof.analysis.batches import read_markers
+from engramprof.analysis.diagnose import traffic_line
 from engramprof.analysis.paths import DIRECT_EVIDENCE, read_path_of, read_path_steps
 from engramprof.errors import UserError
 from engramprof.lab import table
@@ -61,6 +63,30 @@ class OneProcess:
         return self.bundle.table(name)
 
 
+class Writer:
+    """Writes ``mib`` MiB to a file beside the table, fsync'd, as its reader starts (inside the
+    recording window): what the device's own counters must then show besides the reads."""
+
+    def __init__(self, path: Path, mib: int):
+        self.path, self.mib = path, mib
+
+    def __enter__(self):
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            chunk = os.urandom(1 << 20)
+            for _ in range(self.mib):
+                os.write(fd, chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return self
+
+    def __exit__(self, *exc):
+        os.unlink(self.path)
+
+
+WRITTEN_MIB = 32
+
 READERS = {  # name: (lab reader, cache, evict during its run, more lab options)
     # a pool of 4, not the default 32: with 32 threads on 2 vCPUs the pool's own hand-offs are as
     # large as the device wait on this VM's fast disk (residency 52-59% against python-scheduling
@@ -84,7 +110,9 @@ def runs(tbl, tmp_path_factory) -> dict:
         t = warm_tbl if cache == "warm" else tbl
         args = ("--table", str(t), "--reader", reader, "--steps", str(STEPS), "--gap-ms", "5", f"--{cache}",
                 "--markers", str(tmp / f"{name}.jsonl"), *more)
-        specs.append(LabSpec(name, args, Evictor(tbl) if evict else None))
+        # the warm reader never waits for the device: the run where a writer beside it is harmless
+        around = Evictor(tbl) if evict else Writer(tmp / "written.bin", WRITTEN_MIB) if cache == "warm" else None
+        specs.append(LabSpec(name, args, around))
     labs, run = traced_labs(tmp, specs)
     assert run.tracer_rc == 0, run.tracer_err
     bundle = trace.load_bundle(run.trace)
@@ -161,6 +189,12 @@ def test_read_reader(runs, cache, verdict):
         {("syscall", "read", False)}
     faults = r["calls"][r["calls"]["kind"].astype(str) == "fault"]
     assert not (faults["path"].astype(str) == str(r["lab"]["table"])).any(), faults["path"].value_counts()
+    # the device's own counters over the recording: the writer beside the warm reader (and the
+    # cold reader's bios: each a completed read of the same device), in the diagnosis's words
+    traffic = bt["device_traffic"]
+    assert traffic is not None and traffic["write_bytes"] >= WRITTEN_MIB << 20, traffic
+    assert traffic["reads"] >= int((runs["read-cold"]["calls"]["bio_count"] > 0).sum()) * 0.9, traffic
+    assert "wrote" in traffic_line(traffic) and "cache flushes" in traffic_line(traffic)
 
 
 def test_aio_reader_cold_is_residency(runs):

@@ -298,7 +298,11 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
                                                       hints=hints))
     release_free_heap()  # the pass's per-chunk arrays, freed but kept by malloc (host/pages.py)
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
-    device = _baseline.device_baseline(calls, _disk_samples(getter), _window(events, meta))
+    disks, window = _disk_samples(getter), _window(events, meta)
+    device = _baseline.device_baseline(calls, disks, window)
+    traffic = _baseline.device_traffic(disks, lambda: calls["dev"].dropna().unique() if "dev" in calls.columns
+                                       else None, window)
+    del disks
     service = calibrate.calibrate_miss_service(acc, normal_miss_us, has_bio, events.requests_only, device)
     pid = int(pids_of[0]) if len(pids_of) == 1 else None
     evicted = misses.batch_shares(miss_pages, pid, seg_read.start_ns, seg_read.end_ns)
@@ -318,6 +322,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     submitters = seg.submit_tid[seg.submit_tid >= 0] if seg.submit_tid is not None else []
     res.summary["thread_kinds"] = thread_kinds.summary(kinds, set(threads.in_batches.tolist()) | set(np.unique(submitters).tolist()))
     res.summary["native_pool_wait"] = native_pool_wait(acc, seg)
+    res.summary["device_traffic"] = traffic
     return res
 
 

@@ -194,17 +194,7 @@ def from_disk_counters(disks: pd.DataFrame | None, devs=None, window: tuple[int,
     out = _empty()
     if disks is None or disks.empty or not {"dev", "reads", "read_sectors", "read_ticks_ms"} <= set(disks.columns):
         return out
-    d = disks
-    if window is not None and "ts_ns" in d.columns:
-        # a row holds the interval ending at ts_ns: the rounds inside the window, plus the one after it
-        ts = d["ts_ns"].to_numpy(np.int64)
-        later = ts[ts > window[1]]
-        end = later.min() if len(later) else window[1]
-        d = d[(ts > window[0]) & (ts <= end)]
-    want = {int(x) for x in (devs if devs is not None else []) if x is not None and not pd.isna(x)}
-    mine = d[d["dev"].isin(want)] if want else d.iloc[0:0]
-    if mine["reads"].fillna(0).sum() <= 0:
-        mine = d
+    mine = _devices_in_window(disks, devs, window)
     g = mine.groupby("dev").agg(reads=("reads", "sum"), sectors=("read_sectors", "sum"), ticks=("read_ticks_ms", "sum"),
                                 name=("name", "last") if "name" in mine.columns else ("dev", "last"))
     g = g[(g["reads"] > 0) & (g["ticks"] > 0)]
@@ -219,6 +209,51 @@ def from_disk_counters(disks: pd.DataFrame | None, devs=None, window: tuple[int,
               "service_us_per_read": round(float(r["ticks"]) * 1e3 / float(r["reads"]), 1)} for k, r in g.iterrows()]
     return DeviceBaseline(med, tot, "the device's own counters (/proc/diskstats: time per completed read at "
                                     "its mean size)", names)
+
+
+def _devices_in_window(disks: pd.DataFrame, devs, window: tuple[int, int] | None) -> pd.DataFrame:
+    """The rows of samples/disks over ``window`` (CLOCK_MONOTONIC ns) of the devices ``devs``
+    (userspace dev_t), or of every device when none of them read in it."""
+    d = disks
+    if window is not None and "ts_ns" in d.columns:
+        # a row holds the interval ending at ts_ns: the rounds inside the window, plus the one after it
+        ts = d["ts_ns"].to_numpy(np.int64)
+        later = ts[ts > window[1]]
+        end = later.min() if len(later) else window[1]
+        d = d[(ts > window[0]) & (ts <= end)]
+    want = {int(x) for x in (devs if devs is not None else []) if x is not None and not pd.isna(x)}
+    mine = d[d["dev"].isin(want)] if want else d.iloc[0:0]
+    if mine["reads"].fillna(0).sum() <= 0:
+        mine = d
+    return mine
+
+
+#: the write counters of samples/disks (traces before them have none)
+WRITE_COLUMNS = ("writes", "write_sectors", "flushes")
+
+
+def device_traffic(disks: pd.DataFrame | None, devs=None, window: tuple[int, int] | None = None) -> dict | None:
+    """What the devices the trace's files live on served over the window besides, as they
+    count it (samples/disks): reads, writes and cache flushes, per device and in all.  A read
+    queued behind writeback or a flush waits for them: a device slower than its normal service
+    while it wrote is not the same story as a slow device.  None: no write counters (an older
+    trace, no samples).  ``devs``: the devices, or a function returning them (called only when
+    there are counters to select from)."""
+    if disks is None or disks.empty or not {"dev", "reads", "read_sectors", *WRITE_COLUMNS} <= set(disks.columns):
+        return None
+    mine = _devices_in_window(disks, devs() if callable(devs) else devs, window)
+    if mine.empty:
+        return None
+    g = mine.groupby("dev").agg(name=("name", "last") if "name" in mine.columns else ("dev", "last"),
+                                reads=("reads", "sum"), read_sectors=("read_sectors", "sum"),
+                                writes=("writes", "sum"), write_sectors=("write_sectors", "sum"),
+                                flushes=("flushes", "sum"))
+    per = [{"dev": f"{os.major(int(k))}:{os.minor(int(k))}", "name": str(r["name"]), "reads": int(r["reads"]),
+            "read_bytes": int(r["read_sectors"]) * SECTOR, "writes": int(r["writes"]),
+            "write_bytes": int(r["write_sectors"]) * SECTOR, "flushes": int(r["flushes"])} for k, r in g.iterrows()]
+    total = {k: sum(d[k] for d in per) for k in ("reads", "read_bytes", "writes", "write_bytes", "flushes")}
+    seconds = (window[1] - window[0]) / 1e9 if window is not None else None
+    return {**total, "seconds": seconds, "devices": per}
 
 
 def device_baseline(calls: pd.DataFrame, disks: pd.DataFrame | None = None,

@@ -150,19 +150,21 @@ class RowRecorder:
 
     def _disks(self, ts: int, disks: dict | None) -> None:
         """A device's first round is its baseline (zeros); afterwards a row only when it
-        completed reads in the interval (most devices are idle: no rows for them)."""
+        completed reads, writes or flushes in the interval (most devices are idle: no rows for
+        them)."""
         if disks is None:
             return
         prev: dict = self.prev.setdefault("disks", {})
         rows = self.series["disks"].rows
-        for dev, (name, reads, merged, sectors, ticks, inflight) in disks.items():
+        for dev, (name, reads, merged, sectors, ticks, inflight, writes, wsectors, flushes) in disks.items():
             p = prev.get(dev)
             if p is None:
-                rows.append((ts, dev, name, 0, 0, 0, 0, inflight))
-            elif reads != p[1]:
+                rows.append((ts, dev, name, 0, 0, 0, 0, inflight, 0, 0, 0))
+            elif reads != p[1] or writes != p[6] or flushes != p[8]:
                 rows.append((ts, dev, name, delta(reads, p[1]), delta(merged, p[2]), delta(sectors, p[3]),
-                             delta(ticks, p[4]), inflight))
-            prev[dev] = (name, reads, merged, sectors, ticks, inflight)
+                             delta(ticks, p[4]), inflight, delta(writes, p[6]), delta(wsectors, p[7]),
+                             delta(flushes, p[8])))
+            prev[dev] = (name, reads, merged, sectors, ticks, inflight, writes, wsectors, flushes)
 
     def _cgroup(self, ts: int, cg: dict | None, first: bool) -> None:
         if cg is None:

@@ -7,7 +7,8 @@ A :class:`Sampler` reads, at ``hz`` (10 by default) in a background thread:
 * ``/proc/vmstat``: refault, reclaim-scan/steal, allocstall, major fault and pgpgin counters;
 * every node's ``kswapdN`` kernel thread: its CPU time;
 * ``/proc/diskstats``: each block device's completed reads, sectors and time reading (the
-  device's own service per request, the storage baseline of engramprof/analysis/baseline.py);
+  device's own service per request, the storage baseline of engramprof/analysis/baseline.py),
+  and the writes, sectors written and cache flushes it served besides (``device_traffic``);
 * the target's memory cgroup (v1 memory controller and/or cgroup v2, found from
   ``/proc/PID/cgroup``): refaults, reclaim counters, usage, limit, limit hits, and the v2
   ``memory.pressure`` / ``io.pressure`` of the group (on a v1/v2 hybrid the v2 pressure files

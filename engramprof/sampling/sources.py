@@ -142,8 +142,9 @@ class SystemSources:
         return {c: vm.get(k) for c, k in self.vmstat_keys.items()}
 
     def read_disks(self) -> dict[int, tuple] | None:
-        """Each block device's cumulative read counters: {dev_t: (name, reads, reads_merged,
-        read_sectors, read_ticks_ms, in_flight)} from /proc/diskstats; None: unreadable."""
+        """Each block device's cumulative counters: {dev_t: (name, reads, reads_merged,
+        read_sectors, read_ticks_ms, in_flight, writes, write_sectors, flushes)} from
+        /proc/diskstats; None: unreadable."""
         try:
             text = self.fdc.read(f"{self.proc_root}/diskstats")
         except OSError:
@@ -164,7 +165,11 @@ class SystemSources:
 
 def parse_diskstats(text: bytes) -> dict[int, tuple]:
     """/proc/diskstats: major minor name, then reads completed, reads merged, sectors read, ms
-    reading, ... in flight (Documentation/admin-guide/iostats.rst); malformed lines are skipped."""
+    reading, writes completed, writes merged, sectors written, ms writing, in flight, ...,
+    flushes completed (field 15 after the name, kernel 5.5; 0 before)
+    (Documentation/admin-guide/iostats.rst); malformed lines are skipped.  Per device: (name,
+    reads, reads_merged, read_sectors, read_ticks_ms, in_flight, writes, write_sectors,
+    flushes)."""
     out = {}
     for line in text.splitlines():
         f = line.split()
@@ -172,7 +177,8 @@ def parse_diskstats(text: bytes) -> dict[int, tuple]:
             continue
         try:
             dev = os.makedev(int(f[0]), int(f[1]))
-            out[dev] = (f[2].decode(errors="replace"), int(f[3]), int(f[4]), int(f[5]), int(f[6]), int(f[11]))
+            out[dev] = (f[2].decode(errors="replace"), int(f[3]), int(f[4]), int(f[5]), int(f[6]), int(f[11]),
+                        int(f[7]), int(f[9]), int(f[18]) if len(f) >= 20 else 0)
         except ValueError:
             continue
     return out

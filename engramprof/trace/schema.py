@@ -284,9 +284,11 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
     ],
     # each block device's reads as the device counts them (/proc/diskstats, the counters of
     # /sys/block/<dev>/stat and of every partition), deltas over the interval; a device appears
-    # in its first round (baseline, zeros) and then only in rounds where it completed a read.
-    # dev: userspace dev_t (os.makedev, as st_dev); read_ticks_ms: the sum over the completed
-    # reads of their time issue -> complete (ms, the kernel's own); in_flight: a gauge
+    # in its first round (baseline, zeros) and then only in rounds where it completed a read, a
+    # write or a flush.  dev: userspace dev_t (os.makedev, as st_dev); read_ticks_ms: the sum
+    # over the completed reads of their time issue -> complete (ms, the kernel's own);
+    # in_flight: a gauge; writes, write_sectors, flushes: what else the device served meanwhile
+    # (reads queue behind writeback and cache flushes; traces before them: no such columns)
     "disks": [
         ("ts_ns", pa.int64()),
         ("dev", pa.int64()),
@@ -296,6 +298,9 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("read_sectors", pa.int64()),
         ("read_ticks_ms", pa.int64()),
         ("in_flight", pa.int64()),
+        ("writes", pa.int64()),
+        ("write_sectors", pa.int64()),
+        ("flushes", pa.int64()),
     ],
     # the target's Python stacks and GIL holder (engramprof/sampling/stacks.py; format 5)
     "stacks": [
