@@ -380,3 +380,17 @@ def test_diagnose_limits_do_not_speak_of_python_for_a_native_reader():
     native = limits({"thread_kinds": {"counts": {"python": 0, "native": 3, "unknown": 0}}}, rec, 8.0, False)
     assert not any("Python" in x for x in native) and any("hand-offs to its threads" in x for x in native)
     assert any("Python scheduling is under-counted" in x for x in limits({}, rec, 8.0, False))
+
+
+def test_storage_fix_names_the_writes_when_the_device_wrote_more_than_it_read():
+    from engramprof.analysis.advice import advice_for
+    traffic = {"reads": 2_900, "read_bytes": 12 << 20, "writes": 400, "write_bytes": 64 << 20, "flushes": 30,
+               "seconds": 9.0, "devices": [{"dev": "254:0", "name": "vda", "writes": 400, "flushes": 30}]}
+    fix = advice_for("storage", "syscalls", {"device_traffic": traffic})["fix"]
+    assert fix.startswith("The device (vda) wrote 64 MiB in 400 writes and served 30 cache flushes while it read "
+                          "12 MiB"), fix
+    # a device that read more than it wrote, no counters, or another verdict: the plain advice
+    plain = advice_for("storage", "syscalls", {})["fix"]
+    assert advice_for("storage", "syscalls", {"device_traffic": {**traffic, "write_bytes": 1 << 20}})["fix"] == plain
+    assert advice_for("storage", "syscalls", {"device_traffic": None})["fix"] == plain
+    assert "wrote" not in advice_for("residency", "syscalls", {"device_traffic": traffic})["fix"]

@@ -208,4 +208,19 @@ def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
             base["fix"] = (f"The table's pages were reclaimed by {_who(top)} (system memory pressure): give the host "
                            "memory headroom (fewer or smaller co-located jobs, no large streaming reads through the page "
                            "cache: O_DIRECT or POSIX_FADV_DONTNEED on the streamed files), or pin the hot rows.")
+    elif verdict == "storage" and busy_writing(bt.get("device_traffic")):
+        t = bt["device_traffic"]
+        names = ", ".join(d["name"] for d in t.get("devices", []) if d.get("writes") or d.get("flushes"))
+        base["fix"] = (f"The device ({names}) wrote {_gib(t['write_bytes'])} in {t['writes']:,} writes and served "
+                       f"{t['flushes']:,} cache flushes while it read {_gib(t['read_bytes'])}: the misses queue behind "
+                       "writeback and flushes. Move the writers off the table's device (checkpoints, logs, swap, "
+                       "other tenants), cap their bandwidth (io.max wbps for their cgroup), or smooth the writeback "
+                       "(a lower vm.dirty_background_bytes: smaller bursts). Otherwise: " + base["fix"])
     return base
+
+
+def busy_writing(traffic: dict | None) -> bool:
+    """The table's device wrote at least as many bytes as it read over the window (the
+    summary's ``device_traffic``): a storage verdict whose reads queued behind writes."""
+    return bool(traffic) and traffic.get("write_bytes", 0) > 0 and \
+        traffic.get("write_bytes", 0) >= traffic.get("read_bytes", 0)
