@@ -108,10 +108,10 @@ class TracedRun:
 def traced_lab(tmp: Path, table: Path, *lab_args: str, tracer_args: tuple[str, ...] = (), name: str = "trace") -> TracedRun:
     lab = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "120", *lab_args))
     lab.wait_line("lab: ready")
+    settle_writeback()  # before the recording: its window holds the reads, not this writeback
     out = tmp / name
     tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--output", out, "--json", *tracer_args))
     tracer.wait_line("Tracing")
-    settle_writeback()
     os.kill(lab.pid, signal.SIGUSR1)
     rc, lab_out, lab_err = lab.finish()
     assert rc == 0, lab_err
@@ -140,11 +140,11 @@ def traced_labs(tmp: Path, specs: list[LabSpec], name: str = "trace") -> tuple[d
         labs[s.name] = Proc(engramprof("lab", "run", "--json", "--start-delay", "120", *s.args))
     for p in labs.values():
         p.wait_line("lab: ready")
+    settle_writeback()  # before the recording: its window holds the reads, not this writeback
     out = tmp / name
     pids = [a for p in labs.values() for a in ("--pid", str(p.pid))]
     tracer = Proc(engramprof("syscalls", *pids, "--output", out, "--json"))
     tracer.wait_line("Tracing")
-    settle_writeback()
     results = {}
     for s in specs:
         p = labs[s.name]
