@@ -68,6 +68,24 @@ def _diff(a, b) -> list[str]:
     return out
 
 
+def _json_diff(a: str, b: str) -> str:
+    """The top-level keys whose values differ (added, removed or changed), in words."""
+    import json
+
+    try:
+        x, y = json.loads(a), json.loads(b)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(x, dict) or not isinstance(y, dict):
+        return "values differ"
+    added = sorted(set(y) - set(x))
+    removed = sorted(set(x) - set(y))
+    changed = sorted(k for k in set(x) & set(y) if x[k] != y[k])
+    parts = [f"{what} {', '.join(keys)}" for what, keys in (("added", added), ("removed", removed),
+                                                             ("changed", changed)) if keys]
+    return "; ".join(parts) or "key order"
+
+
 def main() -> int:
     sys.path.insert(0, str(REPO))
     if len(sys.argv) < 4 or sys.argv[1] not in ("save", "check"):
@@ -86,7 +104,7 @@ def main() -> int:
         ref = pickle.loads(f.read_bytes())
         why = [] if table is None else _diff(ref["table"], table)
         if ref["json"] != text:
-            why.append("summary JSON differs")
+            why.append("summary JSON differs: " + _json_diff(ref["json"], text))
         bad += bool(why)
         print(f"{'same' if not why else 'DIFFERENT'}  {case}" + ("".join(f"\n    {w}" for w in why)))
     return 1 if bad else 0

@@ -86,6 +86,18 @@ def test_each_missed_page_gets_its_cause():
     assert by[(60, "kswapd")]["share"] == pytest.approx(1.5 / total, abs=1e-3)
 
 
+def test_a_file_never_watched_is_blind_not_first_touch():
+    """A missed page of a file the eviction probe never watched (absent from tables/files, e.g.
+    past its slots) may have been evicted unseen: unknown.  (The "never" mark used to go
+    through float64 and come back as int64 min: watched from the start, so first touch.)"""
+    calls = _calls([(10, "/t", 1, 4096, 1), (10, "/unwatched", 1, 4096, 1)])
+    files = pd.DataFrame({"path": ["/t"], "dev": 1, "ino": [2], "watched_ns": [0]})
+    mp = misses.classify(calls, _evictions([]), files)
+    assert mp.cause.tolist() == [misses.FIRST_TOUCH, misses.UNKNOWN]
+    assert misses._watched_since(np.array(["/unwatched", "/t"], dtype=object), files).tolist() == \
+        [np.iinfo(np.int64).max, 0]
+
+
 def test_lost_eviction_records_make_unmatched_pages_unknown():
     calls = _calls([(10, "/t", 1, 4096, 1), (30, "/t", 2, 4096, 1)])
     lost = pd.DataFrame({"start_ns": [20 * S], "end_ns": [21 * S], "lost": [5]})

@@ -105,8 +105,13 @@ def _watched_since(paths: np.ndarray, files: pd.DataFrame | None) -> np.ndarray:
     if files is None or not len(files):
         return out
     first = files.groupby(files["path"].astype(str))["watched_ns"].min()
-    v = pd.Series(paths).map(first)
-    return np.where(v.isna(), np.iinfo(np.int64).max, v.fillna(0).to_numpy()).astype(np.int64)
+    v = pd.Series(paths).map(first).to_numpy(dtype=np.float64, na_value=np.nan)
+    # "never" set in int64 itself: int64 max through a float64 array rounds to 2**63, which
+    # casts to int64 min -- a never-watched file then read as watched from the start
+    out = np.full(len(paths), np.iinfo(np.int64).max, dtype=np.int64)
+    seen = ~np.isnan(v)
+    out[seen] = v[seen].astype(np.int64)
+    return out
 
 
 def classify(calls: pd.DataFrame, evictions: pd.DataFrame | None, files: pd.DataFrame | None = None,
