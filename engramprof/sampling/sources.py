@@ -166,7 +166,7 @@ class SystemSources:
 def parse_diskstats(text: bytes) -> dict[int, tuple]:
     """/proc/diskstats: major minor name, then reads completed, reads merged, sectors read, ms
     reading, writes completed, writes merged, sectors written, ms writing, in flight, ...,
-    flushes completed (field 15 after the name, kernel 5.5; 0 before)
+    flushes completed (the 16th counter after the name, kernel 5.5; 0 before)
     (Documentation/admin-guide/iostats.rst); malformed lines are skipped.  Per device: (name,
     reads, reads_merged, read_sectors, read_ticks_ms, in_flight, writes, write_sectors,
     flushes)."""
