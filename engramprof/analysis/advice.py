@@ -6,6 +6,7 @@ report layer only renders it.
 """
 from __future__ import annotations
 
+from engramprof.analysis.baseline import writing_devices
 from engramprof.units import pct
 
 #: O_DIRECT reads are the story from this share of the read events on (analysis/paths.py)
@@ -210,8 +211,7 @@ def advice_for(verdict: str, read_path: str, bt: dict) -> dict:
                            "cache: O_DIRECT or POSIX_FADV_DONTNEED on the streamed files), or pin the hot rows.")
     elif verdict == "storage" and busy_writing(bt.get("device_traffic")):
         t = bt["device_traffic"]
-        names = ", ".join(d["name"] for d in t.get("devices", []) if d.get("writes") or d.get("flushes"))
-        base["fix"] = (f"The device ({names}) wrote {_gib(t['write_bytes'])} in {t['writes']:,} writes and served "
+        base["fix"] = (f"The device ({writing_devices(t)}) wrote {_gib(t['write_bytes'])} in {t['writes']:,} writes and served "
                        f"{t['flushes']:,} cache flushes while it read {_gib(t['read_bytes'])}: the misses queue behind "
                        "writeback and flushes. Move the writers off the table's device (checkpoints, logs, swap, "
                        "other tenants), cap their bandwidth (io.max wbps for their cgroup), or smooth the writeback "

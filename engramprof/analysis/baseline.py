@@ -256,6 +256,11 @@ def device_traffic(disks: pd.DataFrame | None, devs=None, window: tuple[int, int
     return {**total, "seconds": seconds, "devices": per}
 
 
+def writing_devices(traffic: dict) -> str:
+    """The names of the devices of :func:`device_traffic` that wrote or flushed ("vda, nvme0n1")."""
+    return ", ".join(d["name"] for d in traffic.get("devices", []) if d.get("writes") or d.get("flushes"))
+
+
 def device_baseline(calls: pd.DataFrame, disks: pd.DataFrame | None = None,
                     window: tuple[int, int] | None = None) -> DeviceBaseline:
     """The device's normal service per size class: the trace's own bios, else the devices'

@@ -23,6 +23,7 @@ import pandas as pd
 from engramprof import trace as tracefmt
 from engramprof.analysis import attribution, batches, codeview, prefetch, readahead
 from engramprof.analysis.advice import advice, advice_for, miss_story  # noqa: F401  (advice: diagnose.advice)
+from engramprof.analysis.baseline import writing_devices
 from engramprof.analysis.components import REQUEST_KINDS, WAITED_URING_PATHS
 from engramprof.analysis.events import code_faults
 from engramprof.analysis.paths import read_path_of, read_path_steps
@@ -216,9 +217,8 @@ def traffic_line(traffic: dict | None) -> str:
     "" when it wrote nothing or the trace has no write counters."""
     if not traffic or (traffic.get("write_bytes", 0) <= 0 and traffic.get("flushes", 0) <= 0):
         return ""
-    names = ", ".join(d["name"] for d in traffic.get("devices", []) if d.get("writes") or d.get("flushes"))
     secs = traffic.get("seconds")
-    return (f"; meanwhile the device ({names}) wrote {traffic['write_bytes'] / 2**20:,.1f} MiB in "
+    return (f"; meanwhile the device ({writing_devices(traffic)}) wrote {traffic['write_bytes'] / 2**20:,.1f} MiB in "
             f"{traffic['writes']:,} writes and {traffic['flushes']:,} cache flushes"
             + (f" over {secs:,.0f} s" if secs else "") + " (reads queue behind writeback and flushes)")
 
