@@ -9,8 +9,11 @@
  * same word that is compared-and-swapped, so two CPUs never both take a slot.
  *   claim (block_bio_queue): compare-and-swap the tag 0 -> tag.  A slot held for more than
  *     BIO_STALE_NS (a completion never seen) is taken over by a compare-and-swap from the tag
- *     read; a slot held by another live bio: this bio is not tracked (bios_untracked: the read
+ *     read; so is, with BIO_SECTOR_ONCE, a slot held by an earlier bio of the same sector;
+ *     a slot held by another live bio: this bio is not tracked (bios_untracked: the read
  *     gets it in bio_count, not in bio_ns).
+ * A completion is never seen when the kernel skipped the completion hook's program (another BPF
+ * program was running on that CPU: engramprof/bpf/progstats.py counts it); its slot stays held.
  *   find + release (completion, back-merge): compare the tag's hash and the slot's dev / sector,
  *     read the slot, compare-and-swap the tag read -> 0; only the CPU whose swap succeeded uses
  *     what it read.
@@ -18,7 +21,10 @@
  * slots taken (claims - releases; a stale slot taken over stays counted once): the completion
  * hooks, which fire for every I/O of the machine, stop at it before any slot lookup.
  *
- * Constants filled in before load (-D): BIO_SLOTS (power of two), BIO_STALE_NS.
+ * Constants filled in before load (-D): BIO_SLOTS (power of two), BIO_STALE_NS, BIO_SECTOR_ONCE
+ * (1: the probe's bios are page-cache reads, and a sector is never read twice at once: its page
+ * stays locked until the read ends; so an earlier bio of the same sector has completed unseen.
+ * 0 where O_DIRECT reads may read one sector from two threads at once).
  */
 #ifndef ENGRAMPROF_BIOS_H
 #define ENGRAMPROF_BIOS_H
@@ -85,8 +91,11 @@ static __always_inline int bio_claim(u32 dev, u64 sector, u64 now, u64 owner_ts,
 	u64 tag = (h & BIO_TAG_HASH_MASK) | tick;
 	u64 old = __sync_val_compare_and_swap(&b->tag, 0, tag);
 	if (old) {
-		/* taken: take it over only when its bio was queued more than BIO_STALE_NS ago */
-		if ((u32)(tick - (u32)old) <= BIO_STALE_TICKS)
+		/* taken: take it over only when its bio was queued more than BIO_STALE_NS ago, or (BIO_SECTOR_ONCE)
+		 * was an earlier bio of this sector */
+		int same = BIO_SECTOR_ONCE && (old & BIO_TAG_HASH_MASK) == (h & BIO_TAG_HASH_MASK) &&
+			   b->sector == sector && b->dev == dev;
+		if ((u32)(tick - (u32)old) <= BIO_STALE_TICKS && !same)
 			return 1;
 		if (__sync_val_compare_and_swap(&b->tag, old, tag) != old)
 			return 1;

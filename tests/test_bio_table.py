@@ -10,7 +10,8 @@ from engramprof.report.syscalls import fault_summary_line
 
 
 def test_bio_slots_must_be_a_power_of_two_and_the_stale_bound_at_least_a_tick():
-    assert bios.defines(1) == {"BIO_SLOTS": 1, "BIO_STALE_NS": bios.BIO_STALE_NS}
+    assert bios.defines(1) == {"BIO_SLOTS": 1, "BIO_STALE_NS": bios.BIO_STALE_NS, "BIO_SECTOR_ONCE": 0}
+    assert bios.defines(1, sector_once=True)["BIO_SECTOR_ONCE"] == 1
     assert bios.defines(16384, 1 << 20)["BIO_SLOTS"] == 16384
     for bad in (0, 3, 6000):
         with pytest.raises(ValueError):
@@ -28,6 +29,8 @@ def test_both_probes_inline_the_table():
         pytest.skip("no tracefs: the plans feature-probe it")
     texts = [faults.program_text(faults.plan(faults.FaultProbeConfig(tgid=1, bio_slots=4))),
              syscalls_probe.program_text(syscalls_probe.plan(syscalls_probe.SyscallsConfig(tgid=1, bio_slots=4)))]
+    # a fault's bios are page-cache reads (a sector read once at a time); a call's may be O_DIRECT
+    assert "#define BIO_SECTOR_ONCE 1\n" in texts[0] and "#define BIO_SECTOR_ONCE 0\n" in texts[1]
     for text in texts:
         assert '#include "bios.h"' not in text
         assert "#define BIO_SLOTS 4\n" in text

@@ -28,6 +28,7 @@ import time
 import pytest
 
 from tests.test_fault_bios import BIG_READ, PAGE, PAGES, PREADER, _cold_run, _slots_left, zram_filesystem
+from tests.kernel_skips import completions_skipped
 from tests.test_syscall_sched_bits import PIPE_READER, SYS_PREADV2, _bits_set, _blocked_in, _offcpu_entries
 
 pytestmark = pytest.mark.bpf
@@ -48,6 +49,9 @@ class KeptExportProbe:
 
     def totals(self):
         return self.probe.totals()
+
+    def skipped_runs(self):
+        return self.probe.skipped_runs()
 
     def close(self):
         p = self.probe
@@ -86,7 +90,7 @@ def zram_dir():
 
 def test_cold_preadv_reads_on_zram_get_the_exporters_bio_seconds_and_free_their_slots(zram_dir):
     load, loaded = _exporter()
-    recs, answer, taken, left, totals = _cold_run(zram_dir, PREADER, load)
+    recs, answer, taken, left, totals, skipped = _cold_run(zram_dir, PREADER, load)
     kept = loaded[0].kept
     assert int(answer) == PAGES * PAGE
     # one page, one bio a call (POSIX_FADV_RANDOM): each call's bio completed inside it
@@ -100,7 +104,8 @@ def test_cold_preadv_reads_on_zram_get_the_exporters_bio_seconds_and_free_their_
     assert rows[0]["bio_count"] >= 0.9 * PAGES and rows[0]["bio_ns"] > 0, rows[0]
     assert rows[0]["bio_ns"] * 1e-9 <= kept["bio_seconds"] + 1e-9
     # every bio completed and left the table; one in flight at a time: none untracked
-    assert (taken, left, totals["bios_untracked"]) == (0, 0, 0), kept["taken"]
+    assert taken == left <= completions_skipped(skipped), (kept["taken"], skipped)
+    assert totals["bios_untracked"] == 0 or completions_skipped(skipped), (totals["bios_untracked"], skipped)
 
 
 def test_bios_whose_slot_another_bio_holds_are_counted_untracked_by_the_exporter(tmp_path):
@@ -111,12 +116,12 @@ def test_bios_whose_slot_another_bio_holds_are_counted_untracked_by_the_exporter
         run_dir = tmp_path / str(attempt)
         run_dir.mkdir()
         load, loaded = _exporter(bio_slots=1)
-        recs, answer, taken, left, totals = _cold_run(run_dir, BIG_READ, load, pages=256)
+        recs, answer, taken, left, totals, skipped = _cold_run(run_dir, BIG_READ, load, pages=256)
         assert answer.isdigit()
         queued = int(recs["bio_count"].sum())
         assert totals["bios_untracked"] < queued, (queued, totals)  # the slot's own bio was tracked
         assert loaded[0].kept["bio_seconds"] > 0
-        assert (taken, left) == (0, 0)
+        assert taken == left <= completions_skipped(skipped), (taken, left, skipped)
         untracked.append(totals["bios_untracked"])
         if untracked[-1]:
             break

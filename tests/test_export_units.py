@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engramprof.export.files import UNKNOWN, FileNames
 from engramprof.export.metrics import FIRST_BUCKET_LOG2, LAST_BUCKET_LOG2, log2_histogram
@@ -113,15 +114,16 @@ class _TotalsOnly:
 
     fault_latency = False
 
-    def __init__(self, totals):
+    def __init__(self, totals, skipped=None):
         from engramprof.export.window import WindowTotals
 
         self.totals = totals
+        self.skipped = skipped
         self.windows = WindowTotals()
 
     def snapshot(self):
         return {"at": 1.0, "stats": {}, "totals": self.totals, "bio": np.zeros(40, dtype=np.int64),
-                "bio_seconds": 0.0}
+                "bio_seconds": 0.0, "skipped": self.skipped}
 
     def live_targets(self):
         return None
@@ -153,6 +155,32 @@ def test_the_probes_untracked_bios_are_a_counter_with_their_meaning():
         [("engramprof_bios_untracked_total", {"rank": "2"}, 7)]
     # the other totals keep their names and values
     assert [s.value for s in fams["engramprof_probe_reads"].samples if s.name.endswith("_total")] == [10, 0]
+
+
+@pytest.mark.parametrize("skipped, samples", [
+    ({"block:block_rq_complete": 3, "sched:sched_wakeup": 1},
+     [({"rank": "2", "hook": "block:block_rq_complete"}, 3), ({"rank": "2", "hook": "sched:sched_wakeup"}, 1)]),
+    ({}, []),  # counted, none skipped: the family with no samples
+    (None, None),  # not counted on this kernel: no family
+])
+def test_the_runs_the_kernel_skipped_are_a_counter_per_hook(skipped, samples):
+    """engramprof/bpf/progstats.py's count, per hook, as engramprof_probe_skipped_runs_total."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engramprof.export.metrics import ExporterCollector
+
+    tot = {"syscall_reads": 10, "faults": 0, "sampled": 10, "unsampled": 0, "sample_lost": 0,
+           "files_overflow": 0, "bios_untracked": 0}
+    reg = CollectorRegistry()
+    reg.register(ExporterCollector(_TotalsOnly(tot, skipped), {"rank": "2"}))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    if samples is None:
+        assert "engramprof_probe_skipped_runs" not in fams
+        return
+    fam = fams["engramprof_probe_skipped_runs"]
+    assert fam.type == "counter" and "another BPF program was running" in fam.documentation
+    assert [(s.labels, s.value) for s in fam.samples if s.name.endswith("_total")] == samples
 
 
 def test_a_window_of_a_process_that_is_not_cpython_has_no_python_scheduling(tmp_path):

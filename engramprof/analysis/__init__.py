@@ -31,7 +31,7 @@ from engramprof.analysis import calibrate, hint_calls, misses, own_insertions, p
 from engramprof.analysis.attribute import AttributionInputs, attribute_batches
 from engramprof.analysis.context import SampleContext, context_switches, load_context
 from engramprof.analysis.events import ReadEvents, code_faults, prepare_read_events
-from engramprof.analysis.holes import exclude_blind_batches, read_holes
+from engramprof.analysis.holes import exclude_blind_batches, read_holes, skipped_runs_notes
 from engramprof.analysis.processes import analyse_each, process_ids, process_row
 from engramprof.analysis.summary import (
     Settings,
@@ -238,6 +238,7 @@ def analyse(
     check_settings(slow_ms, gap_ms, normal_miss_us, meaningful_share, loop_gap_us)
     calls, getter, meta, notes = _inputs(trace_or_calls, samples, meta)
     notes.extend(paths.sqpoll_notes(meta))
+    notes.extend(skipped_runs_notes(meta))  # blind without a hole in the records (analysis/holes.py)
     pids = process_ids(calls)
     # why each missed page was missing, where the bundle has eviction records (analysis/misses.py)
     table_of = getattr(trace_or_calls, "table", None)

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof import trace as tracefmt
+from engramprof.bpf import progstats
 from engramprof.analysis import attribution, batches, codeview, prefetch, readahead
 from engramprof.analysis.advice import advice, advice_for, miss_story  # noqa: F401  (advice: diagnose.advice)
 from engramprof.analysis.baseline import writing_devices
@@ -281,6 +282,9 @@ def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> lis
                  if lost.get("source") == "intervals" else ": when is not known, so no batch could be left out")
         out.append(f"{n:,} call records were lost (ring buffer full){where}; call totals and latency "
                    "percentiles come from the kernel's counters")
+    skipped = progstats.sentence(trace_summary.get("kernel_skipped"))
+    if skipped:
+        out.append(skipped)
     untracked = int(trace_summary.get("bios_untracked") or 0) + int((trace_summary.get("faults") or {}).get("bios_untracked") or 0)
     if untracked:
         out.append(f"{untracked:,} bios were counted but not timed (their slot of the probe's in-flight bio table was "
@@ -352,7 +356,8 @@ def analyse_trace(trace_dir: str, markers: str | None, slow_ms: float, trace_sum
         "slowest_process": bt.get("slowest_process", (bt.get("processes") or [{}])[0].get("pid")),
         "batch_tail": bt,
         "trace": {k: trace_summary.get(k) for k in ("pid", "duration_s", "calls", "recorded", "lost_records",
-                                                    "eagain_rate", "nowait_share", "latency_us", "device", "stacks")},
+                                                    "eagain_rate", "nowait_share", "latency_us", "device", "stacks",
+                                                    "kernel_skipped")},
     }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from engramprof.bpf import progstats
 from engramprof.errors import UserError
 from engramprof.units import pct
 
@@ -94,3 +95,11 @@ def exclude_blind_batches(seg, holes: RecordHoles, window: tuple[int, int], note
         raise UserError("every batch overlaps a hole of lost records: nothing can be attributed "
                         f"({holes.total_lost:,} records lost)", code=1)
     return seg, summary
+
+
+def skipped_runs_notes(meta: dict) -> list[str]:
+    """The runs of the probes' programs the kernel skipped (meta ``kernel_skipped``, written by the
+    recorder: engramprof/bpf/progstats.py): where the trace was blind without a hole in the
+    record stream.  Skips are not timed, so no batch is left out for them."""
+    s = progstats.sentence(meta.get("kernel_skipped") if isinstance(meta.get("kernel_skipped"), dict) else None)
+    return [s + " (when is not known: no batch was left out)"] if s else []

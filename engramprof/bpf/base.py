@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from engramprof.errors import UserError
+from engramprof.bpf import progstats
 
 #: clang flags of every probe: the constants are #defines written ahead of the source (some
 #: redefine a header default), and the header's helpers are not all used by every probe
@@ -98,6 +99,11 @@ class LoadedBpf:
             vals = [getattr(v, name) for v in per_cpu]
             out[name] = max(vals) if name in self.max_fields else sum(vals)
         return out
+
+    def skipped_runs(self) -> dict[str, int] | None:
+        """{hook: runs of its program the kernel skipped} (another BPF program was running on
+        that CPU: engramprof/bpf/progstats.py); None: not counted, or closed."""
+        return progstats.skipped_runs(self.bpf) if self.bpf is not None else None
 
     def lost_records(self) -> int:
         """The kernel's count of records dropped because the ring was full (all CPUs)."""

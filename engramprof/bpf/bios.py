@@ -19,9 +19,11 @@ def inline(src: str) -> str:
     return src.replace('#include "bios.h"', (layout.probe_dir() / "bios.h").read_text())
 
 
-def defines(slots: int = BIO_SLOTS, stale_ns: int = BIO_STALE_NS) -> dict[str, int]:
+def defines(slots: int = BIO_SLOTS, stale_ns: int = BIO_STALE_NS, sector_once: bool = False) -> dict[str, int]:
+    """``sector_once``: the probe's bios are page-cache reads, of which no two read one sector at
+    once, so a slot held by the same sector's earlier bio (its completion unseen) is taken over."""
     if slots < 1 or slots & (slots - 1):
         raise ValueError(f"bio slots must be a power of two, not {slots}")
     if stale_ns >> 20 < 1:
         raise ValueError(f"bio stale bound {stale_ns} ns is under the table's 2^20 ns tick")
-    return {"BIO_SLOTS": slots, "BIO_STALE_NS": stale_ns}
+    return {"BIO_SLOTS": slots, "BIO_STALE_NS": stale_ns, "BIO_SECTOR_ONCE": int(sector_once)}

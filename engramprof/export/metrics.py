@@ -91,8 +91,21 @@ class ExporterCollector:
         h.add_metric(lv, *log2_histogram(bio, snap["bio_seconds"]), timestamp=at)
         yield h
         yield from self._totals(s, snap["totals"], at)
+        yield from self._skipped(snap.get("skipped"), at)
         yield from self._windows(s)
         yield from self._system(s)
+
+    def _skipped(self, skipped: dict | None, at):
+        """Runs of the probe's programs the kernel skipped, per hook (none: not counted here)."""
+        if skipped is None:
+            return
+        fam = self._f(CounterMetricFamily, "engramprof_probe_skipped_runs_total",
+                      "Runs of the probe's programs the kernel skipped because another BPF program was running on "
+                      "that CPU (bpf_prog_info.recursion_misses), per hook: what they would have seen is not in the "
+                      "other counters (a skipped block completion: its bio's time and slot)", ("hook",))
+        for hook, n in sorted(skipped.items()):
+            fam.add_metric(self.label_values + [hook], n, timestamp=at)
+        yield fam
 
     def _totals(self, s, tot, at):
         lv = self.label_values

@@ -202,6 +202,18 @@ class ExportProbe(LoadedBpf):
             t["sampled"] += max(0, done - u.get("unsampled", 0) - u.get(lost_field, 0))
         return t
 
+    def skipped_runs(self) -> dict[str, int] | None:
+        """{hook: runs the kernel skipped} of the export probe's programs and its request paths'
+        (engramprof/bpf/progstats.py); None: not counted."""
+        parts = [super().skipped_runs()] + [r.skipped_runs() for r in self.requests.values()]
+        if all(p is None for p in parts):
+            return None
+        out: dict[str, int] = {}
+        for part in parts:
+            for hook, n in (part or {}).items():
+                out[hook] = out.get(hook, 0) + n
+        return out
+
     # ---- reading the maps ------------------------------------------------------------------
     def read_stats(self) -> dict[tuple[int, int, str], dict]:
         """{(dev, ino, kind): {field: total, 'latency_log2': counts}} summed over CPUs, every path."""

@@ -121,7 +121,7 @@ class ExportState:
         with self.lock:
             p = self.probe
             snap = {"stats": p.read_stats(), "totals": p.totals(), "bio": p.bio_histogram(),
-                    "bio_seconds": p.bio_seconds()}
+                    "bio_seconds": p.bio_seconds(), "skipped": p.skipped_runs()}
         snap["at"] = time.time()
         return snap
 

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 
 from engramprof import trace
+from engramprof.bpf import progstats
 from engramprof.bpf import targets as target_maps
 from engramprof.errors import UserError
 from engramprof.host.interpreter import runs_cpython
@@ -326,16 +327,21 @@ class Recorder:
                 summary.update(part or {})
             elif part is not None:
                 summary[s.name] = part
+        summary["kernel_skipped"] = skipped = self.kernel_skipped()
         if self.writer:
-            self._close_writer(end_ns, parts)
+            self._close_writer(end_ns, parts, skipped)
         for s in self._end_order():
             s.close()
         for w in self._exit:
             w.close()
         return summary
 
-    def _close_writer(self, end_ns: int, parts: dict) -> None:
-        meta: dict = {}
+    def kernel_skipped(self) -> dict:
+        """The runs of every source's programs the kernel skipped so far (bpf/progstats.py)."""
+        return progstats.summarize({s.name: s.skipped_runs() for s in self.sources})
+
+    def _close_writer(self, end_ns: int, parts: dict, skipped: dict) -> None:
+        meta: dict = {"kernel_skipped": skipped}
         for cls in self._absent:
             meta.update(cls.absent_meta)
         for s, part in parts.items():
@@ -350,7 +356,7 @@ class Recorder:
         """Every source's kernel state so far, to tables/ and meta.json (kill -9 safety)."""
         if self.writer is None or self.primary is None or self.sink.failed is not None:
             return
-        meta: dict = {}
+        meta: dict = {"kernel_skipped": self.kernel_skipped()}
         for s in self.sources:
             meta.update(s.snapshot(self.sink))
         self.sink.put_meta(**meta, notes=list(self.notes))

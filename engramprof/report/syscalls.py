@@ -8,6 +8,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from engramprof.bpf import progstats
 from engramprof.report.render import Col, fit_table, shorten_left
 from engramprof.units import duration, pct
 
@@ -158,6 +159,9 @@ def print_summary(console: Console, s: dict) -> None:
     if s.get("uring"):
         t.add_row("io_uring reads", uring_summary_line(s["uring"]))
     t.add_row("lost records", Text(f"{s['lost_records']:,}", style="red" if s["lost_records"] else ""))
+    skipped = progstats.sentence(s.get("kernel_skipped"))
+    if skipped:
+        t.add_row("skipped runs", Text(skipped[0].upper() + skipped[1:], style="yellow"))
     if s.get("bios_untracked"):
         t.add_row("untracked bios", Text(f"{s['bios_untracked']:,} queued by calls, counted in bio_count, not timed "
                                          "(the probe's in-flight bio table had their slot taken)", style="yellow"))

@@ -212,6 +212,12 @@ class Source(ABC):
         """meta.json keys written when the bundle is closed (``summary``: its :meth:`summary`)."""
         return {} if summary is None else {self.name: summary}
 
+    def skipped_runs(self) -> dict[str, int] | None:
+        """{hook: runs the kernel skipped} of its probe's programs (engramprof/bpf/progstats.py),
+        readable until :meth:`close`; None: no probe, or not counted."""
+        probe = getattr(self, "probe", None)
+        return probe.skipped_runs() if probe is not None and getattr(probe, "bpf", None) is not None else None
+
     def live_targets(self) -> list[int] | None:
         """The processes in the probe's map of targets (fork adds, group death removes), when
         it keeps one for the recording's end; None: it does not."""
