@@ -67,3 +67,32 @@ def test_untracked_bios_get_a_summary_row_only_when_there_are_some():
     fits(out)
     assert "untracked bios   12,345 queued by calls" in out
     assert "untracked bios" not in render(0)
+
+
+def test_every_read_path_untracked_bios_are_a_limit_and_in_its_row():
+    """io_uring's and libaio's untracked bios (their probes count them like the others) are in the
+    diagnosis' limit and on their summary rows; libaio reads have a row of their own."""
+    import io
+
+    from rich.console import Console
+
+    from engramprof.report import syscalls as report_syscalls
+    from engramprof.report.syscalls import libaio_summary_line, uring_summary_line
+    from tests.test_render80 import _syscalls_summary, fits
+
+    summary = {"duration_s": 5.0, "end_reason": "duration", "bios_untracked": 0,
+               "uring": {"completed": 9, "submitted": 9, "bios_untracked": 4},
+               "libaio": {"reaped": 7, "submitted": 7, "bios": 7, "bios_untracked": 16124}}
+    lines = diagnose.limits({"batches": 50}, summary, 5.0, True)
+    assert any(line.startswith("16,128 bios were counted but not timed") for line in lines), lines
+    assert uring_summary_line(summary["uring"]).endswith("; 4 bios untracked (no bio time)")
+    aio = libaio_summary_line({"reaped": 679_773, "submitted": 685_401, "sum_ms": 46443.4, "bios": 685_401,
+                               "bios_untracked": 16_124})
+    assert aio == ("679,773 read iocbs reaped of 685,401 submitted, 46,443.4 ms in flight; 685,401 bios; "
+                   "16,124 bios untracked (no bio time)")
+    assert "untracked" not in libaio_summary_line({"reaped": 1, "submitted": 1, "bios": 1})
+    buf = io.StringIO()
+    report_syscalls.print_summary(Console(file=buf, width=80), {**_syscalls_summary("/var/tmp/t.st"),
+                                                                "libaio": summary["libaio"]})
+    fits(buf.getvalue())
+    assert "libaio reads" in buf.getvalue()

@@ -285,7 +285,8 @@ def limits(bt: dict, trace_summary: dict, duration: float, markers: bool) -> lis
     skipped = progstats.sentence(trace_summary.get("kernel_skipped"))
     if skipped:
         out.append(skipped)
-    untracked = int(trace_summary.get("bios_untracked") or 0) + int((trace_summary.get("faults") or {}).get("bios_untracked") or 0)
+    untracked = int(trace_summary.get("bios_untracked") or 0) + sum(
+        int((trace_summary.get(path) or {}).get("bios_untracked") or 0) for path in ("faults", "uring", "libaio"))
     if untracked:
         out.append(f"{untracked:,} bios were counted but not timed (their slot of the probe's in-flight bio table was "
                    "held by another bio): the bio time of the reads that queued them is short of the device wait")

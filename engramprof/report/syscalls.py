@@ -135,6 +135,21 @@ def uring_summary_line(u: dict) -> str:
         line += f"; {u['lost_records']:,} records lost"
     if u.get("untracked"):
         line += f"; {u['untracked']:,} not tracked (in-flight map full)"
+    if u.get("bios_untracked"):
+        line += f"; {u['bios_untracked']:,} bios untracked (no bio time)"
+    return line
+
+
+def libaio_summary_line(a: dict) -> str:
+    """The libaio read path in one line (the summary's "libaio reads" row)."""
+    line = (f"{a.get('reaped', 0):,} read iocbs reaped of {a.get('submitted', 0):,} submitted, "
+            f"{a.get('sum_ms', 0):,.1f} ms in flight; {a.get('bios', 0):,} bios")
+    if a.get("lost_records"):
+        line += f"; {a['lost_records']:,} records lost"
+    if a.get("untracked"):
+        line += f"; {a['untracked']:,} not tracked (in-flight map full)"
+    if a.get("bios_untracked"):
+        line += f"; {a['bios_untracked']:,} bios untracked (no bio time)"
     return line
 
 
@@ -158,6 +173,8 @@ def print_summary(console: Console, s: dict) -> None:
         t.add_row("page faults", fault_summary_line(s["faults"]))
     if s.get("uring"):
         t.add_row("io_uring reads", uring_summary_line(s["uring"]))
+    if s.get("libaio"):
+        t.add_row("libaio reads", libaio_summary_line(s["libaio"]))
     t.add_row("lost records", Text(f"{s['lost_records']:,}", style="red" if s["lost_records"] else ""))
     skipped = progstats.sentence(s.get("kernel_skipped"))
     if skipped:

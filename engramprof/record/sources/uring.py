@@ -100,6 +100,7 @@ class UringSource(ProbeSource):
                 "inline": t.get("inline_n", 0), "async": t.get("async_n", 0), "punted": t.get("punted", 0),
                 "sqpoll": t.get("sqpoll", 0), "lost_records": t.get("lost_records", 0),
                 "untracked": t.get("no_state", 0), "recorded": self.recorded,
+                "bios_untracked": t.get("bios_untracked", 0),  # in bio_count, not in bio_ns (probes/bios.h)
                 "nonregular": t.get("nonregular", 0),
                 "partial_at_start": self.partial_at_start, "sum_ms": round(t.get("sum_ns", 0) / 1e6, 3),
                 "missing_tracepoints": self.probe.plan.missing if self.probe is not None else []}
