@@ -21,7 +21,8 @@
  * slots taken (claims - releases; a stale slot taken over stays counted once): the completion
  * hooks, which fire for every I/O of the machine, stop at it before any slot lookup.
  *
- * Constants filled in before load (-D): BIO_SLOTS (power of two), BIO_STALE_NS, BIO_SECTOR_ONCE
+ * Constants filled in before load (-D): BIO_SLOTS (power of two), BIO_STALE_NS, BIO_RAW_COMPLETION
+ * (and its OFF_* offsets), BIO_SECTOR_ONCE
  * (1: the probe's bios are page-cache reads, and a sector is never read twice at once: its page
  * stays locked until the read ends; so an earlier bio of the same sector has completed unseen.
  * 0 where O_DIRECT reads may read one sector from two threads at once).
@@ -130,15 +131,71 @@ static __always_inline int bio_release(u32 dev, u64 sector, struct bio_found *ou
 	return 1;
 }
 
-/* A completion of any I/O of the machine: 1 and *out filled when it was a tracked bio.  The
- * count of taken slots comes first (an inlined array lookup): with none taken, no hash. */
-static __always_inline int bio_completed(u32 dev, u64 sector, struct bio_found *out)
+/* Any slot taken now (an inlined array lookup): a completion hook stops here when none is. */
+static __always_inline int bio_any_taken(void)
 {
 	int zero = 0;
 	s64 *taken = bio_slots_taken.lookup(&zero);
-	if (!taken || *taken <= 0)
+	return taken && *taken > 0;
+}
+
+/* A completion of any I/O of the machine: 1 and *out filled when it was a tracked bio.  The
+ * count of taken slots comes first: with none taken, no hash. */
+static __always_inline int bio_completed(u32 dev, u64 sector, struct bio_found *out)
+{
+	if (!bio_any_taken())
 		return 0;
 	return bio_release(dev, sector, out);
 }
+
+#if BIO_RAW_COMPLETION
+/* The completion hooks as raw tracepoints (BIO_RAW_COMPLETION_HOOKS(done) in a probe, done(dev,
+ * sector) its completion handler).  A tracepoint program is skipped whenever another BPF program
+ * runs on its CPU (a completion interrupt inside a sched_switch or block_bio_queue program: the
+ * kernel's bpf_prog_active guard); a raw tracepoint's only when it is itself running there.  They
+ * read what the tracepoints report, at offsets from the kernel's BTF (OFF_*, engramprof/bpf/bios.py):
+ * block_rq_complete(rq, error, nr_bytes): sector = rq->__sector, dev = rq->q->disk's (major << 20 |
+ * first_minor), 0 without a disk; block_bio_complete(q, bio): bio->bi_bdev->bd_dev, bi_iter.bi_sector. */
+static __always_inline u32 bio_rq_dev(void *rq)
+{
+	void *q = 0, *disk = 0;
+	int major = 0, minor = 0;
+	bpf_probe_read_kernel(&q, sizeof(q), rq + OFF_RQ_Q);
+	if (!q)
+		return 0;
+	bpf_probe_read_kernel(&disk, sizeof(disk), q + OFF_Q_DISK);
+	if (!disk)
+		return 0;
+	bpf_probe_read_kernel(&major, sizeof(major), disk + OFF_DISK_MAJOR);
+	bpf_probe_read_kernel(&minor, sizeof(minor), disk + OFF_DISK_MINOR);
+	return ((u32)major << 20) | (u32)minor;
+}
+
+#define BIO_RAW_COMPLETION_HOOKS(done)							\
+RAW_TRACEPOINT_PROBE(block_rq_complete)							\
+{											\
+	if (!bio_any_taken())								\
+		return 0;								\
+	void *rq = (void *)ctx->args[0];						\
+	u64 sector = 0;									\
+	bpf_probe_read_kernel(&sector, sizeof(sector), rq + OFF_RQ_SECTOR);		\
+	done(bio_rq_dev(rq), sector);							\
+	return 0;									\
+}											\
+RAW_TRACEPOINT_PROBE(block_bio_complete)						\
+{											\
+	if (!bio_any_taken())								\
+		return 0;								\
+	void *bio = (void *)ctx->args[1], *bdev = 0;					\
+	u64 sector = 0;									\
+	u32 dev = 0;									\
+	bpf_probe_read_kernel(&bdev, sizeof(bdev), bio + OFF_BIO_BDEV);			\
+	if (bdev)									\
+		bpf_probe_read_kernel(&dev, sizeof(dev), bdev + OFF_BDEV_DEV);		\
+	bpf_probe_read_kernel(&sector, sizeof(sector), bio + OFF_BIO_SECTOR);		\
+	done(dev, sector);								\
+	return 0;									\
+}
+#endif
 
 #endif

@@ -398,6 +398,11 @@ static __always_inline void bio_done(u32 dev, u64 sector)
 	__sync_fetch_and_add(&w->count, 1);
 }
 
+#if BIO_RAW_COMPLETION
+/* raw tracepoints where the kernel's BTF allows (probes/bios.h): not skipped while another
+ * BPF program runs on the CPU */
+BIO_RAW_COMPLETION_HOOKS(bio_done)
+#else
 /* request-based devices (NVMe, SCSI, virtio, loop): the request's first sector is the bio's */
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
@@ -414,6 +419,7 @@ TRACEPOINT_PROBE(block, block_bio_complete)
 	bio_done(args->dev, args->sector);
 	return 0;
 }
+#endif
 #endif
 
 /* ---- direct and memcg reclaim inside the call ---- */

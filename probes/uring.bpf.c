@@ -441,6 +441,11 @@ static __always_inline void uring_bio_done(u32 dev, u64 sector)
 		__sync_fetch_and_add(&s->bio_ns, bpf_ktime_get_ns() - b.ts);
 }
 
+#if BIO_RAW_COMPLETION
+/* raw tracepoints where the kernel's BTF allows (probes/bios.h): not skipped while another
+ * BPF program runs on the CPU */
+BIO_RAW_COMPLETION_HOOKS(uring_bio_done)
+#else
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
 	uring_bio_done(args->dev, args->sector);
@@ -452,6 +457,7 @@ TRACEPOINT_PROBE(block, block_bio_complete)
 	uring_bio_done(args->dev, args->sector);
 	return 0;
 }
+#endif
 #endif
 
 #if HAVE_QUEUE_ASYNC

@@ -66,4 +66,4 @@ def completions_skipped(skipped: dict | None) -> int:
     BPF program was running on that CPU), for any I/O of the machine: each may have been one of the
     probe's bios, whose slot then stays held (probes/bios.h).  An upper bound on the slots left."""
     s = skipped or {}
-    return s.get("block:block_rq_complete", 0) + s.get("block:block_bio_complete", 0)
+    return sum(s.get(f"{kind}:{hook}", 0) for kind in ("block", "raw") for hook in ("block_rq_complete", "block_bio_complete"))

@@ -10,7 +10,8 @@ from engramprof.report.syscalls import fault_summary_line
 
 
 def test_bio_slots_must_be_a_power_of_two_and_the_stale_bound_at_least_a_tick():
-    assert bios.defines(1) == {"BIO_SLOTS": 1, "BIO_STALE_NS": bios.BIO_STALE_NS, "BIO_SECTOR_ONCE": 0}
+    assert bios.defines(1, raw_completion=False) == {"BIO_SLOTS": 1, "BIO_STALE_NS": bios.BIO_STALE_NS,
+                                                     "BIO_SECTOR_ONCE": 0, "BIO_RAW_COMPLETION": 0}
     assert bios.defines(1, sector_once=True)["BIO_SECTOR_ONCE"] == 1
     assert bios.defines(16384, 1 << 20)["BIO_SLOTS"] == 16384
     for bad in (0, 3, 6000):
@@ -18,6 +19,20 @@ def test_bio_slots_must_be_a_power_of_two_and_the_stale_bound_at_least_a_tick():
             bios.defines(bad)
     with pytest.raises(ValueError):
         bios.defines(1, (1 << 20) - 1)
+
+
+def test_the_raw_completion_hooks_read_the_fields_of_the_running_kernel(tmp_path):
+    """BIO_RAW_COMPLETION and its OFF_* offsets come from the kernel's BTF (every field, at the
+    size the hook reads); a kernel without BTF, or a field missing, gives the tracepoint hooks."""
+    offs = bios.completion_offsets()
+    d = bios.defines()
+    if offs is None:
+        assert d["BIO_RAW_COMPLETION"] == 0 and not any(k.startswith("OFF_") for k in d)
+        pytest.skip("no kernel BTF with the block completion fields here: the tracepoint hooks")
+    assert set(offs) == set(bios.COMPLETION_FIELDS) and d["BIO_RAW_COMPLETION"] == 1
+    assert {k: d[k] for k in offs} == offs
+    assert bios.completion_offsets(str(tmp_path / "no-btf")) is None  # no BTF: the tracepoint hooks
+    assert len({offs["OFF_DISK_MAJOR"], offs["OFF_DISK_MINOR"]}) == 2
 
 
 def test_both_probes_inline_the_table():

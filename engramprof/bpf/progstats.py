@@ -5,9 +5,10 @@ A tracepoint program does not run while another BPF program runs on the same CPU
 completion interrupt that lands while the CPU runs a sched_switch or fault program is not seen,
 and nothing in the probe's own maps says so.  The kernel counts every such skip in the skipped
 program's ``recursion_misses`` (measured here, 6.18: one or two skipped ``block_rq_complete``
-runs in a 20-second recording of a cold mmap reader, and a skipped ``sched_wakeup``).  A skipped
-completion leaves its bio untimed and its slot of the bio table held (probes/bios.h); a skipped
-``sched_switch`` an off-CPU span unended.
+runs in a 20-second recording of a cold mmap reader, 5,212 in 6 s under fio's libaio engine, and
+skipped ``sched_wakeup`` runs).  A skipped completion leaves its bio untimed and its slot of the
+bio table held (probes/bios.h: hence its raw completion hooks, whose guard is their own); a
+skipped ``sched_switch`` an off-CPU span unended.
 
 :func:`skipped_runs` reads it for every program of a BCC object (``bpf_obj_get_info`` on the
 program's fd, which stays open after detach until cleanup).  The kernel fills as much of the
