@@ -114,10 +114,7 @@ def fault_summary_line(f: dict) -> str:
         line += f"; {f['code_faults']:,} on the process's own code and libraries (not table reads)"
     if f.get("other_faults") is not None:
         line += f"; {f['other_faults']:,} anonymous/other"
-    if f.get("lost_records"):
-        line += f"; {f['lost_records']:,} records lost"
-    if f.get("bios_untracked"):
-        line += f"; {f['bios_untracked']:,} bios untracked (no bio time)"
+    line += _what_was_missed(f)
     if not f.get("address", True):
         line += "; no fault address (generic path)"
     return line
@@ -131,26 +128,26 @@ def uring_summary_line(u: dict) -> str:
     if u.get("nonregular"):
         n = u["nonregular"]
         line += f"; {n:,} read{'s' if n != 1 else ''} of pipes, sockets or procfs left out (not table reads)"
-    if u.get("lost_records"):
-        line += f"; {u['lost_records']:,} records lost"
-    if u.get("untracked"):
-        line += f"; {u['untracked']:,} not tracked (in-flight map full)"
-    if u.get("bios_untracked"):
-        line += f"; {u['bios_untracked']:,} bios untracked (no bio time)"
-    return line
+    return line + _what_was_missed(u)
 
 
 def libaio_summary_line(a: dict) -> str:
     """The libaio read path in one line (the summary's "libaio reads" row)."""
     line = (f"{a.get('reaped', 0):,} read iocbs reaped of {a.get('submitted', 0):,} submitted, "
             f"{a.get('sum_ms', 0):,.1f} ms in flight; {a.get('bios', 0):,} bios")
-    if a.get("lost_records"):
-        line += f"; {a['lost_records']:,} records lost"
-    if a.get("untracked"):
-        line += f"; {a['untracked']:,} not tracked (in-flight map full)"
-    if a.get("bios_untracked"):
-        line += f"; {a['bios_untracked']:,} bios untracked (no bio time)"
-    return line
+    return line + _what_was_missed(a)
+
+
+def _what_was_missed(part: dict) -> str:
+    """A read path's records lost, reads not tracked, bios not timed: "" when none."""
+    out = ""
+    if part.get("lost_records"):
+        out += f"; {part['lost_records']:,} records lost"
+    if part.get("untracked"):
+        out += f"; {part['untracked']:,} not tracked (in-flight map full)"
+    if part.get("bios_untracked"):
+        out += f"; {part['bios_untracked']:,} bios untracked (no bio time)"
+    return out
 
 
 def _short(path: str, width: int = 48) -> str:
