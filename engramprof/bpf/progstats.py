@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from functools import lru_cache
 
 #: struct bpf_prog_info (include/uapi/linux/bpf.h): recursion_misses is the u64 at this offset
 RECURSION_MISSES_OFFSET = 208
@@ -28,7 +29,9 @@ INFO_LEN = RECURSION_MISSES_OFFSET + 8
 _PREFIXES = (("tracepoint__", ""), ("raw_tracepoint__", "raw:"))
 
 
+@lru_cache(maxsize=1)
 def _libbcc():
+    """libbcc's bpf_obj_get_info, typed once (it is called for every program every second)."""
     from bcc import libbcc  # deferred: BCC is imported only where programs are loaded
 
     f = libbcc.lib.bpf_obj_get_info
