@@ -27,6 +27,8 @@
  * MADV_REMOVE_, and targets.h's (the EVICT_BY_TARGET flag).
  */
 #include "evictions.h"
+/* bpf_probe_read_user without BCC's per-call kallsyms look-up */
+#include "readuser.h"
 
 struct evict_ctx {
 	u64 sys_ts;       /* syscall entry; 0 = not in a watched syscall */

@@ -28,6 +28,8 @@
 /* struct pt_regs, struct iovec */
 #include "kernel_types.h"
 #include "tidbits.h"
+/* bpf_probe_read_user without BCC's per-call kallsyms look-up */
+#include "readuser.h"
 
 #define MAX_IOV 8
 #define RWF_NOWAIT_BIT 0x00000008

@@ -44,6 +44,8 @@
 /* aio_context_t, for the syscalls tracepoints' args */
 #include "kernel_types.h"
 #include "libaio.h"
+/* bpf_probe_read_user without BCC's per-call kallsyms look-up */
+#include "readuser.h"
 
 #define IOCB_CMD_PREAD 0
 #define IOCB_CMD_PREADV 7
@@ -268,26 +270,32 @@ static __always_inline long ring_scan_one(u32 i, struct scan_ctx *c)
 	return 0;
 }
 
-static __always_inline void ring_scan(u32 tgid, u64 ctx, u32 tid)
+/* The scan of the context's ring a hook begins (it is the chain's CHAIN_SCAN, below): 1 when the
+ * process consumed events the probe has not seen, in c; the ring head is then marked seen */
+static __always_inline int ring_scan_begin(u32 tgid, u64 ctx, u32 tid, struct scan_ctx *c)
 {
 	u32 hdr[4] = {};  /* id, nr, head, tail */
 	if (bpf_probe_read_user(hdr, sizeof(hdr), (void *)ctx))
-		return;
+		return 0;
 	struct ring_key rk = {.ctx = ctx, .tgid = tgid};
 	u32 *seen = aio_ring_seen.lookup(&rk);
 	if (!seen) {
 		aio_ring_seen.update(&rk, &hdr[2]);
-		return;
+		return 0;
 	}
 	u32 nr = hdr[1], head = hdr[2], at = *seen;
 	if (at == head || nr == 0 || head >= nr || at >= nr)
-		return;
-	struct scan_ctx c = {.ctx = ctx, .tgid = tgid, .tid = tid, .now = bpf_ktime_get_ns(), .seen = at, .nr = nr,
-			     .n = head > at ? head - at : nr - at + head};
+		return 0;
+	c->ctx = ctx;
+	c->tgid = tgid;
+	c->tid = tid;
+	c->now = bpf_ktime_get_ns();
+	c->seen = at;
+	c->nr = nr;
+	c->n = head > at ? head - at : nr - at + head;
+	c->__pad0 = 0;
 	*seen = head;
-	for (u32 i = 0; i < AIO_MAX_EVENTS; i++)
-		if (ring_scan_one(i, &c))
-			break;
+	return 1;
 }
 
 /* the ring head now: the probe has seen every event before it */
@@ -436,28 +444,111 @@ static __always_inline int take_call(u64 pid_tgid, struct aio_call *out)
 	return 1;
 }
 
+struct reap_ctx {
+	u64 now;
+	u64 ctx;
+	u64 events;
+	s64 ret;
+	u32 tgid;
+	u32 tid;
+	u16 how;
+	u16 __pad0;
+	u32 __pad1;
+};
+
+/* The loops over a call's iocbs and over the events of a reap or of the ring run in chunks of
+ * AIO_CHUNK iterations, each chunk one run of a program reached by a tail call (aio_chain, filled
+ * by user space before the hooks are attached): the verifier walks AIO_CHUNK iterations of each
+ * loop once, where the loops inlined in every hook made it walk 935,727 instructions (about one
+ * second of every recorder's start; benchmarks/RESULTS.md "Probe compile time").  A hook fills
+ * the CPU's aio_loop_state (tracepoint programs on one CPU never nest, and a chain runs on the
+ * CPU of its hook) and tail-calls the first chunk; the last chunk does what the hook did after
+ * its loop.  At most AIO_MAX_EVENTS / AIO_CHUNK + AIO_MAX_NR / AIO_CHUNK tail calls in a row (the
+ * kernel allows 33).  A tail call that fails (never, once the array is filled) falls through to
+ * the hook's own end: the iterations left are not done. */
+#define AIO_CHUNK 16
+#if AIO_MAX_NR % AIO_CHUNK || AIO_MAX_EVENTS % AIO_CHUNK || AIO_MAX_NR / AIO_CHUNK + AIO_MAX_EVENTS / AIO_CHUNK > 32
+#error "AIO_MAX_NR and AIO_MAX_EVENTS: multiples of AIO_CHUNK, at most 32 chunks together"
+#endif
+/* aio_chain's slots: user space puts these programs there (engramprof/bpf/libaio.py CHAIN) */
+#define CHAIN_SCAN 0    /* aio_scan_chunk: events consumed from the ring, then CHAIN_SUBMIT or the call's save */
+#define CHAIN_SUBMIT 1  /* aio_submit_chunk: an io_submit's iocbs, then the call's save */
+#define CHAIN_REAP 2    /* aio_reap_chunk: the events io_getevents returned, then the ring's mark */
+BPF_PROG_ARRAY(aio_chain, 3);
+
+struct aio_loop {
+	struct scan_ctx scan;
+	struct submit_ctx submit;
+	struct reap_ctx reap;
+	struct aio_call call;  /* saved for the syscall's exit once the loops are done */
+	u32 i;                 /* the loop's next iteration */
+	u32 submit_next;       /* after the ring's scan: the iocbs of an io_submit (1) or not (0) */
+};
+BPF_PERCPU_ARRAY(aio_loop_state, struct aio_loop, 1);
+
+static __always_inline struct aio_loop *loop_state(void)
+{
+	int zero = 0;
+	return aio_loop_state.lookup(&zero);
+}
+
+/* the end of an entry hook's work: the call saved for its exit (an io_submit's only iocb, if
+ * tracked, names the bios the thread queues inside it) */
+static __always_inline void entry_done(struct aio_loop *L)
+{
+	/* the only iocb of the call: every bio the thread queues inside it is that read's (a buffered
+	 * read's readahead too); several: iomap_dio_rw_begin names each O_DIRECT read as it is issued */
+	if (L->submit_next && L->call.nr == 1 && L->submit.tracked == 1)
+		L->call.cur = L->call.ts;
+	save_call(L->submit.pid_tgid, &L->call);
+}
+
+/* an entry hook's loops: the ring's scan (scan: it has events to read), then an io_submit's iocbs */
+static __always_inline void entry_loops(void *ctx, struct aio_loop *L, int scan)
+{
+	L->i = 0;
+	if (scan)
+		aio_chain.call(ctx, CHAIN_SCAN);
+	if (L->submit_next)
+		aio_chain.call(ctx, CHAIN_SUBMIT);
+	entry_done(L);
+}
+
+/* an entry hook of a call that is not an io_submit: scan the ring, save the call */
+static __always_inline int other_entry(void *ctx, u64 pid_tgid, u64 aio_ctx, struct aio_call *c)
+{
+	struct aio_loop *L = loop_state();
+	if (!L)
+		return 0;
+	int scan = ring_scan_begin(pid_tgid >> 32, aio_ctx, (u32)pid_tgid, &L->scan);
+	L->call = *c;
+	L->submit.pid_tgid = pid_tgid;
+	L->submit_next = 0;
+	entry_loops(ctx, L, scan);
+	return 0;
+}
+
 TRACEPOINT_PROBE(syscalls, sys_enter_io_submit)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
 		return 0;
+	struct aio_loop *L = loop_state();
+	if (!L)
+		return 0;
 	u64 ctx = args->ctx_id;
 	u64 iocbpp = (u64)args->iocbpp;
 	s64 nr = args->nr;
 	struct aio_totals *t = totals();
-	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);
+	int scan = ring_scan_begin(pid_tgid >> 32, ctx, (u32)pid_tgid, &L->scan);
 	struct aio_call c = {.ctx = ctx, .ptr = iocbpp, .nr = nr, .ts = bpf_ktime_get_ns()};
 	if (nr > AIO_MAX_NR && t)
 		t->truncated += nr - AIO_MAX_NR;
+	L->call = c;
 	struct submit_ctx sc = {.pid_tgid = pid_tgid, .ctx = ctx, .iocbpp = iocbpp, .ts = c.ts, .nr = nr};
-	for (u32 i = 0; i < AIO_MAX_NR; i++)
-		if (submit_nth(i, &sc))
-			break;
-	/* the only iocb of the call: every bio the thread queues inside it is that read's (a buffered
-	 * read's readahead too); several: iomap_dio_rw_begin names each O_DIRECT read as it is issued */
-	if (nr == 1 && sc.tracked == 1)
-		c.cur = c.ts;
-	save_call(pid_tgid, &c);
+	L->submit = sc;
+	L->submit_next = 1;
+	entry_loops(args, L, scan);
 	return 0;
 }
 
@@ -490,28 +581,14 @@ TRACEPOINT_PROBE(syscalls, sys_exit_io_submit)
 	return 0;
 }
 
-static __always_inline int reap_enter(u64 ctx, u64 events)
+static __always_inline int reap_enter(void *tp, u64 ctx, u64 events)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	if (!is_target(pid_tgid))
 		return 0;
-	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);
 	struct aio_call c = {.ctx = ctx, .ptr = events, .nr = CALL_REAP};
-	save_call(pid_tgid, &c);
-	return 0;
+	return other_entry(tp, pid_tgid, ctx, &c);
 }
-
-struct reap_ctx {
-	u64 now;
-	u64 ctx;
-	u64 events;
-	s64 ret;
-	u32 tgid;
-	u32 tid;
-	u16 how;
-	u16 __pad0;
-	u32 __pad1;
-};
 
 static __always_inline long reap_nth(u32 i, void *data)
 {
@@ -525,42 +602,113 @@ static __always_inline long reap_nth(u32 i, void *data)
 	return 0;
 }
 
-static __always_inline int reap_exit(s64 ret, u16 how)
+static __always_inline int reap_exit(void *tp, s64 ret, u16 how)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct aio_call c;
 	if (!take_call(pid_tgid, &c))
 		return 0;
 	u32 tgid = pid_tgid >> 32;
-	struct reap_ctx rc = {.now = bpf_ktime_get_ns(), .ctx = c.ctx, .events = c.ptr, .ret = ret, .tgid = tgid, .tid = (u32)pid_tgid,
-			      .how = how};
-	if (ret > 0)
-		for (u32 i = 0; i < AIO_MAX_EVENTS; i++)
-			if (reap_nth(i, &rc))
-				break;
+	struct aio_loop *L = loop_state();
+	if (ret > AIO_MAX_EVENTS) {
+		struct aio_totals *t = totals();
+		if (t)
+			t->events_truncated += ret - AIO_MAX_EVENTS;
+	}
+	if (L && ret > 0) {
+		struct reap_ctx rc = {.now = bpf_ktime_get_ns(), .ctx = c.ctx, .events = c.ptr, .ret = ret, .tgid = tgid,
+				      .tid = (u32)pid_tgid, .how = how};
+		L->reap = rc;
+		L->i = 0;
+		aio_chain.call(tp, CHAIN_REAP);
+	}
 	ring_mark(tgid, c.ctx);
+	return 0;
+}
+
+/* the chain's programs (aio_chain): one chunk of a loop each */
+int aio_scan_chunk(void *ctx)
+{
+	struct aio_loop *L = loop_state();
+	if (!L)
+		return 0;
+	u32 base = L->i;
+	int done = 0;
+	for (u32 j = 0; j < AIO_CHUNK; j++)
+		if (ring_scan_one(base + j, &L->scan)) {
+			done = 1;
+			break;
+		}
+	if (!done && base + AIO_CHUNK < AIO_MAX_EVENTS) {
+		L->i = base + AIO_CHUNK;
+		aio_chain.call(ctx, CHAIN_SCAN);
+	}
+	L->i = 0;
+	if (L->submit_next)
+		aio_chain.call(ctx, CHAIN_SUBMIT);
+	entry_done(L);
+	return 0;
+}
+
+int aio_submit_chunk(void *ctx)
+{
+	struct aio_loop *L = loop_state();
+	if (!L)
+		return 0;
+	u32 base = L->i;
+	int done = 0;
+	for (u32 j = 0; j < AIO_CHUNK; j++)
+		if (submit_nth(base + j, &L->submit)) {
+			done = 1;
+			break;
+		}
+	if (!done && base + AIO_CHUNK < AIO_MAX_NR) {
+		L->i = base + AIO_CHUNK;
+		aio_chain.call(ctx, CHAIN_SUBMIT);
+	}
+	entry_done(L);
+	return 0;
+}
+
+int aio_reap_chunk(void *ctx)
+{
+	struct aio_loop *L = loop_state();
+	if (!L)
+		return 0;
+	u32 base = L->i;
+	int done = 0;
+	for (u32 j = 0; j < AIO_CHUNK; j++)
+		if (reap_nth(base + j, &L->reap)) {
+			done = 1;
+			break;
+		}
+	if (!done && base + AIO_CHUNK < AIO_MAX_EVENTS) {
+		L->i = base + AIO_CHUNK;
+		aio_chain.call(ctx, CHAIN_REAP);
+	}
+	ring_mark(L->reap.tgid, L->reap.ctx);
 	return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_io_getevents)
 {
-	return reap_enter(args->ctx_id, (u64)args->events);
+	return reap_enter(args, args->ctx_id, (u64)args->events);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_io_getevents)
 {
-	return reap_exit(args->ret, 0);
+	return reap_exit(args, args->ret, 0);
 }
 
 #if HAVE_PGETEVENTS
 TRACEPOINT_PROBE(syscalls, sys_enter_io_pgetevents)
 {
-	return reap_enter(args->ctx_id, (u64)args->events);
+	return reap_enter(args, args->ctx_id, (u64)args->events);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_io_pgetevents)
 {
-	return reap_exit(args->ret, AIO_PGETEVENTS);
+	return reap_exit(args, args->ret, AIO_PGETEVENTS);
 }
 #endif
 
@@ -602,10 +750,8 @@ TRACEPOINT_PROBE(syscalls, sys_enter_io_destroy)
 	if (!is_target(pid_tgid))
 		return 0;
 	u64 ctx = args->ctx;
-	ring_scan(pid_tgid >> 32, ctx, (u32)pid_tgid);  /* the last user-space reaps */
 	struct aio_call c = {.ctx = ctx, .nr = CALL_DESTROY};
-	save_call(pid_tgid, &c);
-	return 0;
+	return other_entry(args, pid_tgid, ctx, &c);  /* the scan reads the last user-space reaps */
 }
 
 /* io_destroy returns once the context's requests are done: those still in the map were never

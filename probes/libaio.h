@@ -72,6 +72,8 @@ struct aio_totals {
 	u64 max_ns;
 	u64 unsampled;      /* EXPORT_MODE: reaped after the window's sample budget was spent (no record) */
 	u64 files_overflow; /* EXPORT_MODE: read_stats_by_file full: counted in the totals only */
+	u64 events_truncated; /* io_events a reap returned beyond the first AIO_MAX_EVENTS: not read (their
+	                       * reads stay in the in-flight map until their context goes) */
 };
 
 #endif

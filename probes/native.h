@@ -13,6 +13,9 @@
 #ifndef ENGRAMPROF_NATIVE_H
 #define ENGRAMPROF_NATIVE_H
 
+/* bpf_probe_read_user without BCC's per-call kallsyms look-up */
+#include "readuser.h"
+
 #define NATIVE_CHUNK 1024
 #define NATIVE_CHUNKS 32
 

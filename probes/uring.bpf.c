@@ -63,6 +63,8 @@
 /* struct pt_regs: in_submitting_enter() */
 #include "kernel_types.h"
 #include "uring.h"
+/* bpf_probe_read_user without BCC's per-call kallsyms look-up */
+#include "readuser.h"
 
 struct uring_state {
 	u64 req;          /* the request pointer: 0 = a free slot */

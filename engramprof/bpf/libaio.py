@@ -15,6 +15,7 @@ read events (engramprof/trace/schema.py's CALL_SCHEMA) plus the libaio ones (:da
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import time
@@ -28,6 +29,7 @@ import pyarrow as pa
 from engramprof.bpf import bios
 from engramprof.bpf import structs as layout
 from engramprof.bpf import targets
+from engramprof.bpf.base import import_bcc
 from engramprof.bpf.request import RequestProbe
 from engramprof.errors import UserError
 from engramprof.host import btf as kbtf
@@ -44,6 +46,9 @@ OPCODES = {0: "pread", 7: "preadv"}  # IOCB_CMD_*
 MAX_NR = 128  # iocbs of one io_submit read (more: counted in ``truncated``)
 MAX_EVENTS = 128  # io_events of one reap read
 MAX_IOV = 8
+#: the programs of the probe's tail-call chain (probes/libaio.bpf.c aio_chain), by slot: the
+#: chunks of its loops, loaded and put in the array before the hooks are attached
+CHAIN = ("aio_scan_chunk", "aio_submit_chunk", "aio_reap_chunk")
 EXIT_SWEEP_S = 1.0  # how often drain() looks for exited processes' in-flight reads
 
 
@@ -135,6 +140,19 @@ class LibaioProbe(RequestProbe):
         self.exited_inflight = 0
         self._exits_checked = 0.0
         super().__init__(p, arm)
+
+    def prepare(self) -> None:
+        """The chain's programs loaded (the verifier) and put in ``aio_chain``, before any hook is
+        attached: a hook's tail call always finds them."""
+        BPF = import_bcc()
+        chain = self.bpf["aio_chain"]
+        for slot, name in enumerate(CHAIN):
+            try:
+                fn = self.bpf.load_func(name, BPF.TRACEPOINT)
+            except Exception as exc:
+                raise UserError(f"cannot load the {self.what}'s {name} ({exc}); run `engramprof doctor`",
+                                code=1) from None
+            chain[ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
 
     def drain(self) -> np.ndarray:
         """Every record written since the last drain (struct aio_record rows), oldest first."""

@@ -61,8 +61,12 @@ class RequestProbe(DeferredProbe):
         layout.check_against_compiled(self.totals_dtype, self.bpf[f"{self.totals_struct}_layout"].Leaf)
         page = os.sysconf("SC_PAGE_SIZE")
         self.ring = RingBufferReader(self.bpf[self.ring_map].map_fd, p.config.ring_pages * page, self.record_dtype)
+        self.prepare()
         if arm:
             self.arm()
+
+    def prepare(self) -> None:
+        """What a probe sets up between its compile and its attach (nothing by default)."""
 
     @staticmethod
     def make_plan(config, tracefs_root=None):

@@ -97,7 +97,8 @@ class LibaioSource(ProbeSource):
     def summary(self, totals: dict | None = None) -> dict:
         t = totals if totals is not None else self.totals()
         out = {k: t.get(k, 0) for k in ("submitted", "submit_failed", "reaped", "other_thread", "ring_reaped",
-                                        "other_iocbs", "not_regular", "no_file", "truncated", "unknown_events",
+                                        "other_iocbs", "not_regular", "no_file", "truncated", "events_truncated",
+                                        "unknown_events",
                                         "replaced", "lost_records", "filtered", "destroyed", "bios",
                                         "bios_untracked")}
         out.update(untracked=t.get("no_state", 0), recorded=self.recorded, partial_at_start=self.partial_at_start,
@@ -134,4 +135,7 @@ class LibaioSource(ProbeSource):
                        "before its event was reaped by a syscall or found in the ring)")
         if s["truncated"]:
             out.append(f"libaio: {s['truncated']:,} iocbs beyond the first {aio_probe.MAX_NR} of an io_submit not seen")
+        if s.get("events_truncated"):
+            out.append(f"libaio: {s['events_truncated']:,} completions beyond the first {aio_probe.MAX_EVENTS} a reap "
+                       "returned not read (their reads stay counted as in flight)")
         return out
