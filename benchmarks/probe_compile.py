@@ -116,21 +116,24 @@ def start_s(tree: Path, pid: int) -> float:
     "Tracing" line; the recorder is then stopped (SIGINT)."""
     import signal
 
+    import tempfile
+
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "engramprof", "syscalls", "--pid", str(pid), "--duration", "30",
-           "--stack-hz", "0", "--output", f"/tmp/probe-compile-{os.getpid()}-{time.monotonic_ns()}"]
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seen = []
-    for line in p.stderr:
-        seen.append(line)
-        if line.startswith("Tracing"):
-            break
-    else:
-        sys.exit(f"probe_compile: no Tracing line from {tree}: {''.join(seen)[-500:]}")
-    dt = time.perf_counter() - t0
-    p.send_signal(signal.SIGINT)
-    p.communicate(timeout=60)
+    with tempfile.TemporaryDirectory(prefix="probe-compile-") as out:
+        cmd = [sys.executable, "-m", "engramprof", "syscalls", "--pid", str(pid), "--duration", "30",
+               "--stack-hz", "0", "--output", f"{out}/trace"]
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        seen = []
+        for line in p.stderr:
+            seen.append(line)
+            if line.startswith("Tracing"):
+                break
+        else:
+            sys.exit(f"probe_compile: no Tracing line from {tree}: {''.join(seen)[-500:]}")
+        dt = time.perf_counter() - t0
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
     return dt
 
 
