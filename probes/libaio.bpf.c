@@ -486,6 +486,16 @@ struct aio_loop {
 };
 BPF_PERCPU_ARRAY(aio_loop_state, struct aio_loop, 1);
 
+/* a tail call to the chain's slot; one that returns failed (the slot empty, or the kernel's 33
+ * tail calls in a row spent): counted, and the caller ends the loop there */
+static __always_inline void chain_to(void *ctx, int slot)
+{
+	aio_chain.call(ctx, slot);
+	struct aio_totals *t = totals();
+	if (t)
+		t->chain_broken++;
+}
+
 static __always_inline struct aio_loop *loop_state(void)
 {
 	int zero = 0;
@@ -508,9 +518,9 @@ static __always_inline void entry_loops(void *ctx, struct aio_loop *L, int scan)
 {
 	L->i = 0;
 	if (scan)
-		aio_chain.call(ctx, CHAIN_SCAN);
+		chain_to(ctx, CHAIN_SCAN);
 	if (L->submit_next)
-		aio_chain.call(ctx, CHAIN_SUBMIT);
+		chain_to(ctx, CHAIN_SUBMIT);
 	entry_done(L);
 }
 
@@ -620,7 +630,7 @@ static __always_inline int reap_exit(void *tp, s64 ret, u16 how)
 				      .tid = (u32)pid_tgid, .how = how};
 		L->reap = rc;
 		L->i = 0;
-		aio_chain.call(tp, CHAIN_REAP);
+		chain_to(tp, CHAIN_REAP);
 	}
 	ring_mark(tgid, c.ctx);
 	return 0;
@@ -641,11 +651,11 @@ int aio_scan_chunk(void *ctx)
 		}
 	if (!done && base + AIO_CHUNK < AIO_MAX_EVENTS) {
 		L->i = base + AIO_CHUNK;
-		aio_chain.call(ctx, CHAIN_SCAN);
+		chain_to(ctx, CHAIN_SCAN);
 	}
 	L->i = 0;
 	if (L->submit_next)
-		aio_chain.call(ctx, CHAIN_SUBMIT);
+		chain_to(ctx, CHAIN_SUBMIT);
 	entry_done(L);
 	return 0;
 }
@@ -664,7 +674,7 @@ int aio_submit_chunk(void *ctx)
 		}
 	if (!done && base + AIO_CHUNK < AIO_MAX_NR) {
 		L->i = base + AIO_CHUNK;
-		aio_chain.call(ctx, CHAIN_SUBMIT);
+		chain_to(ctx, CHAIN_SUBMIT);
 	}
 	entry_done(L);
 	return 0;
@@ -684,7 +694,7 @@ int aio_reap_chunk(void *ctx)
 		}
 	if (!done && base + AIO_CHUNK < AIO_MAX_EVENTS) {
 		L->i = base + AIO_CHUNK;
-		aio_chain.call(ctx, CHAIN_REAP);
+		chain_to(ctx, CHAIN_REAP);
 	}
 	ring_mark(L->reap.tgid, L->reap.ctx);
 	return 0;

@@ -74,6 +74,8 @@ struct aio_totals {
 	u64 files_overflow; /* EXPORT_MODE: read_stats_by_file full: counted in the totals only */
 	u64 events_truncated; /* io_events a reap returned beyond the first AIO_MAX_EVENTS: not read (their
 	                       * reads stay in the in-flight map until their context goes) */
+	u64 chain_broken;   /* a tail call to the next chunk of a loop failed: that loop's iocbs / events
+	                     * left were not read (never, with the chain filled before attach) */
 };
 
 #endif

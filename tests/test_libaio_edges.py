@@ -217,6 +217,40 @@ def test_events_taken_from_the_ring_by_the_process_are_found_at_its_next_call(tr
     assert t["ring_reaped"] == 40, t
 
 
+@pytest.mark.bpf
+def test_a_broken_chain_is_counted_not_silent(tmp_path):
+    """The probe's loops run as a chain of tail calls (probes/libaio.bpf.c aio_chain).  With the
+    chain's submit slot emptied, an io_submit's iocbs are not read: counted (``chain_broken``),
+    their completion an unknown event, and the source's notes say so."""
+    from engramprof.bpf import libaio
+    from engramprof.record.sources.libaio import LibaioSource
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(4 * BLOCK))
+    buf = mmap.mmap(-1, 4 * BLOCK)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    probe = libaio.LibaioProbe.load(libaio.LibaioProbeConfig(tgid=os.getpid()), arm=False)
+    try:
+        del probe.bpf["aio_chain"][ctypes.c_int(libaio.CHAIN.index("aio_submit_chunk"))]
+        probe.arm()
+        fd = os.open(path, os.O_RDONLY)
+        ctx = aio.AioContext(8)
+        cbs = [_iocb(fd, addr, 0, data=7)]
+        assert _submit(ctx, cbs) == 1 and len(_reap(ctx, 1)) == 1
+        ctx.close()
+        os.close(fd)
+        recs = probe.drain()
+        t = probe.summary_totals()
+    finally:
+        probe.close()
+    assert len(recs) == 0 and t["submitted"] == 0 and t["unknown_events"] == 1, t
+    assert t["chain_broken"] == 1, t
+    s = {k: 0 for k in ("submitted", "other_iocbs", "not_regular", "submit_failed", "destroyed_inflight",
+                        "replaced", "truncated")}
+    s["chain_broken"] = t["chain_broken"]
+    assert any("stopped early" in n for n in LibaioSource.notes(None, s))
+
+
 def _summary(**kw) -> dict:
     s = {k: 0 for k in ("submitted", "other_iocbs", "not_regular", "submit_failed", "destroyed_inflight", "replaced",
                         "truncated")}

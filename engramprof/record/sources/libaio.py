@@ -98,7 +98,7 @@ class LibaioSource(ProbeSource):
         t = totals if totals is not None else self.totals()
         out = {k: t.get(k, 0) for k in ("submitted", "submit_failed", "reaped", "other_thread", "ring_reaped",
                                         "other_iocbs", "not_regular", "no_file", "truncated", "events_truncated",
-                                        "unknown_events",
+                                        "chain_broken", "unknown_events",
                                         "replaced", "lost_records", "filtered", "destroyed", "bios",
                                         "bios_untracked")}
         out.update(untracked=t.get("no_state", 0), recorded=self.recorded, partial_at_start=self.partial_at_start,
@@ -138,4 +138,7 @@ class LibaioSource(ProbeSource):
         if s.get("events_truncated"):
             out.append(f"libaio: {s['events_truncated']:,} completions beyond the first {aio_probe.MAX_EVENTS} a reap "
                        "returned not read (their reads stay counted as in flight)")
+        if s.get("chain_broken"):
+            out.append(f"libaio: {s['chain_broken']:,} of the probe's loops over a call's iocbs or events stopped "
+                       "early (a tail call failed): the iocbs or events left were not read")
         return out
