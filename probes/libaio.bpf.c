@@ -636,23 +636,31 @@ static __always_inline int reap_exit(void *tp, s64 ret, u16 how)
 	return 0;
 }
 
-/* the chain's programs (aio_chain): one chunk of a loop each */
+/* One chunk of a loop, in a program of the chain: iterations L->i .. L->i + AIO_CHUNK - 1 of
+ * nth(i, state) (1: the loop is over); while none ended it and some are left below max, the next
+ * chunk, by a tail call to slot (which does not return).  After it: what follows the loop. */
+#define LOOP_CHUNK(ctx, L, nth, state, max, slot)					\
+	do {										\
+		u32 base = (L)->i;							\
+		int done = 0;								\
+		for (u32 j = 0; j < AIO_CHUNK; j++)					\
+			if (nth(base + j, state)) {					\
+				done = 1;						\
+				break;							\
+			}								\
+		if (!done && base + AIO_CHUNK < (max)) {				\
+			(L)->i = base + AIO_CHUNK;					\
+			chain_to(ctx, slot);						\
+		}									\
+	} while (0)
+
+/* the chain's programs (aio_chain) */
 int aio_scan_chunk(void *ctx)
 {
 	struct aio_loop *L = loop_state();
 	if (!L)
 		return 0;
-	u32 base = L->i;
-	int done = 0;
-	for (u32 j = 0; j < AIO_CHUNK; j++)
-		if (ring_scan_one(base + j, &L->scan)) {
-			done = 1;
-			break;
-		}
-	if (!done && base + AIO_CHUNK < AIO_MAX_EVENTS) {
-		L->i = base + AIO_CHUNK;
-		chain_to(ctx, CHAIN_SCAN);
-	}
+	LOOP_CHUNK(ctx, L, ring_scan_one, &L->scan, AIO_MAX_EVENTS, CHAIN_SCAN);
 	L->i = 0;
 	if (L->submit_next)
 		chain_to(ctx, CHAIN_SUBMIT);
@@ -665,17 +673,7 @@ int aio_submit_chunk(void *ctx)
 	struct aio_loop *L = loop_state();
 	if (!L)
 		return 0;
-	u32 base = L->i;
-	int done = 0;
-	for (u32 j = 0; j < AIO_CHUNK; j++)
-		if (submit_nth(base + j, &L->submit)) {
-			done = 1;
-			break;
-		}
-	if (!done && base + AIO_CHUNK < AIO_MAX_NR) {
-		L->i = base + AIO_CHUNK;
-		chain_to(ctx, CHAIN_SUBMIT);
-	}
+	LOOP_CHUNK(ctx, L, submit_nth, &L->submit, AIO_MAX_NR, CHAIN_SUBMIT);
 	entry_done(L);
 	return 0;
 }
@@ -685,17 +683,7 @@ int aio_reap_chunk(void *ctx)
 	struct aio_loop *L = loop_state();
 	if (!L)
 		return 0;
-	u32 base = L->i;
-	int done = 0;
-	for (u32 j = 0; j < AIO_CHUNK; j++)
-		if (reap_nth(base + j, &L->reap)) {
-			done = 1;
-			break;
-		}
-	if (!done && base + AIO_CHUNK < AIO_MAX_EVENTS) {
-		L->i = base + AIO_CHUNK;
-		chain_to(ctx, CHAIN_REAP);
-	}
+	LOOP_CHUNK(ctx, L, reap_nth, &L->reap, AIO_MAX_EVENTS, CHAIN_REAP);
 	ring_mark(L->reap.tgid, L->reap.ctx);
 	return 0;
 }
