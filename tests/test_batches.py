@@ -290,6 +290,30 @@ def test_runnable_spans_merge_and_cover():
     assert B.RunnableSpans.of(None) is None and B.RunnableSpans.of(off.iloc[:0]) is None
 
 
+def test_a_woken_sleep_is_runnable_from_its_wake_up():
+    """Format 7: a sleep's end after its wake-up (woken_ns) waits for a CPU; a sleep whose wake-up
+    was not seen (-1), or a bundle without the column, stays idle."""
+    off = pd.DataFrame({"tid": [1, 2, 3, 4], "start_ns": [100, 150, 400, 600], "end_ns": [200, 300, 500, 700],
+                        "preempted": [1, 0, 0, 0], "woken_ns": [-1, 250, -1, 50]})
+    r = B.RunnableSpans.of(off)
+    # tid 4's wake-up before its switch-out (a race): its whole span waited for a CPU
+    assert r.start.tolist() == [100, 250, 600] and r.end.tolist() == [200, 300, 700]
+    assert r.spans == 3 and r.woken == 2
+    old = B.RunnableSpans.of(off.drop(columns="woken_ns"))
+    assert old.start.tolist() == [100] and old.woken == 0
+    assert B.RunnableSpans.of(off, tids=np.array([2])).start.tolist() == [250]
+    # a stall of sleeping workers woken early and left waiting for a CPU is not idle time:
+    # 10 reads a batch, 3 batches 20 ms apart, one 25 ms in-batch stall of a woken worker
+    ts = np.concatenate([T0 + k * 30_000_000 + np.arange(10) * 100_000 for k in range(3)])
+    ts[15:] += 25_000_000
+    stall = pd.DataFrame({"tid": [7], "start_ns": [ts[14] + 1_000], "end_ns": [ts[15] - 1_000],
+                          "preempted": [0], "woken_ns": [ts[14] + 2_000_000]})
+    end = ts + 1_000
+    assert B.infer(ts, end).n == 4  # plain gaps: the stall splits batch 2
+    assert B.infer(ts, end, runnable=B.RunnableSpans.of(stall)).n == 3
+    assert B.infer(ts, end, runnable=B.RunnableSpans.of(stall.assign(woken_ns=-1))).n == 4
+
+
 def _busy_prefill(seed: int, steps: int = 8, calls: int = 20_000, pass_ms: float = 200.0):
     """A prefill read stream on an oversubscribed host: in-batch stalls up to 1.2 s (workers
     preempted, runnable), forward passes of pass_ms (every thread asleep, a little preemption of

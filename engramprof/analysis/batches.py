@@ -67,6 +67,8 @@ MIN_JUDGED_BATCHES = 3
 REGULARITY_FACTOR = 1.25
 REGULARITY_SLACK = 0.02
 IRREGULAR_CV = 0.5
+#: ... and a finer candidate than another about as regular must cut this many times its batches
+FINER_FACTOR = 2
 #: an inferred batch longer than this (median) is not a step: the read stream shows no steps
 LONG_BATCH_NS = 2_000_000_000
 
@@ -494,11 +496,23 @@ def _pick_candidate(cands: list[dict]) -> dict | None:
         return valleys[0] if valleys else None
     best = min(c["count_cv"] for c in judged)
     near = [c for c in judged if c["count_cv"] <= best * REGULARITY_FACTOR + REGULARITY_SLACK]
-    pick = min(near, key=lambda c: c["threshold_ns"])
+    pick = _finest_structure(near)
     if pick["source"] == "break" and pick["count_cv"] > IRREGULAR_CV:
         # only the tail's breaks, and they cut batches of random size: a valley if there is
         # one (density evidence), else no structure
         return valleys[0] if valleys else None
+    return pick
+
+
+def _finest_structure(near: list[dict]) -> dict:
+    """Of candidates about as regular, the finest structure: from the coarsest, a finer one is
+    taken when it cuts at least FINER_FACTOR times the batches.  Batches inside sessions (the
+    idle pauses between them) multiply the count; a threshold that also cuts at a few in-batch
+    stalls left in the gaps adds a batch per stall, which is not finer structure."""
+    pick = None
+    for c in sorted(near, key=lambda c: -c["threshold_ns"]):
+        if pick is None or c["n_above"] + 1 >= FINER_FACTOR * (pick["n_above"] + 1):
+            pick = c
     return pick
 
 
@@ -601,12 +615,14 @@ def _valley(tall: "_TallGaps", counts: np.ndarray, sm: np.ndarray, up: int, info
 @dataclass
 class RunnableSpans:
     """Merged intervals (ns, sorted, disjoint) in which at least one of the target's threads was
-    runnable but not running: switched out by preemption, waiting for a CPU (the ``offcpu``
-    spans with ``preempted``).  Time in them is not idle time of the reader."""
+    runnable but not running, waiting for a CPU: the ``offcpu`` spans switched out by preemption
+    (whole), and the sleeps' ends from their wake-up (``woken_ns``, format 7) to the switch-in.
+    Time in them is not idle time of the reader."""
 
     start: np.ndarray
     end: np.ndarray
-    spans: int  # preempted spans merged into these intervals
+    spans: int  # spans (preempted, or woken sleeps) merged into these intervals
+    woken: int = 0  # of which sleeps' ends after their wake-up
 
     @classmethod
     def of(cls, offcpu: pd.DataFrame | None, tids: np.ndarray | None = None) -> "RunnableSpans | None":
@@ -614,10 +630,17 @@ class RunnableSpans:
         if offcpu is None or not len(offcpu) or "preempted" not in offcpu.columns:
             return None
         pre = offcpu["preempted"].to_numpy().astype(bool)
+        s = offcpu["start_ns"].to_numpy(np.int64)
+        e = offcpu["end_ns"].to_numpy(np.int64)
+        # a sleep is a wait for a CPU from its wake-up on (woken_ns -1: not seen, or not recorded)
+        woke = offcpu["woken_ns"].to_numpy(np.int64) if "woken_ns" in offcpu.columns else np.full(len(s), -1)
+        slept = ~pre & (woke >= 0) & (woke < e)
+        s = np.where(slept, np.maximum(woke, s), s)
+        keep = pre | slept
         if tids is not None and "tid" in offcpu.columns:
-            pre &= np.isin(offcpu["tid"].to_numpy(), tids)
-        s = offcpu["start_ns"].to_numpy(np.int64)[pre]
-        e = offcpu["end_ns"].to_numpy(np.int64)[pre]
+            keep &= np.isin(offcpu["tid"].to_numpy(), tids)
+        woken = int(np.count_nonzero(slept & keep))
+        s, e = s[keep], e[keep]
         o = np.argsort(s, kind="stable")
         s, e = s[o], e[o]
         if not len(s):
@@ -626,7 +649,7 @@ class RunnableSpans:
         first = np.r_[True, s[1:] > reach[:-1]]
         starts = s[first]
         ends = np.maximum.reduceat(e, np.flatnonzero(first))
-        return cls(start=starts, end=ends, spans=int(len(s)))
+        return cls(start=starts, end=ends, spans=int(len(s)), woken=woken)
 
     def covered(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Length (ns) of [a, b) covered by the intervals, element-wise (0 where b <= a)."""
@@ -679,7 +702,8 @@ def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None,
             info["gaps_shortened"] = shortened
             if shortened:
                 notes.append(f"time the target's threads waited for a CPU inside a read-stream gap is not idle: "
-                             f"taken out of {shortened:,} gaps before splitting (preempted off-CPU spans)")
+                             f"taken out of {shortened:,} gaps before splitting (preempted off-CPU spans"
+                             f"{', and sleeps from their wake-up to their run' if runnable.woken else ''})")
         src = "inferred" if thr is not None else "none"
         if thr is not None and info.get("confident") is False:
             notes.append(
