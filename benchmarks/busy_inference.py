@@ -2,21 +2,20 @@
 """How well does batch inference (no markers) find a pool reader's decode steps on a busy host?
 
 Records the lab's pool reader (``--reader pool --tokens 4 --gap-ms 20 --warm --markers``: 60
-decode steps, 20 ms forward passes) ``--runs`` times with ``--hogs`` busy-looping processes
+decode steps, 20 ms forward passes, ``--pass-ms``) ``--runs`` times with ``--hogs`` busy-looping processes
 beside it (each run one `engramprof syscalls --pid` recording, as the tests record), and judges
-the inferred batches against the lab's own markers under three gap rules, on the same
-recording:
+the inferred batches against the lab's own markers under three rules, on the same recording:
 
-  plain      the read stream's union gaps as they are
-  preempted  each gap less the time a thread of the reader was preempted inside it
-             (trace format 6 and older: no wake-up times)
-  woken      ... and less each sleep's wait for a CPU from its wake-up (woken_ns, format 7):
-             what batch-tail does
+  plain      the read stream's union gaps as they are, and batch-tail's choice of threshold
+  idle       each gap less the time a thread of the reader was preempted inside it (the
+             trace's off-CPU spans): what batch-tail does
+  lowest     idle gaps, and of the candidate thresholds about as regular the lowest
+             (FINER_FACTOR 0: batch-tail before 2026-12-07)
 
 Prints per run and rule: the share of marked batches whose read span the inferred batch
 covers at IoU >= 0.8 (the last one left out: the recording ends with it), the threshold
 chosen, and the separation: the largest gap left inside a marked batch against the smallest
-between two.  Needs root.  Usage: benchmarks/busy_inference.py [--runs 8] [--hogs 3]
+between two.  Needs root.  Usage: benchmarks/busy_inference.py [--runs 8] [--hogs 3] [--pass-ms 20]
 """
 from __future__ import annotations
 
@@ -34,15 +33,7 @@ from engramprof.analysis import batches  # noqa: E402
 from engramprof.trace import reader  # noqa: E402
 from tests.tracing import engramprof, traced_lab  # noqa: E402
 
-RULES = ("plain", "preempted", "woken")
-
-
-def _runnable(offcpu, rule: str):
-    if rule == "plain" or offcpu is None:
-        return None
-    if rule == "preempted":
-        offcpu = offcpu.drop(columns=[c for c in ("woken_ns",) if c in offcpu.columns])
-    return batches.RunnableSpans.of(offcpu)
+RULES = ("plain", "idle", "lowest")
 
 
 def judge(trace: Path, markers: Path) -> dict[str, dict]:
@@ -56,9 +47,14 @@ def judge(trace: Path, markers: Path) -> dict[str, dict]:
     between[marked.first[1:] - 1] = True  # gap i is the one before call i + 1
     off = b.samples("offcpu")
     out = {}
+    finer = batches.FINER_FACTOR
     for rule in RULES:
-        rs = _runnable(off, rule)
-        inferred = batches.infer(ts, end, None, rs)
+        rs = None if rule == "plain" else batches.RunnableSpans.of(off)
+        batches.FINER_FACTOR = 0 if rule == "lowest" else finer
+        try:
+            inferred = batches.infer(ts, end, None, rs)
+        finally:
+            batches.FINER_FACTOR = finer
         iou = np.asarray(batches.match_quality(ts, end, marked, inferred)["read_span_iou"])[:-1]
         gaps, _ = batches.idle_gaps(ts, batches.union_gaps(ts, end).astype(np.float64), rs)
         out[rule] = dict(matched=float((iou >= 0.8).mean()), threshold_ms=(inferred.gap_ns or 0) / 1e6,
@@ -70,6 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--hogs", type=int, default=3, help="busy-looping processes beside the reader")
+    ap.add_argument("--pass-ms", type=float, default=20.0, help="the forward pass between steps (lab --gap-ms)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="busy-inference-"))
     table = tmp / "engram.safetensors"
@@ -80,7 +77,7 @@ def main() -> None:
         for i in range(a.runs):
             d = tmp / f"r{i}"
             d.mkdir()
-            run = traced_lab(d, table, "--reader", "pool", "--steps", "60", "--tokens", "4", "--gap-ms", "20",
+            run = traced_lab(d, table, "--reader", "pool", "--steps", "60", "--tokens", "4", "--gap-ms", f"{a.pass_ms:g}",
                              "--warm", "--markers", str(d / "m.jsonl"))
             for rule, r in judge(run.trace, d / "m.jsonl").items():
                 print(f"{i:>3} {rule:<9} {r['matched']:>7.3f} {r['threshold_ms']:>6.1f} "

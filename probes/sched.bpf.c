@@ -6,7 +6,7 @@
  * and one fixed-size record goes into the `offcpu_records` ring without waking user space (it
  * drains on a timer).  sched_waking (in the waker's own context, unlike sched_wakeup, which
  * may run on the wakee's CPU from the wake list, in whatever task is current there) and
- * sched_wakeup_new note who woke the thread and when (from then on it waits for a CPU).
+ * sched_wakeup_new note who woke the thread.
  *
  * Cost: this fires on every context switch of the machine.  The fast path for a task that is
  * not a target is one helper call (bpf_get_current_pid_tgid), a compare, and one bit test in
@@ -33,7 +33,6 @@
 
 struct span_state {
 	u64 start_ns;
-	u64 woken_ns;
 	s32 waker_tid;
 	s32 waker_pid;
 	u32 preempted;
@@ -60,8 +59,7 @@ static __always_inline u64 *open_word(u32 tid)
 	return open_spans.lookup(&w);   /* array: inlined, bounds-checked */
 }
 
-static __always_inline void span_open(u32 tid, u64 now, u32 preempted, s32 waker_tid, s32 waker_pid,
-                                      u64 woken_ns)
+static __always_inline void span_open(u32 tid, u64 now, u32 preempted, s32 waker_tid, s32 waker_pid)
 {
 	struct span_state *s = span_by_tid.lookup(&tid);
 	if (!s) {
@@ -77,7 +75,6 @@ static __always_inline void span_open(u32 tid, u64 now, u32 preempted, s32 waker
 		}
 	}
 	s->start_ns = now;
-	s->woken_ns = woken_ns;
 	s->preempted = preempted;
 	s->waker_tid = waker_tid;
 	s->waker_pid = waker_pid;
@@ -108,7 +105,6 @@ static __always_inline void span_close(u32 tid, u64 *w, u64 now)
 	}
 	r->start_ns = s->start_ns;
 	r->end_ns = now;
-	r->woken_ns = s->woken_ns;
 	r->tid = tid;
 	r->waker_tid = s->waker_tid;
 	r->waker_pid = s->waker_pid;
@@ -139,7 +135,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 	}
 	if (!now)
 		now = bpf_ktime_get_ns();
-	span_open(prev, now, (state & STATE_SLEEP_BITS) == 0, -1, -1, 0);
+	span_open(prev, now, (state & STATE_SLEEP_BITS) == 0, -1, -1);
 	return 0;
 }
 
@@ -153,7 +149,6 @@ static __always_inline void woken(u32 tid)
 	u64 cur = bpf_get_current_pid_tgid();
 	s->waker_tid = (s32)(u32)cur;
 	s->waker_pid = (s32)(cur >> 32);
-	s->woken_ns = bpf_ktime_get_ns();  /* runnable from here: the rest of the span is run-queue wait */
 }
 
 #if HAVE_WAKING
@@ -201,8 +196,7 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new)
 	if (!span_by_tid.lookup(&tid))
 		return 0;  /* not a thread of the target (a fork): not traced */
 #endif
-	u64 now = bpf_ktime_get_ns();
-	span_open(tid, now, 1, (s32)(u32)cur, (s32)(cur >> 32), now);
+	span_open(tid, bpf_ktime_get_ns(), 1, (s32)(u32)cur, (s32)(cur >> 32));
 	return 0;
 }
 #endif

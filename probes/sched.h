@@ -14,9 +14,6 @@
 struct offcpu_record {
 	u64 start_ns;     /* sched_switch, prev = the thread (CLOCK_MONOTONIC) */
 	u64 end_ns;       /* sched_switch, next = the thread */
-	u64 woken_ns;     /* sched_waking of the sleeping thread (runnable from then on), or the
-	                   * new thread's sched_wakeup_new; 0: not seen (a span switched out
-	                   * while runnable is never woken) */
 	u32 tid;
 	s32 waker_tid;    /* the task that woke it (sched_waking / sched_wakeup_new); -1: not seen */
 	s32 waker_pid;    /* its tgid; -1: not seen */

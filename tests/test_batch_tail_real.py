@@ -48,20 +48,20 @@ def _batch_tail(trace: Path, markers: Path | None) -> dict:
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("shape", [("decode", "4", "20", None), ("prefill", "2000", "200", None)])
+@pytest.mark.parametrize("shape", [("decode", "4", "40", None), ("prefill", "2000", "200", None)])
 def test_inferred_batches_match_markers(tmp_path, table, shape):
     """Inference cannot see time before a batch's first read (futures, wake-ups): the match is
     judged on the marker's read span (first entry -> last exit) and on call membership; the
-    full-span IoU is reported, bounded by read span / marker span.  Forward passes: 20 ms
+    full-span IoU is reported, bounded by read span / marker span.  Forward passes: 40 ms
     (decode) and 200 ms (prefill of 2000 tokens); the pool's in-batch stalls on this loaded
-    2-vCPU VM reach several ms (decode) and outnumber the forward passes (prefill), which is
-    what the inference's edge rule and idle-time mode are for.  With 10 ms forward passes two
-    clean-clone suite runs on 2026-12-06 (the VM 1.4x slower than on 12-03) split 3 and 6 of 59
-    decode batches at stalls as long as the pass: inference cannot tell a stall from a forward
-    pass of the same length (docs/model.md, "1. Batches": use markers).  Judged on the plain
-    gaps (this test before 2026-12-07, not what batch-tail does), 20 ms passes split 3 of 59 in
-    a clean-clone run and 1-2 of 59 in 2 of 6 runs beside two CPU hogs; on idle gaps, none in
-    the same 6 runs (/var/tmp/s17/repro_infer.py)."""
+    2-vCPU VM reach 10-17 ms (decode) and outnumber the forward passes (prefill), which is what
+    the inference's edge rule and idle-time mode are for.  Inference cannot tell a stall from a
+    forward pass of about the same length (docs/model.md, "1. Batches": use markers): with
+    10 ms passes two clean-clone suite runs split 3 and 6 of 59 decode batches, with 20 ms one
+    run split 3 (judged on plain gaps, as this test did before 2026-12-07), and beside three
+    CPU hogs 20 ms passes kept in-batch stalls of up to 14 ms in idle gaps, splitting 1-2 of 59
+    in 3 of 12 runs; 40 ms passes none in 8 (benchmarks/busy_inference.py, RESULTS.md "Batch
+    inference on a busy host")."""
     name, tokens, gap, gap_ms = shape
     markers = tmp_path / "m.jsonl"
     run = traced_lab(tmp_path, table, "--reader", "pool", "--steps", "60" if name == "decode" else "8",

@@ -55,7 +55,7 @@ def test_written_bundle_has_kind_and_version(tmp_path):
     w.append_calls(_calls())
     w.close()
     meta = json.loads((tmp_path / "t" / "meta.json").read_text())
-    assert meta["format_version"] == trace.FORMAT_VERSION == 7
+    assert meta["format_version"] == trace.FORMAT_VERSION == 6
     part = pq.read_table(next((tmp_path / "t" / "calls").glob("part-*.parquet")))
     assert part.schema.names == trace.EVENT_SCHEMA.names
     calls = trace.load(tmp_path / "t")

@@ -405,7 +405,8 @@ def choose_gap_threshold(gaps_ns: np.ndarray) -> tuple[float | None, dict]:
     spread of its batches' call counts (coefficient of variation of the interior batches:
     a batch cut in two at a stall shows, where a median-based spread would hide it).  The
     most regular candidate wins; among candidates about as regular (REGULARITY_FACTOR x its
-    figure + REGULARITY_SLACK), the lowest threshold (the finest structure: batches, not the sessions between idle pauses).
+    figure + REGULARITY_SLACK), the finest structure (batches, not the sessions between idle
+    pauses; :func:`_finest_structure`).
     Candidates too few to judge fall back to the valleys (count mode first).  When only
     natural breaks exist and none cuts regular batches, there is no structure: ``None``.
     ``info`` names the method, every candidate and its figures, and ``confident``: False when
@@ -508,10 +509,13 @@ def _finest_structure(near: list[dict]) -> dict:
     """Of candidates about as regular, the finest structure: from the coarsest, a finer one is
     taken when it cuts at least FINER_FACTOR times the batches.  Batches inside sessions (the
     idle pauses between them) multiply the count; a threshold that also cuts at a few in-batch
-    stalls left in the gaps adds a batch per stall, which is not finer structure."""
+    stalls left in the gaps adds a batch per stall, which is not finer structure.  A lower
+    threshold with as many separators cuts the same batches (its separators include the
+    higher one's): the lowest of those is named, as when the lowest of all was taken."""
     pick = None
     for c in sorted(near, key=lambda c: -c["threshold_ns"]):
-        if pick is None or c["n_above"] + 1 >= FINER_FACTOR * (pick["n_above"] + 1):
+        if (pick is None or c["n_above"] == pick["n_above"]
+                or c["n_above"] + 1 >= FINER_FACTOR * (pick["n_above"] + 1)):
             pick = c
     return pick
 
@@ -615,14 +619,12 @@ def _valley(tall: "_TallGaps", counts: np.ndarray, sm: np.ndarray, up: int, info
 @dataclass
 class RunnableSpans:
     """Merged intervals (ns, sorted, disjoint) in which at least one of the target's threads was
-    runnable but not running, waiting for a CPU: the ``offcpu`` spans switched out by preemption
-    (whole), and the sleeps' ends from their wake-up (``woken_ns``, format 7) to the switch-in.
-    Time in them is not idle time of the reader."""
+    runnable but not running: switched out by preemption, waiting for a CPU (the ``offcpu``
+    spans with ``preempted``).  Time in them is not idle time of the reader."""
 
     start: np.ndarray
     end: np.ndarray
-    spans: int  # spans (preempted, or woken sleeps) merged into these intervals
-    woken: int = 0  # of which sleeps' ends after their wake-up
+    spans: int  # preempted spans merged into these intervals
 
     @classmethod
     def of(cls, offcpu: pd.DataFrame | None, tids: np.ndarray | None = None) -> "RunnableSpans | None":
@@ -630,17 +632,10 @@ class RunnableSpans:
         if offcpu is None or not len(offcpu) or "preempted" not in offcpu.columns:
             return None
         pre = offcpu["preempted"].to_numpy().astype(bool)
-        s = offcpu["start_ns"].to_numpy(np.int64)
-        e = offcpu["end_ns"].to_numpy(np.int64)
-        # a sleep is a wait for a CPU from its wake-up on (woken_ns -1: not seen, or not recorded)
-        woke = offcpu["woken_ns"].to_numpy(np.int64) if "woken_ns" in offcpu.columns else np.full(len(s), -1)
-        slept = ~pre & (woke >= 0) & (woke < e)
-        s = np.where(slept, np.maximum(woke, s), s)
-        keep = pre | slept
         if tids is not None and "tid" in offcpu.columns:
-            keep &= np.isin(offcpu["tid"].to_numpy(), tids)
-        woken = int(np.count_nonzero(slept & keep))
-        s, e = s[keep], e[keep]
+            pre &= np.isin(offcpu["tid"].to_numpy(), tids)
+        s = offcpu["start_ns"].to_numpy(np.int64)[pre]
+        e = offcpu["end_ns"].to_numpy(np.int64)[pre]
         o = np.argsort(s, kind="stable")
         s, e = s[o], e[o]
         if not len(s):
@@ -649,7 +644,7 @@ class RunnableSpans:
         first = np.r_[True, s[1:] > reach[:-1]]
         starts = s[first]
         ends = np.maximum.reduceat(e, np.flatnonzero(first))
-        return cls(start=starts, end=ends, spans=int(len(s)), woken=woken)
+        return cls(start=starts, end=ends, spans=int(len(s)))
 
     def covered(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Length (ns) of [a, b) covered by the intervals, element-wise (0 where b <= a)."""
@@ -702,8 +697,7 @@ def infer(ts: np.ndarray, end: np.ndarray, gap_ms: float | None = None,
             info["gaps_shortened"] = shortened
             if shortened:
                 notes.append(f"time the target's threads waited for a CPU inside a read-stream gap is not idle: "
-                             f"taken out of {shortened:,} gaps before splitting (preempted off-CPU spans"
-                             f"{', and sleeps from their wake-up to their run' if runnable.woken else ''})")
+                             f"taken out of {shortened:,} gaps before splitting (preempted off-CPU spans)")
         src = "inferred" if thr is not None else "none"
         if thr is not None and info.get("confident") is False:
             notes.append(

@@ -15,7 +15,6 @@ import pandas as pd
 
 from engramprof.errors import UserError
 from engramprof.trace import (
-    SAMPLE_OPTIONAL_COLUMNS,
     SAMPLE_READ_COLUMNS as SAMPLE_COLUMNS,  # the trace module owns the contract
 )
 
@@ -70,18 +69,15 @@ def _read_sample(getter: SampleGetter, name: str, notes: list[str], ctx: SampleC
         notes.append(f"samples/{name} lacks {', '.join(lacking)}; not used")
         ctx.missing.append(name)
         return None
-    optional = [c for c in SAMPLE_OPTIONAL_COLUMNS.get(name, ()) if c in df.columns]
-    df = df[need + optional].copy()
+    df = df[need].copy()
     for c in need:
         if c != "resource":
             df[c] = pd.to_numeric(df[c], errors="coerce")
-    for c in optional:  # -1: not recorded (every optional column is a time or an id)
-        df[c] = pd.to_numeric(df[c], errors="coerce").fillna(-1).astype(np.int64)
     df = df.dropna()
     if len(df) == 0:
         ctx.missing.append(name)
         return None
-    ctx.used[name] = list(need) + optional
+    ctx.used[name] = list(need)
     return df
 
 

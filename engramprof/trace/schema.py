@@ -38,10 +38,6 @@ Format versions:
    (a file it maps executable, or a runtime file such as the loader's cache), as the recorder
    saw its mappings; false for every other row.  Such faults are not table reads.  Older
    bundles have it false and the analysis also names code by its path (CODE_PATH), as before.
-7. samples/offcpu gains ``woken_ns``: when a sleeping thread was woken (``sched_waking``; -1:
-   not seen), so the span's end [woken_ns, end_ns] is a wait for a CPU.  Older bundles have
-   none (:data:`SAMPLE_OPTIONAL_COLUMNS`): the analysis then counts only preempted spans as
-   waits for a CPU.
 """
 from __future__ import annotations
 
@@ -50,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 FORMAT = "engramprof-trace"
-FORMAT_VERSION = 7
+FORMAT_VERSION = 6
 
 # ---------------------------------------------------------------------- read events (calls/)
 
@@ -345,9 +341,7 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
     ],
     # every off-CPU span of the target's threads, in or out of a read (probes/sched.bpf.c):
     # switched out at start_ns, back on a CPU at end_ns; preempted (still runnable: waited
-    # for a CPU) or a voluntary sleep; who woke it (sched_wakeup's waker, -1: not seen) and
-    # when (woken_ns: runnable from then to end_ns, waiting for a CPU; -1: not seen; absent in
-    # traces recorded before 2026-12-07)
+    # for a CPU) or a voluntary sleep; who woke it (sched_wakeup's waker, -1: not seen)
     "offcpu": [
         ("tid", pa.int32()),
         ("start_ns", pa.int64()),
@@ -355,7 +349,6 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("preempted", pa.bool_()),
         ("waker_tid", pa.int32()),
         ("waker_pid", pa.int32()),
-        ("woken_ns", pa.int64()),
     ],
     # the page cache of the watched files (probes/pagecache.bpf.c, engramprof/record/sources/pagecache.py):
     # event insert = a run of pages [first_page, first_page + pages) inserted by one thread
@@ -438,10 +431,6 @@ SAMPLE_READ_COLUMNS = {
     "lost_records": ["start_ns", "end_ns", "lost"],
     "offcpu": ["tid", "start_ns", "end_ns", "preempted", "waker_tid"],
     "disks": ["ts_ns", "dev", "name", "reads", "read_sectors", "read_ticks_ms"],
-}
-# ... and the ones it reads when a bundle has them (a later format added them)
-SAMPLE_OPTIONAL_COLUMNS = {
-    "offcpu": ["woken_ns"],  # format 7
 }
 
 

@@ -40,7 +40,6 @@ class OffcpuDecoder:
             pa.array(recs["preempted"] != 0),
             pa.array(recs["waker_tid"].astype(np.int32)),
             pa.array(recs["waker_pid"].astype(np.int32)),
-            pa.array(np.where(recs["woken_ns"] == 0, -1, recs["woken_ns"].astype(np.int64))),
         ], schema=self.schema)
 
 
