@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How well does batch inference (no markers) find a pool reader's decode steps on a busy host?
 
-Records the lab's pool reader (``--reader pool --tokens 4 --gap-ms 20 --warm --markers``: 60
-decode steps, 20 ms forward passes, ``--pass-ms``) ``--runs`` times with ``--hogs`` busy-looping processes
+Records the lab's pool reader (``--reader pool --tokens 4 --warm --markers``: 60 decode
+steps, forward passes of ``--pass-ms``, 20 ms by default) ``--runs`` times with ``--hogs`` busy-looping processes
 beside it (each run one `engramprof syscalls --pid` recording, as the tests record), and judges
 the inferred batches against the lab's own markers under three rules, on the same recording:
 
@@ -30,33 +30,26 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engramprof.analysis import batches  # noqa: E402
-from engramprof.trace import reader  # noqa: E402
-from tests.tracing import engramprof, traced_lab  # noqa: E402
+from tests.tracing import engramprof, marked_reads, traced_lab  # noqa: E402
 
 RULES = ("plain", "idle", "lowest")
 
 
 def judge(trace: Path, markers: Path) -> dict[str, dict]:
-    b = reader.load_bundle(trace)
-    calls = b.calls[b.calls["kind"] == "syscall"].reset_index(drop=True)
-    ts = calls["ts_ns"].to_numpy(np.int64)
-    end = ts + calls["dur_ns"].to_numpy(np.int64)
-    mk, _ = batches.read_markers(markers)
-    marked = batches.from_markers(ts, end, mk)
-    between = np.zeros(max(len(ts) - 1, 0), bool)
-    between[marked.first[1:] - 1] = True  # gap i is the one before call i + 1
-    off = b.samples("offcpu")
+    r = marked_reads(trace, markers)
+    between = np.zeros(max(len(r.ts) - 1, 0), bool)
+    between[r.marked.first[1:] - 1] = True  # gap i is the one before call i + 1
     out = {}
     finer = batches.FINER_FACTOR
     for rule in RULES:
-        rs = None if rule == "plain" else batches.RunnableSpans.of(off)
+        rs = None if rule == "plain" else batches.RunnableSpans.of(r.offcpu)
         batches.FINER_FACTOR = 0 if rule == "lowest" else finer
         try:
-            inferred = batches.infer(ts, end, None, rs)
+            inferred = batches.infer(r.ts, r.end, None, rs)
         finally:
             batches.FINER_FACTOR = finer
-        iou = np.asarray(batches.match_quality(ts, end, marked, inferred)["read_span_iou"])[:-1]
-        gaps, _ = batches.idle_gaps(ts, batches.union_gaps(ts, end).astype(np.float64), rs)
+        iou = np.asarray(batches.match_quality(r.ts, r.end, r.marked, inferred)["read_span_iou"])[:-1]
+        gaps, _ = batches.idle_gaps(r.ts, batches.union_gaps(r.ts, r.end).astype(np.float64), rs)
         out[rule] = dict(matched=float((iou >= 0.8).mean()), threshold_ms=(inferred.gap_ns or 0) / 1e6,
                          inside_max_ms=gaps[~between].max() / 1e6, between_min_ms=gaps[between].min() / 1e6)
     return out

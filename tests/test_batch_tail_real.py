@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from engramprof.analysis import batches
-from engramprof import trace as tracefmt
-from tests.tracing import engramprof, traced_lab
+from tests.tracing import engramprof, marked_reads, traced_lab
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +23,12 @@ def _quality(trace: Path, markers: Path, gap_ms: float | None = None) -> dict:
     """Marked against inferred batches, inferred as batch-tail infers them: on idle gaps, the
     time a thread of the reader waited for a CPU taken out (the trace's preempted off-CPU
     spans; the recording holds the one lab process, so every span is its)."""
-    bundle = tracefmt.load_bundle(trace)
-    calls = bundle.calls
-    # the reader's row reads: the recorder also records its page faults on mapped files (the
-    # interpreter's and libraries' code pages as the lab starts), which batch-tail leaves out
-    calls = calls[calls["kind"] == "syscall"].reset_index(drop=True)
-    ts = calls["ts_ns"].to_numpy(np.int64)
-    end = ts + calls["dur_ns"].to_numpy(np.int64)
-    mk, bad = batches.read_markers(markers)
-    assert bad == 0
-    marked = batches.from_markers(ts, end, mk)
-    runnable = batches.RunnableSpans.of(bundle.samples("offcpu"))
+    r = marked_reads(trace, markers)
+    assert r.markers_bad_lines == 0
+    runnable = batches.RunnableSpans.of(r.offcpu)
     assert runnable is not None and runnable.spans > 0  # the test's premise: recorded by default
-    inferred = batches.infer(ts, end, gap_ms, runnable)
-    return batches.match_quality(ts, end, marked, inferred)
+    inferred = batches.infer(r.ts, r.end, gap_ms, runnable)
+    return batches.match_quality(r.ts, r.end, r.marked, inferred)
 
 
 def _batch_tail(trace: Path, markers: Path | None) -> dict:

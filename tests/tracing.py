@@ -157,3 +157,31 @@ def traced_labs(tmp: Path, specs: list[LabSpec], name: str = "trace") -> tuple[d
     trc, tout, terr = tracer.finish()
     summary = json.loads(tout) if trc == 0 and tout.strip() else None
     return results, TracedRun(lab={}, trace=out, summary=summary, tracer_rc=trc, tracer_err=terr)
+
+
+@dataclass
+class MarkedReads:
+    """A lab recording's row reads against its own markers, as batch-tail would infer them:
+    the syscall read events (the recorder's page faults on the lab's own code left out), the
+    marked batches, and the trace's off-CPU spans (None when it has none)."""
+
+    ts: object  # np.ndarray int64, call entries
+    end: object  # np.ndarray int64, exits
+    marked: object  # engramprof.analysis.batches.Batches
+    markers_bad_lines: int
+    offcpu: object  # pandas.DataFrame | None
+
+
+def marked_reads(trace: Path, markers: Path) -> MarkedReads:
+    import numpy as np
+
+    from engramprof.analysis import batches
+    from engramprof.trace import load_bundle
+
+    bundle = load_bundle(trace)
+    calls = bundle.calls[bundle.calls["kind"] == "syscall"].reset_index(drop=True)
+    ts = calls["ts_ns"].to_numpy(np.int64)
+    end = ts + calls["dur_ns"].to_numpy(np.int64)
+    mk, bad = batches.read_markers(markers)
+    return MarkedReads(ts=ts, end=end, marked=batches.from_markers(ts, end, mk), markers_bad_lines=bad,
+                       offcpu=bundle.samples("offcpu"))
