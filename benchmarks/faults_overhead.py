@@ -537,7 +537,7 @@ def pipeline_cost(n: int, path: str) -> int:
     print(f"fault recorder, user space, CPU ns per record ({n:,}-record drains; load {os.getloadavg()[0]:.2f}):")
     for k, v in rows.items():
         print(f"  {k:32s} {v:6.0f}")
-    print("  (the trace writer uses zstd with statistics: engramprof/trace/writer.py)")
+    print("  (the trace writer uses lz4 with statistics: engramprof/trace/writer.py PARQUET_COMPRESSION)")
     return 0
 
 
