@@ -50,13 +50,13 @@ def inflight_weights(s: np.ndarray, e: np.ndarray, eo: np.ndarray | None = None)
     key.sort(kind="stable")  # two sorted runs: one merge
     is_exit = (key & 1).astype(bool)
     key >>= 1  # the merged times
-    # concurrency after each merged event (exact small integers): +1 an entry, -1 an exit.
+    # concurrency after each merged event (exact small integers): +1 an entry, -1 an exit,
+    # summed as int32 (|k| <= n; 4x quicker than a float64 cumsum), then float64: same values.
     # (Arithmetic on the flags, and below indices from flatnonzero, not np.where or a boolean
     # mask: those branch on every element, 3-4x slower on flags in no order; same values.)
-    k = is_exit.astype(np.float64)
-    k *= -2.0
-    k += 1.0
+    k = np.subtract(1, is_exit.view(np.int8) * np.int8(2), dtype=np.int32)
     np.cumsum(k, out=k)
+    k = k.astype(np.float64)
     w = np.diff(key).astype(np.float64)  # integer differences first: times beyond 2**53 ns stay exact
     del key
     k = k[:-1]
