@@ -15,6 +15,8 @@ analysed in at most 2.5 s wall, peak RSS at most 0.8 GiB (moonshot: 2 s, 0.5 GiB
 ``--against OLD``: side by side with another tree's engramprof (OLD/engramprof, e.g. ``git
 archive COMMIT engramprof | tar -x -C OLD``): round by round, each tree's load + analyse in a
 fresh process, the two interleaved (order alternating), medians and ratios printed.
+``--against-dir OLD_DIR``: the old tree reads the bundle its own writer built there (before a
+change of the trace writer), this tree the one in ``--dir``.
 The shape: decode batches of 96 reads from a 32-thread pool, ~1 ms each, separated by a 2-20 ms
 forward pass; 85% cached batches, 10% with cold reads (pages inserted, bio waits), 5% with a
 few throttled 5-20 ms reads; threads/vmstat/psi samples at 10 Hz.
@@ -142,17 +144,20 @@ def _measure_in(tree: Path | None, trace: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def against(old: Path, base: Path | None, n: int, rounds: int) -> int:
-    """Old tree and this one, side by side (see the module's help)."""
+def against(old: Path, base: Path | None, n: int, rounds: int, old_base: Path | None = None) -> int:
+    """Old tree and this one, side by side (see the module's help); ``old_base``: the old tree
+    reads its bundle from there (one its own writer built), this tree from ``base``."""
     if base is None or not (base / f"bench-{n}").exists():
         raise SystemExit("--against needs --dir holding an already built bench-N bundle (run without --against first)")
-    trace = base / f"bench-{n}"
+    if old_base is not None and not (old_base / f"bench-{n}").exists():
+        raise SystemExit(f"--against-dir: no bench-{n} bundle in {old_base}")
+    traces = {"before": (old_base or base) / f"bench-{n}", "after": base / f"bench-{n}"}
     arms = {"before": old.resolve(), "after": None}
     res: dict = {a: [] for a in arms}
     loads = [os.getloadavg()]
     for r in range(rounds):
         for a in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
-            res[a].append(_measure_in(arms[a], trace))
+            res[a].append(_measure_in(arms[a], traces[a]))
         loads.append(os.getloadavg())
     keys = ("load_s", "analyse_s", "load_cpu_s", "analyse_cpu_s", "rss_load_gib", "rss_gib")
     med = {a: {k: float(np.median([x[k] for x in v])) for k in keys} for a, v in res.items()}
@@ -188,6 +193,9 @@ def main() -> int:
     ap.add_argument("--numpy-hugepages", action="store_true",
                     help="keep NumPy's huge-page advice (the command line turns it off: engramprof/host/pages.py)")
     ap.add_argument("--against", type=Path, default=None, help="side by side with this tree's engramprof (see above)")
+    ap.add_argument("--against-dir", type=Path, default=None,
+                    help="--against: the old tree reads its bench-N bundle from this directory (one its own "
+                         "writer built: a change of the trace's files measured with the analysis)")
     ap.add_argument("--rounds", type=int, default=3, help="--against: rounds")
     ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
@@ -204,7 +212,7 @@ def main() -> int:
         return 0
 
     if args.against:
-        return against(args.against, args.dir, sizes[-1], args.rounds)
+        return against(args.against, args.dir, sizes[-1], args.rounds, args.against_dir)
     tmp = None
     base = args.dir
     if base is None:
