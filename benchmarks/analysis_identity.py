@@ -7,7 +7,7 @@
 
 A CASE is ``TRACE`` (batches inferred), ``TRACE:MARKERS`` (batches from markers) or
 ``ranks:FLEET_DIR`` (``compare --ranks FLEET_DIR``'s JSON document).  Each case is loaded the
-way the command line loads it (``load_bundle(columns=EVENT_READ_COLUMNS, compact=True)``)
+way the command line loads it (``load_bundle(columns=EVENT_READ_COLUMNS, compact=True, later=LATER_COLUMNS)``)
 and analysed by ``engramprof.analysis.analyse``; saved are the table (pickle) and the summary
 (strict JSON text).  ``check`` compares every column's dtype and bytes (numeric columns) or
 values (others), and the JSON text, and prints one line per case: ``same`` or what differs.
@@ -33,7 +33,7 @@ def _run(case: str):
 
     from engramprof.analysis import analyse, batches
     from engramprof.report import batch_tail as report
-    from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
+    from engramprof.trace import EVENT_READ_COLUMNS, LATER_COLUMNS, load_bundle
 
     if case.startswith("ranks:"):
         from engramprof import compare
@@ -41,7 +41,7 @@ def _run(case: str):
         doc, _ = compare.run_ranks([Path(case[len("ranks:"):])])
         return None, json.dumps(doc, sort_keys=True, default=str)
     trace, _, markers = case.partition(":")
-    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True, later=LATER_COLUMNS)
     mdf, bad = batches.read_markers(Path(markers)) if markers else (None, 0)
     res = analyse(tr, mdf, markers_bad_lines=bad)
     return res.batches, report.to_json(res.summary)

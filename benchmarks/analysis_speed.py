@@ -119,10 +119,14 @@ def measure(trace: Path, numpy_hugepages: bool = False) -> dict:
 
     if not numpy_hugepages:
         prefer_small_pages()  # what the command line does
+    from engramprof import trace as tracefmt
     from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
 
+    # what the command line leaves on disk (an older tree, --against, has no such argument)
+    later = {"later": tracefmt.LATER_COLUMNS} if hasattr(tracefmt, "LATER_COLUMNS") else {}
+
     t0, c0 = time.perf_counter(), time.process_time()
-    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+    tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True, **later)
     t1, c1 = time.perf_counter(), time.process_time()
     rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     res = analyse(tr)

@@ -125,7 +125,7 @@ def main() -> int:
     from engramprof.report import batch_tail as report
 
     t0, c0 = time.perf_counter(), time.process_time()
-    tr = trace.load_bundle(args.trace, columns=trace.EVENT_READ_COLUMNS, compact=True)
+    tr = trace.load_bundle(args.trace, columns=trace.EVENT_READ_COLUMNS, compact=True, later=trace.LATER_COLUMNS)
     res = analyse(tr)
     report.to_json(res.summary)
     print(f"{len(tr.calls):,} calls: {time.perf_counter() - t0:.2f} s wall, {time.process_time() - c0:.2f} s CPU, "

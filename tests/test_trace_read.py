@@ -111,6 +111,8 @@ def test_columns_of_one_value_are_filled_from_the_statistics_not_decoded(tmp_pat
     for i in range(3):
         df = _part(200, 10**9 + i * 10**6, ["/a"], rng)
         df["pid"], df["ret"], df["flags"] = 4242, 4096 + i, 8
+        df["on_code"] = False  # a bool column of one value (no fault on the process's code)
+        df["major"] = i == 1  # one value in each part, not across them
         w.append_calls(df)
     w.close()
     asked: list = []
@@ -122,8 +124,71 @@ def test_columns_of_one_value_are_filled_from_the_statistics_not_decoded(tmp_pat
     # every part decoded a few columns at a time (reader.COLUMNS_AT_ONCE), each column once
     per_part = [c for a in asked for c in a]
     assert asked and all(len(a) <= reader.COLUMNS_AT_ONCE for a in asked)
-    assert "pid" not in per_part and "flags" not in per_part
+    assert "pid" not in per_part and "flags" not in per_part and "on_code" not in per_part
     assert per_part.count("ret") == per_part.count("ts_ns") == 3
-    for c in ("pid", "ret", "flags", "ts_ns", "offset"):
+    for c in ("pid", "ret", "flags", "ts_ns", "offset", "on_code"):
         np.testing.assert_array_equal(got[c].to_numpy(), full[c].to_numpy(), err_msg=c)
     assert (got["pid"] == 4242).all() and got["flags"].dtype == np.int32
+    assert got["on_code"].dtype == bool and got["on_code"].to_numpy().strides == (0,)
+    major = trace.load_bundle(tmp_path / "t", columns=["ts_ns", "dur_ns", "pid", "tid", "major"], compact=True).calls
+    np.testing.assert_array_equal(major["major"].to_numpy(), full["major"].to_numpy())
+    assert major["major"].sum() == 200
+
+
+def test_a_column_left_on_disk_reads_the_loaded_values_at_any_rows(tmp_path):
+    # load_bundle(later=...): the column is not in the frame; values_at gives, at any table
+    # rows, what the load would have held there (its narrowed type too), also when the load
+    # sorted the rows (parts out of time order) and for one process's rows of the table
+    rng = np.random.default_rng(4)
+    w = trace.TraceWriter(tmp_path / "t")
+    for i, t0 in enumerate((3 * 10**9, 10**9, 2 * 10**9)):  # parts out of time order: the load sorts
+        df = _part(300 + 40 * i, t0, ["/a", "/b"], rng)
+        df["pid"] = rng.choice([11, 22], len(df))
+        df["row"] = rng.integers(0, 5000, len(df))
+        w.append_calls(df)
+    w.close()
+    eager = trace.load_bundle(tmp_path / "t", columns=trace.EVENT_READ_COLUMNS, compact=True).calls
+    tr = trace.load_bundle(tmp_path / "t", columns=trace.EVENT_READ_COLUMNS, compact=True, later=trace.LATER_COLUMNS)
+    assert "row" in eager.columns and "row" not in tr.calls.columns and list(tr.later) == ["row"]
+    col = tr.later["row"]
+    assert col.order is not None  # the parts were out of order
+    rows = rng.integers(0, len(eager), 400)
+    got = col.values_at(rows)
+    assert got.dtype == eager["row"].dtype == np.int32
+    np.testing.assert_array_equal(got, eager["row"].to_numpy()[rows])
+    mine = np.flatnonzero(eager["pid"].to_numpy() == 22)  # one process's table (analyse_each)
+    sub = col.subset(mine)
+    np.testing.assert_array_equal(sub.values_at(np.arange(len(mine))), eager["row"].to_numpy()[mine])
+    # a column one value fills costs nothing loaded: it stays in the frame
+    w = trace.TraceWriter(tmp_path / "c")
+    df = _part(100, 10**9, ["/a"], rng)
+    df["row"] = -1
+    w.append_calls(df)
+    w.close()
+    c = trace.load_bundle(tmp_path / "c", columns=trace.EVENT_READ_COLUMNS, compact=True, later=trace.LATER_COLUMNS)
+    assert "row" in c.calls.columns and not c.later
+
+
+def test_the_analysis_names_the_same_slowest_rows_with_the_column_left_on_disk(tmp_path):
+    # batch-tail's load leaves ``row`` on disk: the batch table (slowest_row of every batch,
+    # every other column) is the same as with the column loaded, for each of two processes
+    from engramprof.analysis import analyse
+
+    rng = np.random.default_rng(5)
+    w = trace.TraceWriter(tmp_path / "t")
+    for i in range(2):
+        df = _part(3000, 10**9 + i * 10**8, ["/a", "/b"], rng)
+        df["pid"] = rng.choice([11, 22], len(df))
+        # batches of 30 reads within 200 us, 2 ms apart
+        df["ts_ns"] = (10**9 + i * 10**8 + np.arange(len(df)) // 30 * 2_000_000
+                       + np.sort(rng.integers(0, 200_000, len(df)).reshape(-1, 30), axis=1).ravel())
+        df["row"] = rng.integers(0, 100_000, len(df))
+        w.append_calls(df)
+    w.close()
+    eager = analyse(trace.load_bundle(tmp_path / "t", columns=trace.EVENT_READ_COLUMNS, compact=True), gap_ms=0.5)
+    later = analyse(trace.load_bundle(tmp_path / "t", columns=trace.EVENT_READ_COLUMNS, compact=True,
+                                      later=trace.LATER_COLUMNS), gap_ms=0.5)
+    assert len(eager.summary["processes"]) == 2 and len(eager.batches) > 10
+    assert "slowest_row" in later.batches.columns and later.batches["slowest_row"].ge(0).all()
+    pd.testing.assert_frame_equal(eager.batches, later.batches)
+    assert eager.summary == later.summary

@@ -245,7 +245,8 @@ def analyse(
     miss_pages = misses.from_trace(calls, getter, table_of, meta)
     settings = dict(slow_ms=slow_ms, gap_ms=gap_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
                     loop_gap_us=loop_gap_us, getter=getter, meta=meta, notes=notes,
-                    markers_bad_lines=markers_bad_lines, top=top, miss_pages=miss_pages, table_of=table_of)
+                    markers_bad_lines=markers_bad_lines, top=top, miss_pages=miss_pages, table_of=table_of,
+                    later=getattr(trace_or_calls, "later", None) or {})
     why = misses.summary_keys(miss_pages, table_of("evictors") if table_of and miss_pages is not None else None)
     bio_hist = table_of("bio_latency_log2") if table_of else None
     if len(pids) > 1:
@@ -267,11 +268,12 @@ def analyse(
 
 def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal_miss_us, meaningful_share,
                      loop_gap_us, getter, meta, notes, markers_bad_lines, top, miss_pages=None,
-                     table_of=None) -> BatchTailResult:
-    """Stages 1-8 on the events of one process."""
+                     table_of=None, later=None) -> BatchTailResult:
+    """Stages 1-8 on the events of one process (``later``: its columns the load left on disk)."""
     # a memory-mapped reader's marked batch may hold no read event (its rows mapped, resident)
     keep_unread = markers_df is not None and fault_read_path(calls, meta)
     events = prepare_read_events(calls, notes, allow_none=keep_unread)
+    events.cols.later = later or {}
     context: SampleContext = load_context(getter, notes)
     runnable = (None if context.offcpu is None or markers_df is not None or gap_ms is not None
                 else _batches.RunnableSpans.of(context.offcpu, _process_tids(calls, context.threads)))

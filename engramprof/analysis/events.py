@@ -45,13 +45,15 @@ class EventColumns:
         self._has: dict[str, bool] = {}
         self._codes: dict[str, tuple[np.ndarray, pd.Index]] = {}
         self._arrays: dict[str, np.ndarray] = {}
+        #: columns the load left on disk (trace.LaterColumn by name): read at a few rows
+        self.later: dict = {}
 
     def has(self, name: str) -> bool:
         """The column exists and holds at least one value (a recorder writes an evidence
         column all-null when the kernel could not measure it)."""
         if name not in self._has:
             if name not in self.calls.columns:
-                self._has[name] = False
+                self._has[name] = name in self.later and self.later[name].has_values and len(self.calls) > 0
             elif name in ("path", "tensor"):
                 codes, uniques = self.codes(name)
                 self._has[name] = bool(len(uniques)) and bool((codes >= 0).any())

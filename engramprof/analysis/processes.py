@@ -74,8 +74,12 @@ def analyse_each(analyse_one, calls: pd.DataFrame, pids: np.ndarray, markers: pd
     meta = kw["meta"]
     tables, summaries, rows, skipped = [], [], [], []
     pid_col = pd.to_numeric(calls["pid"], errors="coerce")
+    later = kw.get("later") or {}
     for pid in pids:
-        mine = calls[pid_col == pid].reset_index(drop=True)
+        sel = (pid_col == pid).to_numpy()
+        mine = calls[sel].reset_index(drop=True)
+        if later:  # the columns left on disk, read at this process's rows
+            kw["later"] = {c: col.subset(np.flatnonzero(sel)) for c, col in later.items()}
         _, _, rank = _process_facts(meta, int(pid))
         try:
             table, summary = analyse_one(mine, markers_of(markers, int(pid), rank), **kw)

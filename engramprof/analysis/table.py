@@ -43,6 +43,8 @@ def _slowest_values(events: ReadEvents, name: str, rows: np.ndarray) -> np.ndarr
         c = codes[rows]
         vals = np.asarray(uniques, dtype=object)
         return np.where(c >= 0, vals[np.maximum(c, 0)] if len(vals) else None, None)
+    if name not in cols.calls.columns:  # left on disk by the load: read at these rows only
+        return cols.later[name].values_at(rows)
     s = cols.calls[name]
     if not pd.api.types.is_numeric_dtype(s.dtype):
         return s.iloc[rows].to_numpy(dtype=object)

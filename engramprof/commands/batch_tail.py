@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         from engramprof import validate
         from engramprof.extras import require_plot
         from engramprof.report import batch_tail as report
-        from engramprof.trace import EVENT_READ_COLUMNS, load_bundle
+        from engramprof.trace import EVENT_READ_COLUMNS, LATER_COLUMNS, load_bundle
 
         for flag, value in (("--slow-ms", slow_ms), ("--gap-ms", gap_ms), ("--normal-miss-us", normal_miss_us)):
             validate.positive(flag, value)
@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             require_plot()  # matplotlib is the optional `plot` extra
             report.check_plot_path(plot)
-        tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True)
+        # the plot draws every event's row: then read with the rest, else only the slowest ones'
+        tr = load_bundle(trace, columns=EVENT_READ_COLUMNS, compact=True, later=() if plot is not None else LATER_COLUMNS)
         carried = Path(trace) / "markers.jsonl"
         if markers is None and carried.is_file():  # recorded with diagnose --markers: the bundle carries them
             markers = carried

@@ -23,10 +23,10 @@ Modules: :mod:`.schema` (every column, the version), :mod:`.writer` (TraceWriter
 """
 from __future__ import annotations
 
-from engramprof.trace.reader import Trace, empty_calls, load, load_bundle
+from engramprof.trace.reader import LaterColumn, Trace, empty_calls, load, load_bundle
 from engramprof.trace.schema import (CALL_SCHEMA, CGROUP_COUNTERS, CGROUP_GAUGES, CONTRACT_COLUMNS, DICT_COLUMNS,
                                      ENRICHED_COLUMNS, EVENT_READ_COLUMNS, EVENT_SCHEMA, EVIDENCE_COLUMNS, FORMAT, FORMAT_VERSION,
-                                     PSI_RESOURCES, READ_KINDS, SAMPLE_NAMES, SAMPLE_READ_COLUMNS, SAMPLE_SCHEMAS,
+                                     LATER_COLUMNS, PSI_RESOURCES, READ_KINDS, SAMPLE_NAMES, SAMPLE_READ_COLUMNS, SAMPLE_SCHEMAS,
                                      TABLE_SCHEMAS, VMSTAT_COUNTERS, VMSTAT_DERIVED, WRITE_SCHEMA, bio_latency_table,
                                      check_record_columns, fd_latency_table, kswapd_events_table, lost_records_table, sample_schema,
                                      table_schema)
@@ -37,8 +37,8 @@ from engramprof.trace.writer import END_DURATION, END_REASONS, END_SIGNAL, END_T
 
 __all__ = [
     "CALL_SCHEMA", "CGROUP_COUNTERS", "CGROUP_GAUGES", "CONTRACT_COLUMNS", "DICT_COLUMNS", "ENRICHED_COLUMNS", "EVENT_READ_COLUMNS",
-    "EVENT_SCHEMA", "EVIDENCE_COLUMNS", "FAULT_DEFAULTS", "FAULT_FIELDS", "fault_default_column", "with_fault_columns", "URING_DEFAULTS", "URING_FIELDS", "FILE_DEFAULTS", "FILE_FIELDS", "OPTIONAL_DEFAULTS", "OPTIONAL_FIELDS", "FORMAT", "FORMAT_VERSION", "PSI_RESOURCES", "READ_KINDS", "SAMPLE_NAMES",
-    "SAMPLE_READ_COLUMNS", "SAMPLE_SCHEMAS", "TABLE_SCHEMAS", "Trace", "TraceWriter", "VMSTAT_COUNTERS",
+    "EVENT_SCHEMA", "EVIDENCE_COLUMNS", "FAULT_DEFAULTS", "FAULT_FIELDS", "fault_default_column", "with_fault_columns", "URING_DEFAULTS", "URING_FIELDS", "FILE_DEFAULTS", "FILE_FIELDS", "OPTIONAL_DEFAULTS", "OPTIONAL_FIELDS", "FORMAT", "FORMAT_VERSION", "LATER_COLUMNS", "PSI_RESOURCES", "READ_KINDS", "SAMPLE_NAMES",
+    "SAMPLE_READ_COLUMNS", "SAMPLE_SCHEMAS", "TABLE_SCHEMAS", "LaterColumn", "Trace", "TraceWriter", "VMSTAT_COUNTERS",
     "VMSTAT_DERIVED", "WRITE_SCHEMA", "bio_latency_table", "check_record_columns", "empty_calls",
     "fd_latency_table", "kswapd_events_table", "load", "lost_records_table", "load_bundle", "sample_schema", "table_schema",
 ]

@@ -1,6 +1,7 @@
 """Reading a bundle: :func:`load_bundle` / :func:`load`, with the format-version check."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -32,11 +33,48 @@ def empty_calls() -> pd.DataFrame:
 
 
 @dataclass
+class LaterColumn:
+    """A per-call column left on disk by the load (``load_bundle(later=...)``): its values are
+    read at the rows asked for, a part at a time, in the type the load would have given it.
+    ``order``: per row of the loaded table, its row in the parts (None: the same)."""
+
+    name: str
+    parts: list[Path]
+    starts: np.ndarray  # the parts' first rows, and the total
+    dtype: np.dtype
+    has_values: bool  # some row holds a value (not null in every row)
+    order: np.ndarray | None = None
+
+    def values_at(self, rows: np.ndarray) -> np.ndarray:
+        """The column's values at table rows ``rows`` (each part holding some read once)."""
+        stored = np.asarray(rows, dtype=np.int64)
+        if self.order is not None:
+            stored = self.order[stored]
+        out = np.empty(len(stored), dtype=self.dtype)
+        part = np.searchsorted(self.starts, stored, side="right") - 1
+        for i in np.unique(part).tolist():
+            sel = np.flatnonzero(part == i)
+            tab = _read_part(self.parts[i], [self.name], use_threads=False)
+            if self.name not in tab.column_names:  # an older part without it: missing, as at load
+                out[sel] = np.nan
+                continue
+            out[sel] = tab.column(self.name).to_numpy()[stored[sel] - self.starts[i]]
+        return out
+
+    def subset(self, rows: np.ndarray) -> "LaterColumn":
+        """The column of a table made of rows ``rows`` of this one (one process's events)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return dataclasses.replace(self, order=rows if self.order is None else self.order[rows])
+
+
+@dataclass
 class Trace:
     path: Path
     meta: dict
     calls: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    #: per-call columns the load left on disk (``load_bundle(later=...)``), by name
+    later: dict[str, LaterColumn] = field(default_factory=dict)
 
     def samples(self, name: str) -> pd.DataFrame | None:
         """Sample series ``name`` (incomplete parts skipped, each with a note), or None."""
@@ -123,15 +161,17 @@ def complete_parts(d: Path, notes=None, required: list[str] | None = None) -> li
 
 
 def _read_dir(d: Path, columns: list[str] | None = None, narrow: bool = False, notes=None,
-              required: list[str] | None = None) -> pd.DataFrame | None:
+              required: list[str] | None = None, later: dict | None = None) -> pd.DataFrame | None:
     """The parts of one table directory as one DataFrame (only ``columns``, when given);
-    incomplete parts are skipped with a note (see :func:`complete_parts`)."""
+    incomplete parts are skipped with a note (see :func:`complete_parts`).  ``later`` (with
+    ``columns``): names of columns to leave on disk, mapped by this call to their
+    :class:`LaterColumn` where one can be (see :func:`_read_parts_into_arrays`)."""
     heads = complete_parts(d, notes, required)
     if not heads:
         return None
     parts = [h.path for h in heads]
     if columns is not None:
-        return _read_parts_into_arrays(parts, columns, narrow, heads)
+        return _read_parts_into_arrays(parts, columns, narrow, heads, later)
     table = pa.concat_tables([_read_part(p, columns) for p in parts], promote_options="default")
     # one dictionary per string column instead of one per part: pandas then builds a single
     # categorical (fast); load() turns it into plain strings unless asked to keep categories.
@@ -222,8 +262,9 @@ def _footer_values(heads: list, c: str):
 
 def _constant_columns(heads: list, plan: dict) -> dict:
     """The columns that hold one value in every row of every part, by the parts' statistics,
-    filled from the footers instead of decoded: an integer column with min = max everywhere
-    and no null (a trace of one process has one pid; most calls have no flags), a text column
+    filled from the footers instead of decoded: an integer or bool column with min = max
+    everywhere and no null (a trace of one process has one pid; most calls have no flags; a
+    trace without faults has no fault on the process's code), a text column
     with one value and no null (one kind, one syscall), and a column null in every row (an
     older probe's, another kind's: io_uring's columns in a syscall trace).  The value, or
     None for all-null."""
@@ -236,18 +277,18 @@ def _constant_columns(heads: list, plan: dict) -> dict:
             if t is None or t.kind == "f":
                 const[c] = None
             continue
-        if t is not None and t.kind not in "iu":
+        if t is not None and t.kind not in "iub":
             continue
         values = {(lo, hi) for lo, hi, nulls, _ in stats if not nulls}
         if len(values) != 1 or any(nulls for _, _, nulls, _ in stats):
             continue
         lo, hi = next(iter(values))
-        if lo is None or lo != hi or isinstance(lo, bool):
+        if lo is None or lo != hi or isinstance(lo, bool) != (t is not None and t.kind == "b"):
             continue
         if t is None:
             const[c] = lo.decode() if isinstance(lo, bytes) else str(lo)
         else:
-            const[c] = int(lo)
+            const[c] = bool(lo) if t.kind == "b" else int(lo)
     return const
 
 
@@ -382,13 +423,15 @@ def _categorical(chunks: list) -> pd.api.extensions.ExtensionArray:
 
 
 def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool = False,
-                            heads: list | None = None) -> pd.DataFrame:
+                            heads: list | None = None, later: dict | None = None) -> pd.DataFrame:
     """Read the parts into one preallocated array per numeric column, text columns as one
     categorical each: side by side when the parts' footers tell each column's type
     (:func:`_read_parts_side_by_side`), else part after part (a part's decode buffers are
     freed, and reused, before the next part is read).  Peak memory is the result plus a part
     or two, not twice the result.  ``narrow``: int64 columns whose statistics fit a narrower
-    type are stored in it (:func:`_narrow_types`)."""
+    type are stored in it (:func:`_narrow_types`).  ``later``: names (keys) of numeric columns
+    to leave on disk; each that the footers type and that holds more than one value is left
+    out of the frame and mapped to its :class:`LaterColumn` (the others are read as usual)."""
     if heads is None:
         heads = []
         for p in parts:
@@ -400,6 +443,11 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool 
     narrowed = _narrow_types(heads, [c for c in present if c != "ts_ns"]) if narrow else {}
     plan = _column_plan(heads, present, narrowed)
     if plan is not None:
+        for c in _later_columns(heads, plan, later or {}):
+            later[c] = LaterColumn(c, list(parts), np.r_[0, np.cumsum([h.metadata.num_rows for h in heads])],
+                                   plan[c], _has_values(heads, c))
+            present.remove(c)
+            del plan[c]
         return _read_parts_side_by_side(parts, heads, present, plan)
     n = sum(h.metadata.num_rows for h in heads)
     out: dict[str, np.ndarray] = {}
@@ -439,6 +487,20 @@ def _is_text(t: pa.DataType) -> bool:
     return pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
+def _later_columns(heads: list, plan: dict, later: dict) -> list[str]:
+    """Of the columns asked to be left on disk, those that can be: numeric by the footers and
+    not one value in every row (such a column costs no memory loaded: a view of the value)."""
+    asked = {c: plan[c] for c in later if c in plan and plan[c] is not None}
+    const = _constant_columns(heads, asked)
+    return [c for c in asked if c not in const]
+
+
+def _has_values(heads: list, c: str) -> bool:
+    """Column ``c`` holds a value in some row, by the footers (True when they cannot tell)."""
+    nulls = _null_count(heads, c)
+    return nulls is None or nulls < sum(h.metadata.num_rows for h in heads)
+
+
 def _as_float(a: np.ndarray | None, n: int, nan_before: int = 0) -> np.ndarray:
     """``a`` as float64 (NaN for missing values); a new array NaN in its first ``nan_before``."""
     if a is None:
@@ -475,7 +537,8 @@ def _read_single_table(p: Path) -> pd.DataFrame:
         raise UserError(f"{p}: not a trace (neither a bundle directory nor a Parquet table: {type(exc).__name__})") from None
 
 
-def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compact: bool = False) -> Trace:
+def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compact: bool = False,
+                later: tuple[str, ...] = ()) -> Trace:
     """Read a bundle (or a bare Parquet/CSV per-call file) with clear errors.
 
     Bundles of an older format version are read (format 1 has no ``kind``: every row is a
@@ -485,11 +548,15 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
     :data:`EVENT_READ_COLUMNS` for the analysis.  ``compact`` (with ``columns``): keep the text
     columns (path, tensor, syscall) as pandas categoricals instead of plain strings, and read
     an integer column as int32 when the bundle's Parquet statistics show every value fits:
-    far less memory and time for large traces, and what the analysis wants."""
+    far less memory and time for large traces, and what the analysis wants.  ``later`` (of
+    ``columns``, a bundle directory's): numeric columns left on disk until values at a few rows
+    are asked for (``Trace.later[name].values_at(rows)``: :data:`LATER_COLUMNS`, which only
+    name a batch's slowest event); one a footer cannot type, or one value fills, is loaded."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"{p}: no such trace")
     notes: list[str] = []
+    deferred: dict = {}
     if p.is_file():
         calls, meta = _read_single_table(p), {}
     else:
@@ -500,7 +567,11 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
             notes.append(f"recording stopped early ({meta.get('end_reason', 'write error')}: {meta['write_error']}): "
                          "analysing the parts written before")
         want = None if columns is None else list(dict.fromkeys(columns))
-        calls = _read_dir(p / "calls", want, narrow=compact, notes=notes.append, required=CONTRACT_COLUMNS)
+        defaulted = {*CONTRACT_COLUMNS, *FAULT_DEFAULTS, *URING_DEFAULTS, *FILE_DEFAULTS}  # filled in when absent
+        deferred = dict.fromkeys(c for c in later if want is not None and c in want and c not in defaulted)
+        calls = _read_dir(p / "calls", want, narrow=compact, notes=notes.append, required=CONTRACT_COLUMNS,
+                          later=deferred)
+        deferred = {c: col for c, col in deferred.items() if col is not None}
         if calls is None:
             calls = empty_calls() if want is None else empty_calls()[[c for c in want if c in EVENT_SCHEMA.names]]
     required = CONTRACT_COLUMNS if columns is None else [c for c in CONTRACT_COLUMNS if c in columns]
@@ -524,10 +595,13 @@ def load_bundle(path: str | os.PathLike, columns: list[str] | None = None, compa
         if c not in calls.columns and (columns is None or c in columns):
             calls[c] = np.nan
     if not calls["ts_ns"].is_monotonic_increasing:
-        calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+        calls = calls.sort_values("ts_ns", kind="stable")
+        order = calls.index.to_numpy(dtype=np.int64)  # the sorted rows' rows in the parts
+        deferred = {c: col.subset(order) for c, col in deferred.items()}
+        calls = calls.reset_index(drop=True)
     elif not isinstance(calls.index, pd.RangeIndex) or calls.index.start != 0 or calls.index.step != 1:
         calls = calls.reset_index(drop=True)
-    return Trace(path=p, meta=meta, calls=calls, notes=notes)
+    return Trace(path=p, meta=meta, calls=calls, notes=notes, later=deferred)
 
 
 def load(path: str | os.PathLike) -> pd.DataFrame:

@@ -422,6 +422,10 @@ SAMPLE_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
 EVENT_READ_COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "kind", "path", "offset", "ret", "flags",
                       "pages_added", "bio_count", "bio_ns", "reclaim_ns", "offcpu_ns", "runq_ns", "tensor", "row",
                       "uring_path", "direct", "syscall", "dev", "on_code"]
+#: of EVENT_READ_COLUMNS, those only a batch's slowest event is named by (the batch table's
+#: slowest_row): left on disk by the analysis's load until those few rows are asked for
+#: (load_bundle(later=LATER_COLUMNS): 4 bytes an event less held through the analysis)
+LATER_COLUMNS = ("row",)
 # The sample columns the analysis reads (engramprof.analysis.context); each is in SAMPLE_SCHEMAS.
 SAMPLE_READ_COLUMNS = {
     "threads": ["ts_ns", "tid", "ctx_voluntary", "ctx_involuntary"],
