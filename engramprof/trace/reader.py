@@ -46,19 +46,29 @@ class LaterColumn:
     order: np.ndarray | None = None
 
     def values_at(self, rows: np.ndarray) -> np.ndarray:
-        """The column's values at table rows ``rows`` (each part holding some read once)."""
+        """The column's values at table rows ``rows`` (each part holding some read once, the
+        parts side by side on READ_THREADS threads, as at load)."""
         stored = np.asarray(rows, dtype=np.int64)
         if self.order is not None:
             stored = self.order[stored]
         out = np.empty(len(stored), dtype=self.dtype)
         part = np.searchsorted(self.starts, stored, side="right") - 1
-        for i in np.unique(part).tolist():
+
+        def read(i: int) -> None:
             sel = np.flatnonzero(part == i)
             tab = _read_part(self.parts[i], [self.name], use_threads=False)
             if self.name not in tab.column_names:  # an older part without it: missing, as at load
                 out[sel] = np.nan
-                continue
-            out[sel] = tab.column(self.name).to_numpy()[stored[sel] - self.starts[i]]
+            else:
+                out[sel] = tab.column(self.name).to_numpy()[stored[sel] - self.starts[i]]
+
+        hit = np.unique(part).tolist()
+        if len(hit) > 1 and READ_THREADS > 1:
+            with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="engramprof-read") as pool:
+                list(pool.map(read, hit))
+        else:
+            for i in hit:
+                read(i)
         return out
 
     def subset(self, rows: np.ndarray) -> "LaterColumn":
