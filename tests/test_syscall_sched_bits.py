@@ -190,13 +190,18 @@ def test_a_thread_blocked_in_a_call_has_its_bit_and_the_return_clears_it():
     assert (bits_after, entries_after) == ({}, {})
 
 
-def test_a_call_switched_out_many_times_gets_all_its_off_cpu_time(tmp_path):
-    path = tmp_path / "cold.bin"
-    size = 64 << 20
-    with open(path, "xb") as f:
-        f.write(os.urandom(size))
-        os.fsync(f.fileno())
-    cpu = sorted(os.sched_getaffinity(0))[-1]
+def _steal_ticks(cpu: int) -> int:
+    """The hypervisor's steal of ``cpu`` so far (/proc/stat, USER_HZ ticks)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                return int(line.split()[8])
+    return 0
+
+
+def _cold_call_beside_a_spinner(path, cpu: int):
+    """One cold read of ``path`` by a reader pinned to ``cpu`` beside a spinner there, traced:
+    (the reader's own figures, the records, bits and entries left, steal ticks during it)."""
     spin = subprocess.Popen([sys.executable, "-c", SPINNER, str(cpu)], stdout=subprocess.PIPE, text=True)
     w = subprocess.Popen([sys.executable, "-c", COLD_READER, str(path), str(cpu)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
@@ -205,9 +210,11 @@ def test_a_call_switched_out_many_times_gets_all_its_off_cpu_time(tmp_path):
         assert spin.stdout.readline().strip() == "ready"
         assert w.stdout.readline().strip() == "ready"
         probe = _probe(w.pid)
+        steal = _steal_ticks(cpu)
         w.stdin.write("go\n")
         w.stdin.flush()
         seen = json.loads(w.stdout.readline())
+        steal = _steal_ticks(cpu) - steal
         recs = probe.ring.drain()
         bits_after, entries_after = _bits_set(probe), _offcpu_entries(probe)
     finally:
@@ -218,23 +225,48 @@ def test_a_call_switched_out_many_times_gets_all_its_off_cpu_time(tmp_path):
             w.wait(timeout=30)
         if probe is not None:
             probe.close()
-    assert seen["n"] == size
-    # the scenario: the call slept (its bios) and was preempted (the spinner), 3 switch-outs or more
-    assert seen["vol"] >= 1 and seen["invol"] >= 1 and seen["vol"] + seen["invol"] >= 3, seen
-    assert len(recs) == 1, recs
-    r = recs[0]
-    # every switch-out credited.  The call's on-CPU time (its duration less its off-CPU time) is
-    # at most the thread's CPU time around it (the script's clock reads add microseconds), so a
-    # missed switch-out shows as on-CPU time the thread never had.  The thread's own off-CPU
-    # time around the call (wall - cpu) bounds it from above: it also holds the preemptions
-    # between the clock reads and the call (a spinner's slice is ~3 ms), which is why the
-    # comparison is not with wall - cpu itself (it failed by 11 ms under load in CI run 2)
-    off_cpu, on_cpu = int(r["offcpu_ns"]), int(r["dur_ns"]) - int(r["offcpu_ns"])
-    assert 0 <= on_cpu <= seen["cpu"] + 1_000_000, (r["offcpu_ns"], r["dur_ns"], seen)
-    assert off_cpu <= seen["wall"] - seen["cpu"] + 1_000_000, (r["offcpu_ns"], seen)
-    # preempted while runnable and woken onto a busy CPU: part of it is run-queue wait, not all
-    assert 0 < r["runq_ns"] < r["offcpu_ns"], (r["runq_ns"], r["offcpu_ns"])
-    assert (bits_after, entries_after) == ({}, {})
+    return seen, recs, bits_after, entries_after, steal
+
+
+#: runs of the scenario before its on-CPU bound is failed (see the test)
+STEAL_ATTEMPTS = 3
+
+
+def test_a_call_switched_out_many_times_gets_all_its_off_cpu_time(tmp_path):
+    path = tmp_path / "cold.bin"
+    size = 64 << 20
+    with open(path, "xb") as f:
+        f.write(os.urandom(size))
+        os.fsync(f.fileno())
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    over = []
+    for _ in range(STEAL_ATTEMPTS):
+        seen, recs, bits_after, entries_after, steal = _cold_call_beside_a_spinner(path, cpu)
+        assert seen["n"] == size
+        # the scenario: the call slept (its bios) and was preempted (the spinner), 3 switch-outs or more
+        assert seen["vol"] >= 1 and seen["invol"] >= 1 and seen["vol"] + seen["invol"] >= 3, seen
+        assert len(recs) == 1, recs
+        r = recs[0]
+        off_cpu, on_cpu = int(r["offcpu_ns"]), int(r["dur_ns"]) - int(r["offcpu_ns"])
+        # every switch-out credited.  The call's on-CPU time (its duration less its off-CPU time)
+        # is at most the thread's CPU time around it (the script's clock reads add microseconds),
+        # so a missed switch-out shows as on-CPU time the thread never had (a spinner's slice,
+        # ~3 ms, or a bio's sleep).  The thread's own off-CPU time around the call (wall - cpu)
+        # bounds it from above: it also holds the preemptions between the clock reads and the
+        # call, which is why the comparison is not with wall - cpu itself (it failed by 11 ms
+        # under load in CI run 2).  Time the hypervisor stole from this vCPU while the thread ran
+        # is not in the thread's CPU clock (CONFIG_PARAVIRT_TIME_ACCOUNTING) and shows as on-CPU
+        # time too (CI run 33, a busy host: 1.28 ms over): a run over the bound is run again, up
+        # to STEAL_ATTEMPTS times; a missed switch-out fails every one.
+        assert 0 <= on_cpu, (r["offcpu_ns"], r["dur_ns"])
+        assert off_cpu <= seen["wall"] - seen["cpu"] + 1_000_000, (r["offcpu_ns"], seen)
+        # preempted while runnable and woken onto a busy CPU: part of it is run-queue wait, not all
+        assert 0 < r["runq_ns"] < r["offcpu_ns"], (r["runq_ns"], r["offcpu_ns"])
+        assert (bits_after, entries_after) == ({}, {})
+        if on_cpu <= seen["cpu"] + 1_000_000:
+            return
+        over.append({"on_cpu": on_cpu, "cpu": seen["cpu"], "steal_ticks": steal})
+    pytest.fail(f"on-CPU time above the thread's CPU time in {STEAL_ATTEMPTS} runs of {STEAL_ATTEMPTS}: {over}")
 
 
 def test_switches_of_other_threads_and_outside_calls_leave_nothing():
