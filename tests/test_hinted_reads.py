@@ -78,19 +78,26 @@ def test_reads_that_sleep_on_hinted_pages_are_residency_not_unexplained(hinted):
     tr = trace.load_bundle(out)
     mine = tr.calls[tr.calls["path"] == str(path)]
     assert len(mine) >= STEPS and (mine["syscall"].astype(str) == "pread64").all()
-    # the premise: the hints inserted the pages, the reads none, and the reads slept
+    # the premise: the hints inserted the pages, the reads none, and the reads slept for a part
+    # of the steps' time (2-8% in runs here: how much of its I/O the hint has done by the time
+    # the reads come depends on the disk)
     assert int(mine["pages_added"].sum()) == 0, mine["pages_added"].sum()
-    assert (mine["offcpu_ns"] > mine["runq_ns"]).any()
+    mdf, _ = read_markers(markers)
+    slept = float((mine["offcpu_ns"] - mine["runq_ns"]).clip(lower=0).sum())
+    sleep_share = slept / float((mdf["end_ns"] - mdf["start_ns"]).sum())
+    assert sleep_share > 0.01, sleep_share
     pc = tr.samples("pagecache")
     ins = pc[(pc["event"] == "insert") & pc["target"].astype(bool) & (pc["path"] == str(path))]
     assert ins["in_hint"].astype(bool).any() and int(ins["pages"].sum()) > 0
-    mdf, _ = read_markers(markers)
     summary = analyse(tr, mdf).summary
     share = summary["share"]
     assert share["unexplained"] < 0.05 and share["residency"] > 0.05, share
-    # without the page-cache samples the same sleeps had no miss to belong to
+    # without the page-cache samples the same sleeps had no miss to belong to: about their share
+    # of the steps' time moves from residency to unexplained (CI run 34 asked for more than 5%
+    # of it, and failed where the sleeps were 2-4%)
     blind = analyse(tr, mdf, samples={"pagecache": None}).summary["share"]
-    assert blind["unexplained"] > 0.05 and blind["residency"] < share["residency"], (blind, share)
+    assert blind["unexplained"] >= share["unexplained"] + 0.5 * sleep_share, (blind, share, sleep_share)
+    assert blind["residency"] < share["residency"], (blind, share)
     # the hint calls' own time (pages allocated, bios queued on the calling thread, no read in
     # flight) is residency too: without the hint samples it was the thread's own work
     hints = tr.samples("pagecache_hints")
