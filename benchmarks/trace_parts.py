@@ -33,7 +33,7 @@ def _variants(schema: pa.Schema) -> dict:
         "zstd, plain (before)": dict(compression="zstd", use_dictionary=dictionary),
         "lz4, plain": dict(compression="lz4", use_dictionary=dictionary),
         "lz4, delta ints (writer)": dict(compression=writer.PARQUET_COMPRESSION, use_dictionary=dictionary,
-                                         column_encoding=writer._column_encodings(schema, dictionary)),
+                                         column_encoding=writer.column_encodings(schema, dictionary)),
     }
 
 

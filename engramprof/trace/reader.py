@@ -62,13 +62,7 @@ class LaterColumn:
             else:
                 out[sel] = tab.column(self.name).to_numpy()[stored[sel] - self.starts[i]]
 
-        hit = np.unique(part).tolist()
-        if len(hit) > 1 and READ_THREADS > 1:
-            with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="engramprof-read") as pool:
-                list(pool.map(read, hit))
-        else:
-            for i in hit:
-                read(i)
+        _each_part(read, np.unique(part).tolist())
         return out
 
     def subset(self, rows: np.ndarray) -> "LaterColumn":
@@ -318,6 +312,21 @@ def _null_count(heads: list, c: str) -> int | None:
     return total
 
 
+def _part_starts(heads: list) -> np.ndarray:
+    """Each part's first row in the table of all of them, and the total (int64)."""
+    return np.r_[0, np.cumsum([h.metadata.num_rows for h in heads])].astype(np.int64)
+
+
+def _each_part(read, indices) -> list:
+    """``read(i)`` for each part index, READ_THREADS parts side by side (Parquet decoding
+    releases the GIL); the results in index order."""
+    indices = list(indices)
+    if len(indices) > 1 and READ_THREADS > 1:
+        with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="engramprof-read") as pool:
+            return list(pool.map(read, indices))
+    return [read(i) for i in indices]
+
+
 def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str], plan: dict) -> pd.DataFrame:
     """Every part decoded on a thread of its own (READ_THREADS at a time, Arrow's own threads
     off) straight into its rows of one preallocated array per numeric column, and of one code
@@ -327,7 +336,7 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
     views of that value, not decoded, and take no memory.  Peak memory is the result plus
     READ_THREADS parts."""
     rows = [h.metadata.num_rows for h in heads]
-    starts = np.r_[0, np.cumsum(rows)].astype(np.int64)
+    starts = _part_starts(heads)
     n = int(starts[-1])
     const = _constant_columns(heads, plan)
     out = {c: np.empty(n, dtype=t) for c, t in plan.items() if t is not None and c not in const}
@@ -352,11 +361,7 @@ def _read_parts_side_by_side(parts: list[Path], heads: list, present: list[str],
             del tab, col
         return text
 
-    if len(parts) > 1 and READ_THREADS > 1:
-        with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="engramprof-read") as pool:
-            texts = list(pool.map(read, range(len(parts))))
-    else:
-        texts = [read(i) for i in range(len(parts))]
+    texts = _each_part(read, range(len(parts)))
     pa.default_memory_pool().release_unused()  # the last parts' decode buffers
     for c in present:
         if c in const:
@@ -454,8 +459,7 @@ def _read_parts_into_arrays(parts: list[Path], columns: list[str], narrow: bool 
     plan = _column_plan(heads, present, narrowed)
     if plan is not None:
         for c in _later_columns(heads, plan, later or {}):
-            later[c] = LaterColumn(c, list(parts), np.r_[0, np.cumsum([h.metadata.num_rows for h in heads])],
-                                   plan[c], _has_values(heads, c))
+            later[c] = LaterColumn(c, list(parts), _part_starts(heads), plan[c], _has_values(heads, c))
             present.remove(c)
             del plan[c]
         return _read_parts_side_by_side(parts, heads, present, plan)

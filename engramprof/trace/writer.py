@@ -77,7 +77,7 @@ def _open_excl(path: Path, mode: str = "wb"):
     return os.fdopen(fd, mode)
 
 
-def _column_encodings(schema: pa.Schema, dictionary: list[str]) -> dict[str, str]:
+def column_encodings(schema: pa.Schema, dictionary: list[str]) -> dict[str, str]:
     """INTEGER_ENCODING for every integer column not dictionary-encoded (the others: Arrow's
     default, plain values)."""
     return {f.name: INTEGER_ENCODING for f in schema
@@ -229,7 +229,7 @@ class TraceWriter:
         try:
             with _open_excl(tmp) as f:
                 pq.write_table(table, f, compression=PARQUET_COMPRESSION, use_dictionary=dictionary,
-                               column_encoding=_column_encodings(table.schema, dictionary))
+                               column_encoding=column_encodings(table.schema, dictionary))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
