@@ -32,7 +32,7 @@ from engramprof.errors import UserError
 from engramprof.lab import table
 from tests.conftest import bpf_required
 from tests.test_uring_record import Evictor
-from tests.tracing import LabSpec, cold_verdict_ok, device_slow_bios, traced_labs
+from tests.tracing import LabSpec, cold_verdict_ok, device_slow_bios, kernel_direct_reclaims, traced_labs, warm_verdict_ok
 
 pytestmark = pytest.mark.bpf
 
@@ -77,6 +77,9 @@ class Writer:
             for _ in range(self.mib):
                 os.write(fd, chunk)
             os.fsync(fd)
+            # written back: its pages go, so the reader after it does not find the host's free
+            # memory 32 MiB shorter (the device's counters have the writes already)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
         return self
@@ -125,7 +128,7 @@ def runs(tbl, tmp_path_factory) -> dict:
             err = None
         except UserError as exc:
             bt, err = None, str(exc)
-        out[name] = {"lab": lab, "calls": view.calls, "bt": bt, "err": err}
+        out[name] = {"lab": lab, "calls": view.calls, "bt": bt, "err": err, "vmstat": bundle.samples("vmstat")}
     return out
 
 
@@ -180,8 +183,9 @@ def test_read_reader(runs, cache, verdict):
     assert len(_syscall_rows(r["calls"], "read")) == r["lab"]["rows"]
     if cache == "cold":  # storage only where the device was slow (the kernel's bios say so)
         assert cold_verdict_ok(bt["verdict"], r["calls"]), (bt["share"], device_slow_bios(r["calls"]))
-    else:
-        assert bt["verdict"] == verdict, bt["share"]
+    else:  # healthy; reclaim only on a host the kernel shows short of memory during the reads
+        assert warm_verdict_ok(bt["verdict"], r["calls"], r["vmstat"]), \
+            (bt["share"], kernel_direct_reclaims(r["calls"], r["vmstat"]))
     assert bt["share"]["python-scheduling"] < 0.10, bt["share"]
     # the table is read by read() alone (a stray fault of the process's own, on a file the
     # recorder could not name before it was unmapped, may show as a path of its own: not the table)
