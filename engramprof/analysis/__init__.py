@@ -20,6 +20,7 @@ Vectorised numpy: no Python loop runs per event (one loop runs per sampled threa
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -151,6 +152,18 @@ def _disk_samples(getter: Callable) -> pd.DataFrame | None:
     return _samples_or_none(getter, "disks")
 
 
+def _beside(*work: tuple) -> list[Future]:
+    """Start each ``(function, *args)`` on one thread beside the pipeline, in order; their
+    futures.  For figures of the loaded events alone (the device baseline, the durations'
+    percentiles: NumPy work that releases the GIL): done on the core the serial stages
+    (segmentation, the reading threads) leave idle, and the same values."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engramprof-beside")
+    try:
+        return [pool.submit(fn, *args) for fn, *args in work]
+    finally:
+        pool.shutdown(wait=False)  # the thread ends once its work is done
+
+
 def _window(events: ReadEvents, meta: dict) -> tuple[int, int]:
     """The recording window: the recorder's start/end when it wrote them, else the events' span."""
     win = _batches.recording_window(meta)
@@ -274,6 +287,8 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     keep_unread = markers_df is not None and fault_read_path(calls, meta)
     events = prepare_read_events(calls, notes, allow_none=keep_unread)
     events.cols.later = later or {}
+    disks, window = _disk_samples(getter), _window(events, meta)
+    device, events.call_ms = _beside((_baseline.device_baseline, calls, disks, window), (calibrate.ms_pair, events.dur))
     context: SampleContext = load_context(getter, notes)
     runnable = (None if context.offcpu is None or markers_df is not None or gap_ms is not None
                 else _batches.RunnableSpans.of(context.offcpu, _process_tids(calls, context.threads)))
@@ -301,8 +316,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
                                                       hints=hints))
     release_free_heap()  # the pass's per-chunk arrays, freed but kept by malloc (host/pages.py)
     has_bio = events.cols.has("bio_count") and events.cols.has("bio_ns")
-    disks, window = _disk_samples(getter), _window(events, meta)
-    device = _baseline.device_baseline(calls, disks, window)
+    device = device.result()
     traffic = _baseline.device_traffic(disks, lambda: calls["dev"].dropna().unique() if "dev" in calls.columns
                                        else None, window)
     del disks

@@ -143,6 +143,9 @@ class ReadEvents:
     _end: np.ndarray | None = field(default=None, repr=False)
 
     _end_max: int | None = field(default=None, repr=False)
+    #: the durations' p50 / p99 in ms (calibrate.ms_pair), where it was computed beside the
+    #: pipeline (a Future); None: the summary computes it
+    call_ms: object = field(default=None, repr=False)
 
     @property
     def end(self) -> np.ndarray:

@@ -195,7 +195,7 @@ def summarize(acc, seg, events: ReadEvents, threads: ReadingThreads, context: Sa
         "frac_batches_with_slow_call": float((acc.slow_calls > 0).mean()) if nb else 0.0,
         "calls": int(events.n_total),
         "calls_in_batches": int(acc.n_events),
-        "call_ms": ms_pair(events.dur),
+        "call_ms": ms_pair(events.dur) if events.call_ms is None else events.call_ms.result(),
         "batch_ms": ms_pair(wall),
         "inflight_ms": ms_pair(acc.inflight),
         "sum_call_ms": ms_pair(acc.sum_call),
