@@ -898,3 +898,16 @@ def test_o_direct_io_uring_request_is_a_miss_even_inline():
     calls["direct"] = True
     _, s = analyse(calls, markers, meta=_window(markers))
     assert s["verdict"] == "residency", s["share"]
+
+
+def test_figures_computed_beside_the_pipeline_are_the_direct_ones():
+    """The device baseline and the durations' percentiles run on a thread beside the pipeline
+    (analysis._beside): the summary holds exactly what the functions give on the same input."""
+    from engramprof.analysis.baseline import device_baseline
+
+    calls, markers = decode_trace("storage", n_batches=12, seed=5)
+    _, s = analyse(calls, markers)
+    dur = calls["dur_ns"].to_numpy(np.int64)
+    assert s["call_ms"] == {"p50": float(np.percentile(dur, 50)) / 1e6, "p99": float(np.percentile(dur, 99)) / 1e6}
+    base = device_baseline(calls)
+    assert base.known and s["device_baseline"] == base.as_json()
