@@ -911,3 +911,15 @@ def test_figures_computed_beside_the_pipeline_are_the_direct_ones():
     assert s["call_ms"] == {"p50": float(np.percentile(dur, 50)) / 1e6, "p99": float(np.percentile(dur, 99)) / 1e6}
     base = device_baseline(calls)
     assert base.known and s["device_baseline"] == base.as_json()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-5, 40), min_size=0, max_size=60))
+def test_exit_holders_is_the_last_event_holding_the_latest_exit(exits):
+    from engramprof.analysis.components import exit_holders
+
+    e = np.asarray(exits, dtype=np.int64)
+    reach = np.maximum.accumulate(e) if len(e) else e
+    got = exit_holders(e, reach)
+    want = [max(j for j in range(i + 1) if e[j] == reach[i]) for i in range(len(e))]
+    assert got.dtype == np.int64 and got.tolist() == want

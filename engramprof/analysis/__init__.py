@@ -298,6 +298,9 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     read = ~seg.empty
     seg_read = seg if read.all() else seg.subset(read)
     threads = find_reading_threads(events, seg_read)
+    # per batch, the reading threads' context switches (from the 10 Hz samples): beside the pass
+    switches = (_beside((context_switches, context.threads, threads.in_batches, seg.start_ns.astype(np.int64),
+                         seg.end_ns.astype(np.int64)))[0] if context.threads is not None else None)
     seen_tids = np.union1d(threads.tids[pd.notna(threads.tids)].astype(np.int64),
                            context.offcpu["tid"].to_numpy(np.int64) if context.offcpu is not None else [])
     pids_of = process_ids(calls)
@@ -333,7 +336,7 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
         threads_per_batch = np.zeros(seg.n, dtype=np.int64)
         threads_per_batch[read] = threads.per_batch
         unread = attribute_unread_batches(acc, seg, ~read, context.offcpu, notes, kinds)
-    res = _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes,
+    res = _report(calls, events, seg, acc, threads, threads_per_batch, context, switches, service, has_bio, notes,
                   Settings(slow_ms=slow_ms, normal_miss_us=normal_miss_us, meaningful_share=meaningful_share,
                            loop_gap_us=loop_gap_us, top=top), lost, unread)
     submitters = seg.submit_tid[seg.submit_tid >= 0] if seg.submit_tid is not None else []
@@ -343,18 +346,18 @@ def _analyse_process(calls: pd.DataFrame, markers_df, *, slow_ms, gap_ms, normal
     return res
 
 
-def _report(calls, events, seg, acc, threads, threads_per_batch, context, service, has_bio, notes, settings,
-            lost: dict, unread: dict) -> BatchTailResult:
-    """Stages 7-8: notes on the evidence, shares, the batch table and the summary."""
+def _report(calls, events, seg, acc, threads, threads_per_batch, context, switches: Future | None, service, has_bio,
+            notes, settings, lost: dict, unread: dict) -> BatchTailResult:
+    """Stages 7-8: notes on the evidence, shares, the batch table and the summary
+    (``switches``: context_switches' result to come; None: no threads samples)."""
     # the observed miss service exists wherever the columns it is computed from do
     has_observed = {"bio_count", "bio_ns"} <= set(calls.columns) or "pages_added" in calls.columns
     notes.extend(slow_copy_note(acc, acc.n_events))
     notes.extend(evidence_notes(acc, context, calibrate.unsplit_wait_ns(acc, service, has_observed)))
     shares, denom = batch_shares(acc, (seg.end_ns - seg.start_ns).astype(np.float64))
     ctx = None
-    if context.threads is not None:
-        ctx = context_switches(context.threads, threads.in_batches, seg.start_ns.astype(np.int64),
-                               seg.end_ns.astype(np.int64))
+    if switches is not None:
+        ctx = switches.result()
         if ctx[2]["threads_sampled"] == 0:
             if len(threads.in_batches):  # (no thread read at all: mapped, resident rows; nothing to say)
                 notes.append("threads samples hold none of the reading threads: no context-switch counts")

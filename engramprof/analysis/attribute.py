@@ -25,6 +25,7 @@ from engramprof.analysis.components import (
     device_ends,
     device_weights,
     distinct_per_batch,
+    exit_holders,
     inflight_weights,
     miss_io_bytes,
     observed_miss_service,
@@ -240,7 +241,7 @@ def _no_read_time(acc: BatchAccumulator, ch: Chunk, s, e, tcode, submit, bstart,
     n = len(s)
     firsts = ch.firsts
     reach = np.maximum.accumulate(e)  # the latest exit so far
-    holder = np.maximum.accumulate(np.arange(n) * (e >= reach))  # the event holding it
+    holder = exit_holders(e, reach)  # the event holding it
     gap = np.zeros(n)
     gap[1:] = np.clip(s[1:] - reach[:-1], 0, None)
     same_thread = np.zeros(n, dtype=bool)

@@ -96,6 +96,15 @@ def _inflight_weights_by_argsort(s: np.ndarray, e: np.ndarray, eo: np.ndarray) -
     return u
 
 
+def exit_holders(e: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """Per event (entry order), the index of the event holding the latest exit so far
+    (``reach``: the running maximum of the exits ``e``): the last event up to it whose exit is
+    that maximum.  Each event that sets or equals the maximum, repeated over the events it holds
+    it for (int64; the first event always holds)."""
+    holds = np.flatnonzero(e >= reach)
+    return np.repeat(holds, np.diff(holds, append=len(e)))
+
+
 def distinct_per_batch(b: np.ndarray, nb: int, *cols: np.ndarray, firsts: np.ndarray | None = None) -> np.ndarray:
     """Number of distinct tuples of the (non-negative int) ``cols`` per batch ``b``.
     ``firsts``: where ``b`` never decreases and every batch has an event, each batch's first

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from engramprof.analysis.attribute import BatchAccumulator
+from engramprof.analysis.components import exit_holders
 from engramprof.analysis.events import chunk_plan
 from engramprof.analysis.hint_calls import StepHints, hint_time
 
@@ -178,7 +179,7 @@ def resplit_fault_gaps(acc: BatchAccumulator, events, seg, threads, offcpu: pd.D
         tcode = ch.pick(threads.code[ch.lo:ch.hi])
         n = len(s)
         reach = np.maximum.accumulate(e)
-        holder = np.maximum.accumulate(np.where(e >= reach, np.arange(n), 0))
+        holder = exit_holders(e, reach)
         gap = np.zeros(n)
         gap[1:] = np.clip(s[1:] - reach[:-1], 0, None)
         gap[ch.firsts] = 0.0
