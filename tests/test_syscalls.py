@@ -316,24 +316,33 @@ def test_every_ending_leaves_a_complete_trace(tmp_path, table, how):
 @pytest.mark.bpf
 def test_tid_filter_keeps_one_thread(tmp_path, table):
     """nowait reader on a cold table: NOWAIT passes run on the submitting (main) thread, the
-    residual blocking reads on pool threads; --tid PID (the main thread) keeps only the former."""
-    lab = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "120", "--reader", "nowait",
-                          "--steps", "20", "--cold"))
-    lab.wait_line("lab: ready")
-    out = tmp_path / "t"
-    # the per-syscall tracepoints, not raw_syscalls (the default on x86_64): the hook whose
-    # preadv2 arguments carry the RWF flags checked below
-    tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--tid", lab.pid, "--output", out, "--json",
-                             "--hook", "tracepoint"))
-    tracer.wait_line("Tracing")
-    os.kill(lab.pid, signal.SIGUSR1)
-    rc, lab_out, _ = lab.finish()
-    trc, _, terr = tracer.finish()
-    assert rc == 0 and trc == 0, terr
-    res = json.loads(lab_out)
+    residual blocking reads on pool threads; --tid PID (the main thread) keeps only the former.
+
+    The residue needs rows whose read the device has not finished by the NOWAIT retry: a device
+    that serves a read within the retry's reach leaves none (CI run 38: 0 rows fell back, where
+    66 of 1,920 did alone on the same VM).  The run is made again, up to 3 times, until some
+    rows fell back: without them the filter has no other thread's read to leave out."""
+    for attempt in range(3):
+        lab = Proc(engramprof("lab", "run", "--table", table, "--json", "--start-delay", "120", "--reader", "nowait",
+                              "--steps", "20", "--cold"))
+        lab.wait_line("lab: ready")
+        out = tmp_path / f"t{attempt}"
+        # the per-syscall tracepoints, not raw_syscalls (the default on x86_64): the hook whose
+        # preadv2 arguments carry the RWF flags checked below
+        tracer = Proc(engramprof("syscalls", "--pid", lab.pid, "--tid", lab.pid, "--output", out, "--json",
+                                 "--hook", "tracepoint"))
+        tracer.wait_line("Tracing")
+        os.kill(lab.pid, signal.SIGUSR1)
+        rc, lab_out, _ = lab.finish()
+        trc, _, terr = tracer.finish()
+        assert rc == 0 and trc == 0, terr
+        res = json.loads(lab_out)
+        print(f"attempt {attempt + 1}: calls {res['calls']}, EAGAIN {res['eagain']}, fell back {res['fallback_rows']}")
+        if res["fallback_rows"] > 0:
+            break
     df = syscall_events(tracefmt.load(out))
     assert set(df["tid"]) == {lab.pid}
-    assert res["fallback_rows"] > 0
+    assert res["fallback_rows"] > 0, "no row fell back to the pool in 3 runs: the device finished every read first"
     assert len(df) == res["calls"] - res["fallback_rows"]
     assert ((df["flags"] & RWF_NOWAIT) != 0).all()
 
