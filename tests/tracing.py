@@ -99,16 +99,12 @@ def kernel_direct_reclaims(calls, vmstat) -> int:
     its limit).  0 without samples."""
     import numpy as np
 
+    from engramprof.analysis.baseline import sample_rows_over
+
     if vmstat is None or len(vmstat) == 0 or len(calls) == 0:
         return 0
     ts = calls["ts_ns"].to_numpy(np.int64)
-    start, end = int(ts.min()), int((ts + calls["dur_ns"].to_numpy(np.int64)).max())
-    at = vmstat["ts_ns"].to_numpy(np.int64)
-    # a row's deltas cover the interval that ends at its ts_ns: the first row after the start
-    # through the first row at or after the end
-    after = at[at >= end]
-    last = int(after.min()) if len(after) else int(at.max())
-    window = vmstat[(at > start) & (at <= last)]
+    window = sample_rows_over(vmstat, (int(ts.min()), int((ts + calls["dur_ns"].to_numpy(np.int64)).max())))
     cols = [c for c in ("allocstall", "pgscan_memcg") if c in window]
     return int(window[cols].fillna(0).to_numpy().sum()) if cols else 0
 
@@ -117,8 +113,8 @@ def warm_verdict_ok(verdict: str, calls, vmstat) -> bool:
     """A warm reader's verdict: healthy; reclaim only where its calls spent time in reclaim and
     the kernel counted reclaim by allocating tasks over its reads (:func:`kernel_direct_reclaims`):
     a host short of free memory, where the pages a read() copies into are allocated inside the
-    call (a suite run: 27% of a warm read() reader's call time in direct reclaim, with the VM's
-    memory full of page cache), and the verdict is then the trace's truth."""
+    call, and the verdict is then the trace's truth (a suite run saw a warm read() reader at 27%
+    reclaim; a host short of memory is the cause taken, not proved)."""
     reclaimed = calls["reclaim_ns"].fillna(0).to_numpy().sum() > 0
     return verdict == "healthy" or (verdict == "reclaim" and reclaimed and kernel_direct_reclaims(calls, vmstat) > 0)
 

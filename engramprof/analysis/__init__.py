@@ -154,9 +154,10 @@ def _disk_samples(getter: Callable) -> pd.DataFrame | None:
 
 def _beside(*work: tuple) -> list[Future]:
     """Start each ``(function, *args)`` on one thread beside the pipeline, in order; their
-    futures.  For figures of the loaded events alone (the device baseline, the durations'
-    percentiles: NumPy work that releases the GIL): done on the core the serial stages
-    (segmentation, the reading threads) leave idle, and the same values."""
+    futures.  For figures that need only inputs already at hand (the device baseline and the
+    durations' percentiles after the load, the context switches once the batches and reading
+    threads are known: NumPy work that releases the GIL): done on a core the serial stages
+    leave idle, and the same values."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engramprof-beside")
     try:
         return [pool.submit(fn, *args) for fn, *args in work]

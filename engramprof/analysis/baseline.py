@@ -211,16 +211,19 @@ def from_disk_counters(disks: pd.DataFrame | None, devs=None, window: tuple[int,
                                     "its mean size)", names)
 
 
+def sample_rows_over(samples: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """The rows of a sampled series (counters as deltas over the interval ending at ``ts_ns``)
+    that cover ``window`` (CLOCK_MONOTONIC ns): the rounds inside it, plus the one after it."""
+    ts = samples["ts_ns"].to_numpy(np.int64)
+    later = ts[ts > window[1]]
+    end = later.min() if len(later) else window[1]
+    return samples[(ts > window[0]) & (ts <= end)]
+
+
 def _devices_in_window(disks: pd.DataFrame, devs, window: tuple[int, int] | None) -> pd.DataFrame:
     """The rows of samples/disks over ``window`` (CLOCK_MONOTONIC ns) of the devices ``devs``
     (userspace dev_t), or of every device when none of them read in it."""
-    d = disks
-    if window is not None and "ts_ns" in d.columns:
-        # a row holds the interval ending at ts_ns: the rounds inside the window, plus the one after it
-        ts = d["ts_ns"].to_numpy(np.int64)
-        later = ts[ts > window[1]]
-        end = later.min() if len(later) else window[1]
-        d = d[(ts > window[0]) & (ts <= end)]
+    d = disks if window is None or "ts_ns" not in disks.columns else sample_rows_over(disks, window)
     want = {int(x) for x in (devs if devs is not None else []) if x is not None and not pd.isna(x)}
     mine = d[d["dev"].isin(want)] if want else d.iloc[0:0]
     if mine["reads"].fillna(0).sum() <= 0:
