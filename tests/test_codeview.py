@@ -151,6 +151,34 @@ def test_a_read_takes_its_functions_call_line_unless_sampled_inside_its_blocked_
     assert list(j["exact"]) == [False, False, True, False, False, False]
 
 
+def test_a_read_takes_the_function_most_of_its_nearest_samples_show():
+    """A step loop sampled every 200 ms: one sample in code that reads nothing (building the
+    step's ids) among gather samples names none of the reads near it, not even the ones it is
+    nearest to; a thread that moves from one reading function to another for good has each
+    phase's reads at its own function, at most two samples' time off at the change.  A read that
+    slept across its nearest sample's whole window keeps that sample's own site (exact)."""
+    import numpy as np
+    import pandas as pd
+
+    ids, gather, other = "token_ids\t/srv/app/plan.py\t83", "gather\t/srv/app/g.py\t9", "scan\t/srv/app/scan.py\t4"
+    # thread 1: gathers, once seen in token_ids (400 ms); thread 2: gather until 1 s, then scan
+    rows = [(t, 1, "step", ids if t == 400 else gather) for t in range(0, 1000, 100)]
+    rows += [(t, 2, "phases", gather if t < 1000 else other) for t in range(0, 2000, 100)]
+    stacks = _stack_rows(rows)
+    near_ids = [395e6, 400e6, 410e6]  # nearest to the token_ids sample
+    phase = [300e6, 700e6, 1300e6, 1800e6]
+    calls = pd.DataFrame({"ts_ns": np.array(near_ids + phase + [1390e6], dtype=np.int64),
+                          "dur_ns": [1000] * 7 + [30_000_000], "pid": 1, "tid": [1, 1, 1, 2, 2, 2, 2, 2],
+                          "offcpu_ns": [0] * 7 + [29_000_000], "runq_ns": 0})
+    stacks.loc[stacks["ts_ns"] == int(1400e6), "frames"] = gather  # the last read slept across its window
+    samples = codeview.prepare_samples(stacks, calls)
+    j = codeview.join_reads(samples, calls)
+    assert list(j["site"]) == ["gather (app/g.py:9)"] * 5 + ["scan (app/scan.py:4)"] * 2 + ["gather (app/g.py:9)"]
+    assert list(j["exact"]) == [False] * 7 + [True]
+    # the vote itself: per sample, the position whose function a read near it takes
+    t = np.arange(7, dtype=np.int64) * 100
+    assert codeview.vote(t, np.array(["a", "a", "b", "a", "a", "b", "b"])).tolist() == [0, 1, 1, 3, 5, 5, 6]
+
 def test_native_frames_join_their_own_read_and_name_the_caller_of_libc():
     import pandas as pd
 

@@ -70,6 +70,10 @@ def test_mmap_readers_diagnosed(scenario, reader, verdict):
         # on the pool's workers
         site = d["code_view"]["read_sites"][0]
         assert site["site"] == f"_gather (lab/readers.py:{_gather_line()})", d["code_view"]["read_sites"]
+        # and most of the faults: the step's code between gathers (its token ids, its jobs) reads
+        # nothing; as the nearest sample it named 7-23% of them (the vote, docs/model.md)
+        gathered = sum(s["reads"] for s in d["code_view"]["read_sites"] if s["site"] == site["site"])
+        assert gathered >= 0.9 * d["code_view"]["join"]["reads"], d["code_view"]["read_sites"]
         assert site["misses"] > 0 and (site["submitted_from"] is not None) == (reader == "mmap-pool"), site
     assert time.monotonic() - t0 < 60
 

@@ -34,6 +34,9 @@ from engramprof.units import duration, pct
 
 #: a read joins a busy sample of its thread at most this far from it
 NEAR_NS = 1_000_000_000
+#: a read's function: the most common among this many busy samples of its thread, centred on
+#: the one nearest it (:func:`vote`)
+VOTE_SAMPLES = 5
 TOP_SITES = 8
 TOP_WAITS = 8
 
@@ -176,14 +179,48 @@ def call_lines(busy: pd.DataFrame, calls: bool = True) -> dict[tuple[int, str], 
     return {(int(p), f): site for p, f, site in zip(top["pid"], top["function"], top["site"])}
 
 
+def vote(t: np.ndarray, function: np.ndarray, k: int = VOTE_SAMPLES) -> np.ndarray:
+    """Per sample (``t`` sorted): the position of the sample a read nearest it takes its site
+    from -- the function most common among the ``k`` samples centred on it (a tie keeps its own
+    function, else the tied function seen nearest); that function's sample nearest to it.
+
+    One sample is where its thread was at one instant of a window of 10-50 ms, and a read far
+    from every sample (a step loop sampled every 200 ms) takes a sample from another moment: a
+    loop that passes through code that reads nothing between its reads (building a step's ids)
+    had its reads named after that code whenever it was the nearest sample.  Such code is seen
+    in few samples in a row, the code that reads in most.  The samples around are counted
+    however far apart they are: a thread that waits between steps has its busy samples seconds
+    apart (docs/model.md, "The code view")."""
+    n = len(t)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    half = k // 2
+    _, fn = np.unique(np.asarray(function, dtype=object).astype(str), return_inverse=True)
+    pos = np.arange(n)[:, None] + np.arange(-half, half + 1)[None, :]  # (n, k) around each sample
+    valid = (pos >= 0) & (pos < n)
+    pos = np.clip(pos, 0, n - 1)
+    dist = np.abs(t[pos] - t[:, None])
+    f = fn[pos]
+    votes = ((f[:, :, None] == f[:, None, :]) & valid[:, None, :]).sum(axis=2)  # per candidate: its function's votes
+    votes = np.where(valid, votes, -1)
+    best = votes.max(axis=1)
+    own = votes[:, half] == best
+    # among the winning function's samples (a tie: the one seen nearest), the nearest
+    rank = np.where(votes == best[:, None], dist, np.iinfo(np.int64).max)
+    chosen = pos[np.arange(n), rank.argmin(axis=1)]
+    return np.where(own, np.arange(n), chosen)
+
+
 def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """Per read event: ``site``, ``submitter``, ``join`` (inside | near | pool | none), ``exact``.
 
-    The function and call path come from the nearest busy sample (of the read's thread, else
-    of its pool); the line from :func:`call_lines` -- the line that function is seen in a call
-    at most often -- unless the sample was taken while the thread was blocked in a read that
-    overlaps the sample's window (``exact``: the stack was read during that read).  A page
-    fault takes the line its function is seen at most often, whatever the GIL."""
+    The function and call path come from the busy samples (of the read's thread, else of its
+    pool) nearest the read: the most common function among the :data:`VOTE_SAMPLES` centred on
+    the nearest (:func:`vote`); the line from :func:`call_lines` -- the line that function is
+    seen in a call at most often -- unless the read slept in the kernel across the nearest
+    sample's whole window (``exact``: the stack was read during that read; it keeps that
+    sample's own line).  A page fault takes the line its function is seen at most often,
+    whatever the GIL."""
     # busy: not waiting by its frames, and in the user's code (a stack of library frames only --
     # a thread starting, or a stack py-spy read torn -- names no site)
     busy = samples[~samples["state"].isin(sf.WAITING) & samples["user"]].sort_values("at_ns", kind="stable")
@@ -193,9 +230,14 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     picked = np.full(n, -1, dtype=np.int64)  # position in busy
     sub = np.full(n, None, dtype=object)
     how = np.full(n, "none", dtype=object)
+    exact = np.zeros(n, dtype=bool)
     tid = calls["tid"].to_numpy()
     lo = calls["ts_ns"].to_numpy(np.int64)
     hi = lo + calls["dur_ns"].to_numpy(np.int64)
+    if {"offcpu_ns", "runq_ns"} <= set(calls.columns):
+        slept = (calls["offcpu_ns"].fillna(0) - calls["runq_ns"].fillna(0)).to_numpy() > 0
+    else:
+        slept = np.zeros(n, dtype=bool)
 
     def assign(rows: np.ndarray, pool: pd.DataFrame, label_inside: str, label_near: str,
                near_ns: int = NEAR_NS) -> None:
@@ -204,11 +246,15 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         t = pool["at_ns"].to_numpy(np.int64)
         pick, dist = _nearest(t, lo[rows], hi[rows])
         ok = dist <= near_ns
-        rows, pick, dist = rows[ok], pick[ok], dist[ok]
+        rows, pick = rows[ok], pick[ok]
+        begin = pool["start_ns"].to_numpy(np.int64)
+        # exact: the read slept in the kernel across its nearest sample's whole window
+        own = slept[rows] & (lo[rows] <= begin[pick]) & (hi[rows] >= t[pick])
+        exact[rows] = own
+        pick = np.where(own, pick, vote(t, pool["function"].to_numpy())[pick])
         picked[rows] = pool["_k"].to_numpy()[pick]
-        # inside: the read overlaps the sample's window (its end, less the window's length)
-        window = (pool["end_ns"] - pool["start_ns"]).to_numpy(np.int64)[pick]
-        inside = (hi[rows] >= t[pick] - window) & (lo[rows] <= t[pick])
+        # inside: the read overlaps the sample's window
+        inside = (hi[rows] >= begin[pick]) & (lo[rows] <= t[pick])
         how[rows] = np.where(inside, label_inside, label_near)
         keys = list(zip(pool["pid"].to_numpy()[pick].tolist(), pool["round"].to_numpy()[pick].tolist()))
         worker = pool["worker"].to_numpy()[pick]
@@ -225,12 +271,10 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         left = left[np.isin(tid[left], list(seen_worker))]
         assign(left, workers, "pool", "pool", near_ns=np.iinfo(np.int64).max)
     site = np.full(n, None, dtype=object)
-    exact = np.zeros(n, dtype=bool)
     got = np.flatnonzero(picked >= 0)
     if len(got):
         k = picked[got]
         own = busy["site"].to_numpy()[k]
-        exact[got] = (how[got] == "inside") & (busy["state"].to_numpy()[k] == sf.READ)
         # per busy sample (hundreds), then per read by index
         keys = list(zip(busy["pid"].to_numpy().tolist(), busy["function"].to_numpy(), busy["site"].to_numpy()))
         line, seen = (np.asarray([m.get((p, f), o) for p, f, o in keys], dtype=object)
