@@ -117,6 +117,7 @@ def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
         "pool_read (app/reader.py)", "pool_read (app/reader.py)", None, "pool_read (app/reader.py)"]
     sites = codeview.read_sites(calls, j, slow_ms=4.0)
     assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
+    assert [s["share"] for s in sites] == [0.75, 0.25]
 
 
 def test_a_read_takes_its_functions_call_line_unless_sampled_inside_its_blocked_read():

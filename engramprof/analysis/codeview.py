@@ -286,8 +286,9 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
 
 def read_sites(calls: pd.DataFrame, joined: pd.DataFrame, slow_ms: float, top: int = TOP_SITES,
                native: pd.Series | None = None) -> list[dict]:
-    """Code sites ranked by slow-read time, miss time, then read time; ``native``: each read's
-    native frames (:func:`native_frames`), the site's most common native path."""
+    """Code sites ranked by slow-read time, miss time, then read time, each with its ``share`` of
+    the reads; ``native``: each read's native frames (:func:`native_frames`), the site's most
+    common native path."""
     dur = calls["dur_ns"].to_numpy(np.int64)
     slow = dur >= slow_ms * 1e6
     miss = (calls["pages_added"].fillna(0).to_numpy() > 0) if "pages_added" in calls.columns else np.zeros(len(calls), bool)
@@ -311,7 +312,7 @@ def read_sites(calls: pd.DataFrame, joined: pd.DataFrame, slow_ms: float, top: i
             c = p.value_counts()
             paths[(site, sub)] = {"path": c.index[0], "stacks": int(c.iloc[0]), "of": int(len(p))}
     return [{"site": r.site, "submitted_from": r.submitter or None, "reads": int(r.reads),
-             "native": paths.get((r.site, r.submitter)),
+             "share": round(int(r.reads) / len(df), 4), "native": paths.get((r.site, r.submitter)),
              "read_ms": round(r.read_ns / 1e6, 3), "slow_reads": int(r.slow_reads), "slow_ms": round(r.slow_ns / 1e6, 3),
              "misses": int(r.misses), "miss_ms": round(r.miss_ns / 1e6, 3),
              "joined": {"inside": int(r.inside), "near": int(r.near), "pool": int(r.pool)}}
@@ -508,7 +509,7 @@ def code_fix(view: dict, calls: pd.DataFrame, start: np.ndarray, end: np.ndarray
     inb = in_batches(calls["ts_ns"].to_numpy(np.int64), start, end) >= 0 if len(start) and len(calls) else np.zeros(len(calls), bool)
     reads_per_step = int(inb.sum()) / n_steps
     miss = float((calls.loc[inb, "pages_added"].fillna(0) > 0).mean()) if "pages_added" in calls.columns and inb.any() else None
-    reads = f"; its reads are issued at {site['site']}" if site.get("site") else ""
+    reads = f"; its reads are issued at {site['site']} ({pct(site['share'])} of them)" if site.get("site") else ""
     if site.get("submitted_from"):
         reads += f" on pool workers submitted from {site['submitted_from']}"
     if w["state"] == sf.FUTURE:

@@ -15,7 +15,8 @@ NATIVE_FRAMES = 3
 
 
 def _site_line(r: dict) -> str:
-    line = f"{r['site']}: {r['reads']:,} reads, {duration(r['read_ms'])}"
+    line = f"{r['site']}: {r['reads']:,} reads" + (f" ({pct(r['share'])})" if "share" in r else "") + \
+        f", {duration(r['read_ms'])}"
     if r["slow_reads"]:
         line += f"; {r['slow_reads']:,} slow ({duration(r['slow_ms'])})"
     if r["misses"]:
