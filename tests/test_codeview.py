@@ -105,19 +105,25 @@ def test_reads_join_their_own_threads_nearest_busy_sample_and_its_submitter():
     stacks = _stack_rows([(100, 11, "w1", worker), (100, 10, "MainThread", gather), (200, 11, "w1", idle),
                           (300, 12, "w2", idle), (300, 10, "MainThread", inline)])
     stacks.loc[1, "round"] = 1  # the worker and the gathering main thread: one round
-    calls = pd.DataFrame({"ts_ns": [int(99.5e6), int(250e6), int(299e6), int(5000e6)], "dur_ns": [1000] * 4,
-                          "pid": [1] * 4, "tid": [11, 11, 10, 12], "pages_added": [0, 1, 0, 0]})
+    # w2's second read sleeps 10 ms across w1's busy sample's window: another thread's stack
+    calls = pd.DataFrame({"ts_ns": [int(99.5e6), int(250e6), int(299e6), int(5000e6), int(95e6)],
+                          "dur_ns": [1000] * 4 + [10_000_000], "pid": [1] * 5, "tid": [11, 11, 10, 12, 12],
+                          "pages_added": [0, 1, 0, 0, 0], "offcpu_ns": [0] * 4 + [9_000_000], "runq_ns": 0})
     samples = codeview.prepare_samples(stacks, calls)
     j = codeview.join_reads(samples, calls)
     # w1's reads: its busy sample (the idle one at 200 ms names no site), inside its window, then
-    # near; the main thread's read: its own inline scan; w2 (never busy): its pool's w1
-    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:9)", "read_rows (app/reader.py:40)"]
-    assert list(j["join"]) == ["inside", "near", "inside", "pool"]
+    # near; the main thread's read: its own inline scan; w2 (never busy): its pool's w1, never
+    # exact (w1's stack was not read during w2's read)
+    assert list(j["site"]) == ["read_rows (app/reader.py:40)"] * 2 + ["scan (app/scan.py:9)"] + \
+        ["read_rows (app/reader.py:40)"] * 2
+    assert list(j["join"]) == ["inside", "near", "inside", "pool", "pool"]
+    assert not j["exact"].any()
     assert [x if isinstance(x, str) else None for x in j["submitter"]] == [
-        "pool_read (app/reader.py)", "pool_read (app/reader.py)", None, "pool_read (app/reader.py)"]
+        "pool_read (app/reader.py)", "pool_read (app/reader.py)", None, "pool_read (app/reader.py)",
+        "pool_read (app/reader.py)"]
     sites = codeview.read_sites(calls, j, slow_ms=4.0)
-    assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 3
-    assert [s["share"] for s in sites] == [0.75, 0.25]
+    assert sites[0]["site"] == "read_rows (app/reader.py:40)" and sites[0]["misses"] == 1 and sites[0]["reads"] == 4
+    assert [s["share"] for s in sites] == [0.8, 0.2]
 
 
 def test_a_read_takes_its_functions_call_line_unless_sampled_inside_its_blocked_read():

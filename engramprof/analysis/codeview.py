@@ -248,8 +248,9 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         ok = dist <= near_ns
         rows, pick = rows[ok], pick[ok]
         begin = pool["start_ns"].to_numpy(np.int64)
-        # exact: the read slept in the kernel across its nearest sample's whole window
-        own = slept[rows] & (lo[rows] <= begin[pick]) & (hi[rows] >= t[pick])
+        # exact: the read slept in the kernel across its nearest sample's whole window (a sample
+        # of its own thread: another worker's stack says nothing of this read's moment)
+        own = slept[rows] & (lo[rows] <= begin[pick]) & (hi[rows] >= t[pick]) & (label_inside == "inside")
         exact[rows] = own
         pick = np.where(own, pick, vote(t, pool["function"].to_numpy())[pick])
         picked[rows] = pool["_k"].to_numpy()[pick]
