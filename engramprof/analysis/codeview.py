@@ -82,12 +82,20 @@ def _function(site: sf.Site) -> str:
     return site.key if f is None else f"{f.func} ({sf.short_file(f.file)})"
 
 
+def _slept(calls: pd.DataFrame) -> np.ndarray:
+    """Per read event: it slept in the kernel (off a CPU, not waiting for one); all False
+    without the off-CPU columns."""
+    if not {"offcpu_ns", "runq_ns"} <= set(calls.columns):
+        return np.zeros(len(calls), dtype=bool)
+    return (calls["offcpu_ns"].fillna(0) - calls["runq_ns"].fillna(0)).to_numpy() > 0
+
+
 def _in_blocked_read(tids: np.ndarray, start: np.ndarray, end: np.ndarray, calls: pd.DataFrame | None) -> np.ndarray:
     """Per sample: a read event of its thread that slept in the kernel overlaps its window."""
     out = np.zeros(len(tids), dtype=bool)
-    if calls is None or not len(calls) or not {"offcpu_ns", "runq_ns"} <= set(calls.columns):
+    if calls is None or not len(calls):
         return out
-    slept = calls[(calls["offcpu_ns"].fillna(0) - calls["runq_ns"].fillna(0)) > 0]
+    slept = calls[_slept(calls)]
     for tid, g in slept.groupby("tid", sort=False):
         idx = np.flatnonzero(tids == tid)
         if not len(idx):
@@ -234,13 +242,9 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     tid = calls["tid"].to_numpy()
     lo = calls["ts_ns"].to_numpy(np.int64)
     hi = lo + calls["dur_ns"].to_numpy(np.int64)
-    if {"offcpu_ns", "runq_ns"} <= set(calls.columns):
-        slept = (calls["offcpu_ns"].fillna(0) - calls["runq_ns"].fillna(0)).to_numpy() > 0
-    else:
-        slept = np.zeros(n, dtype=bool)
+    slept = _slept(calls)
 
-    def assign(rows: np.ndarray, pool: pd.DataFrame, label_inside: str, label_near: str,
-               near_ns: int = NEAR_NS) -> None:
+    def assign(rows: np.ndarray, pool: pd.DataFrame, own_thread: bool, near_ns: int = NEAR_NS) -> None:
         if not len(rows) or not len(pool):
             return
         t = pool["at_ns"].to_numpy(np.int64)
@@ -250,13 +254,13 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         begin = pool["start_ns"].to_numpy(np.int64)
         # exact: the read slept in the kernel across its nearest sample's whole window (a sample
         # of its own thread: another worker's stack says nothing of this read's moment)
-        own = slept[rows] & (lo[rows] <= begin[pick]) & (hi[rows] >= t[pick]) & (label_inside == "inside")
+        own = slept[rows] & (lo[rows] <= begin[pick]) & (hi[rows] >= t[pick]) & own_thread
         exact[rows] = own
         pick = np.where(own, pick, vote(t, pool["function"].to_numpy())[pick])
         picked[rows] = pool["_k"].to_numpy()[pick]
         # inside: the read overlaps the sample's window
         inside = (hi[rows] >= begin[pick]) & (lo[rows] <= t[pick])
-        how[rows] = np.where(inside, label_inside, label_near)
+        how[rows] = np.where(inside, "inside", "near") if own_thread else "pool"
         keys = list(zip(pool["pid"].to_numpy()[pick].tolist(), pool["round"].to_numpy()[pick].tolist()))
         worker = pool["worker"].to_numpy()[pick]
         sub[rows] = [subs.get(k) if w else None for k, w in zip(keys, worker)]
@@ -264,13 +268,13 @@ def join_reads(samples: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     by_tid = {t: g for t, g in busy.groupby("tid", sort=False)}
     for t in np.unique(tid):
         rows = np.flatnonzero(tid == t)
-        assign(rows, by_tid.get(t, busy.iloc[0:0]), "inside", "near")
+        assign(rows, by_tid.get(t, busy.iloc[0:0]), own_thread=True)
     workers = busy[busy["worker"]]
     left = np.flatnonzero(how == "none") if len(workers) else np.array([], dtype=np.int64)
     if len(left):  # a worker never seen busy: its pool's busy samples (the same code, other threads)
         seen_worker = set(samples.loc[samples["worker"], "tid"].tolist())
         left = left[np.isin(tid[left], list(seen_worker))]
-        assign(left, workers, "pool", "pool", near_ns=np.iinfo(np.int64).max)
+        assign(left, workers, own_thread=False, near_ns=np.iinfo(np.int64).max)
     site = np.full(n, None, dtype=object)
     got = np.flatnonzero(picked >= 0)
     if len(got):
